@@ -1,0 +1,2 @@
+/* Without-replacement permutations; see perm.h. */
+#include "perm.h"

@@ -1,0 +1,2 @@
+/* Segment trees; see segtree.h. */
+#include "segtree.h"

@@ -1,0 +1,2 @@
+/* Trajectory slice starts and stops; see slices.h. */
+#include "slices.h"

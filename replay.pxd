@@ -1,0 +1,44 @@
+# cython: language_level=3
+"""C declarations of the replay kernels and the cdef classes of ``replay``.
+
+Each ``cdef extern`` block mirrors one header of ``ckernels/`` and keeps its parameter
+names, so that other Cython code can ``cimport replay``.
+"""
+from libc.stdint cimport int64_t, uint64_t, uint32_t
+
+ctypedef float float32_t
+ctypedef double float64_t
+
+cdef extern from "ckernels/rp_common.h" nogil:
+    enum:
+        RP_OK
+        RP_ERR_INDEX
+        RP_ERR_VALUE
+        RP_ERR_EMPTY
+
+cdef extern from "ckernels/prng.h" nogil:
+    ctypedef struct rp_prng_state:
+        uint64_t s[4]
+    uint64_t rp_prng_next_u64(rp_prng_state *st)
+    double rp_prng_next_double(rp_prng_state *st)
+    uint64_t rp_prng_bounded_u64(rp_prng_state *st, uint64_t bound)
+    void rp_prng_seed(rp_prng_state *st, uint64_t seed)
+    void rp_prng_fill_double(rp_prng_state *st, int64_t n, double *out)
+
+# =====================================================================================
+# Segment trees
+# =====================================================================================
+# (segment-tree declarations)
+
+
+# =====================================================================================
+# Slices
+# =====================================================================================
+# (slice declarations)
+
+
+# =====================================================================================
+# Permutations
+# =====================================================================================
+# (permutation declarations)
+

@@ -1,0 +1,49 @@
+"""Build the ``replay`` extension: ``replay.pyx`` over the C99 kernels in ``ckernels/``.
+
+The extension is compiled against numpy only. It never includes a torch header nor links
+against libtorch / libc10, so one build serves every torch release.
+
+``REPLAY_CYTHON_DEBUG=1`` turns Cython's bounds, wrap-around and initialisation checks back
+on for a debug test run.
+"""
+import os
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+KERNEL_SOURCES = [
+    "ckernels/segtree.c",
+    "ckernels/slices.c",
+    "ckernels/perm.c",
+    "ckernels/prng.c",
+]
+
+DEBUG = os.environ.get("REPLAY_CYTHON_DEBUG", "0") == "1"
+
+DIRECTIVES = {
+    "language_level": 3,
+    "boundscheck": DEBUG,
+    "wraparound": DEBUG,
+    "initializedcheck": DEBUG,
+    "cdivision": not DEBUG,
+    "binding": True,
+    "embedsignature": True,
+}
+
+# -O3 without -march=native: the binary must run on any x86-64 / aarch64 CPU.
+COMPILE_ARGS = ["-O0", "-g"] if DEBUG else ["-O3"]
+
+extensions = [
+    Extension(
+        "replay",
+        sources=["replay.pyx", *KERNEL_SOURCES],
+        include_dirs=[np.get_include(), "ckernels"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        extra_compile_args=COMPILE_ARGS,
+    )
+]
+
+setup(
+    ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES),
+)
