@@ -28,7 +28,68 @@ cdef extern from "ckernels/prng.h" nogil:
 # =====================================================================================
 # Segment trees
 # =====================================================================================
-# (segment-tree declarations)
+cdef extern from "ckernels/segtree.h" nogil:
+    enum:
+        RP_SEGTREE_FANOUT
+        RP_SEGTREE_MAX_LEVELS
+    ctypedef struct rp_segtree_layout:
+        int64_t size
+        int64_t top
+        int64_t total
+        int64_t offset[17]
+        int64_t length[17]
+        int64_t prefix[17]
+    int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bint with_prefix)
+
+    void rp_segtree_fill_f32(const rp_segtree_layout *layout, float *tree, float identity)
+    void rp_segtree_fill_f64(const rp_segtree_layout *layout, double *tree, double identity)
+    int rp_segtree_get_f32(const rp_segtree_layout *layout, const float *tree, const int64_t *index, int64_t n, float *out, int64_t *bad)
+    int rp_segtree_get_f64(const rp_segtree_layout *layout, const double *tree, const int64_t *index, int64_t n, double *out, int64_t *bad)
+    void rp_sumtree_build_f32(const rp_segtree_layout *layout, float *tree)
+    void rp_sumtree_build_f64(const rp_segtree_layout *layout, double *tree)
+    void rp_mintree_build_f32(const rp_segtree_layout *layout, float *tree)
+    void rp_mintree_build_f64(const rp_segtree_layout *layout, double *tree)
+    int rp_sumtree_check_f32(const float *value, int64_t n, int64_t *bad)
+    int rp_sumtree_check_f64(const double *value, int64_t n, int64_t *bad)
+    int rp_mintree_check_f32(const float *value, int64_t n, int64_t *bad)
+    int rp_mintree_check_f64(const double *value, int64_t n, int64_t *bad)
+    int rp_sumtree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)
+    int rp_sumtree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, int64_t *bad)
+    int rp_mintree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)
+    int rp_mintree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, int64_t *bad)
+    double rp_sumtree_query_f32(const rp_segtree_layout *layout, const float *tree, int64_t l, int64_t r)
+    double rp_sumtree_query_f64(const rp_segtree_layout *layout, const double *tree, int64_t l, int64_t r)
+    double rp_mintree_query_f32(const rp_segtree_layout *layout, const float *tree, int64_t l, int64_t r)
+    double rp_mintree_query_f64(const rp_segtree_layout *layout, const double *tree, int64_t l, int64_t r)
+    void rp_sumtree_query_batch_f32(const rp_segtree_layout *layout, const float *tree, const int64_t *l, const int64_t *r, int64_t n, double *out)
+    void rp_sumtree_query_batch_f64(const rp_segtree_layout *layout, const double *tree, const int64_t *l, const int64_t *r, int64_t n, double *out)
+    void rp_mintree_query_batch_f32(const rp_segtree_layout *layout, const float *tree, const int64_t *l, const int64_t *r, int64_t n, double *out)
+    void rp_mintree_query_batch_f64(const rp_segtree_layout *layout, const double *tree, const int64_t *l, const int64_t *r, int64_t n, double *out)
+    int rp_sumtree_scan_lower_bound_f32(const rp_segtree_layout *layout, const float *tree, const float *value, int64_t n, int64_t *out, int64_t *bad)
+    int rp_sumtree_scan_lower_bound_f64(const rp_segtree_layout *layout, const double *tree, const double *value, int64_t n, int64_t *out, int64_t *bad)
+    int rp_sumtree_sample_f32(const rp_segtree_layout *layout, const float *tree, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_f64(const rp_segtree_layout *layout, const double *tree, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
+
+
+cdef class _SegmentTree:
+    cdef rp_segtree_layout _layout  # level offsets and lengths of the 16-ary layout
+    cdef object _storage             # numpy array owning the buffer (over-allocated to align)
+    cdef object _tree                # 64-byte aligned numpy view: every level, leaves first
+    cdef float *_t32                 # _tree's data when the tree is fp32, else NULL
+    cdef double *_t64                # _tree's data when the tree is fp64, else NULL
+    cdef bint _fp64                  # scalar type of the leaves
+    cdef bint _is_min                # min tree (else sum tree)
+    cdef object _dtype               # numpy dtype of the leaves
+    cdef object _lock                # serialises every kernel call (they run without the GIL)
+
+    cdef _setup(self, object size, bint fp64, bint is_min)
+    cdef str _kind(self)
+    cdef _raise_value_error(self, object stored, object value, int64_t position)
+    cdef double _query_one(self, int64_t l, int64_t r) noexcept
+
+
+cdef class _SumSegmentTree(_SegmentTree):
+    pass
 
 
 # =====================================================================================

@@ -75,7 +75,499 @@ cdef object _as_value_array(object x, object dtype, str name):
 # =====================================================================================
 # Segment trees
 # =====================================================================================
-# (segment-tree section)
+from cpython.long cimport PyLong_Check
+
+cdef object _ALIGN_BYTES = 64
+
+
+cdef inline bint _is_scalar_int(object x):
+    # bool is an int subclass but never a valid tree index.
+    return (PyLong_Check(x) or isinstance(x, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+cdef inline bint _is_scalar_real(object x):
+    return isinstance(x, (float, int, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+cdef object _aligned_empty(int64_t n, object dtype):
+    """A 64-byte aligned 1-D array of ``n`` elements and the array that owns its memory."""
+    itemsize = np.dtype(dtype).itemsize
+    storage = np.empty(n + _ALIGN_BYTES // itemsize, dtype=dtype)
+    shift = (-storage.ctypes.data % _ALIGN_BYTES) // itemsize
+    return storage, storage[shift:shift + n]
+
+
+cdef class _SegmentTree:
+    """Common state and methods of the sum and min segment trees (16-ary, see segtree.h)."""
+
+    def __cinit__(self, *args, **kwargs):
+        self._t32 = NULL
+        self._t64 = NULL
+
+    cdef _setup(self, object size, bint fp64, bint is_min):
+        if not _is_scalar_int(size):
+            raise TypeError(f"size must be an int, got {type(size).__name__}")
+        if size < 0:
+            raise ValueError(f"size must be non-negative, got size={size}")
+        if rp_segtree_layout_init(&self._layout, size, not is_min) != RP_OK:
+            raise ValueError(f"size={size} is too large")
+        self._fp64 = fp64
+        self._is_min = is_min
+        self._dtype = np.dtype(np.float64 if fp64 else np.float32)
+        nbytes = self._layout.total * self._dtype.itemsize
+        try:
+            self._storage, self._tree = _aligned_empty(self._layout.total, self._dtype)
+        except MemoryError:
+            raise MemoryError(f"cannot allocate {nbytes} bytes for a segment tree of size {size}")
+        cdef float[::1] v32
+        cdef double[::1] v64
+        if fp64:
+            v64 = self._tree
+            self._t64 = &v64[0]
+            rp_segtree_fill_f64(&self._layout, self._t64, self.identity_element)
+        else:
+            v32 = self._tree
+            self._t32 = &v32[0]
+            rp_segtree_fill_f32(&self._layout, self._t32, self.identity_element)
+        self._lock = threading.Lock()
+
+    @property
+    def size(self):
+        """The number of leaves."""
+        return self._layout.size
+
+    @property
+    def capacity(self):
+        """The smallest power of two strictly greater than ``size`` (torchrl's capacity)."""
+        cdef int64_t c = 1
+        while c <= self._layout.size:
+            c <<= 1
+        return c
+
+    @property
+    def identity_element(self):
+        """0.0 for a sum tree, the dtype's largest finite value for a min tree."""
+        if not self._is_min:
+            return 0.0
+        return float(np.finfo(self._dtype).max)
+
+    def __len__(self):
+        return self._layout.size
+
+    def __repr__(self):
+        return f"{type(self).__name__}(size={self._layout.size})"
+
+    cdef str _kind(self):
+        return "min" if self._is_min else "sum"
+
+    # --- leaves ------------------------------------------------------------------------
+
+    def at(self, index):
+        """The value of leaf ``index``: a float for an int, an array / tensor of the tree's
+        dtype and of ``index``'s shape for an integer array / tensor."""
+        cdef int64_t i, n, bad = 0
+        cdef int rc
+        cdef const int64_t[::1] idx
+        cdef float[::1] o32
+        cdef double[::1] o64
+        if _is_scalar_int(index):
+            i = index
+            if i < 0 or i >= self._layout.size:
+                raise IndexError(f"index {index} is out of range for size {self._layout.size}")
+            with self._lock:
+                return float(self._t64[i]) if self._fp64 else float(self._t32[i])
+        shape = np.shape(index) if not _is_tensor(index) else tuple(index.shape)
+        arr = _as_index_array(index, "index")
+        out = np.empty(arr.shape[0], dtype=self._dtype)
+        n = arr.shape[0]
+        if n:
+            idx = arr
+            with self._lock:
+                if self._fp64:
+                    o64 = out
+                    with nogil:
+                        rc = rp_segtree_get_f64(&self._layout, self._t64, &idx[0], n, &o64[0], &bad)
+                else:
+                    o32 = out
+                    with nogil:
+                        rc = rp_segtree_get_f32(&self._layout, self._t32, &idx[0], n, &o32[0], &bad)
+            if rc != RP_OK:
+                _raise_index_error(arr, bad, self._layout.size)
+        return _numpy_to_like(out.reshape(shape), index)
+
+    def __getitem__(self, index):
+        return self.at(index)
+
+    def update(self, index, value):
+        """Set leaves ``index`` to ``value`` and recompute their parents.
+
+        ``value`` is a scalar (broadcast to every index) or holds as many elements as
+        ``index``. A batch holding one bad index or value is rejected whole: the tree is
+        left unchanged. A repeated index keeps its last value.
+        """
+        cdef int64_t n, stride, bad = 0
+        cdef int rc
+        cdef const int64_t[::1] idx
+        cdef const float[::1] v32
+        cdef const double[::1] v64
+        if _is_scalar_int(index):
+            if not 0 <= index < self._layout.size:
+                raise IndexError(f"index {index} is out of range for size {self._layout.size}")
+            arr = np.array([index], dtype=np.int64)
+            if not _is_scalar_real(value):
+                vals = _as_value_array(value, self._dtype, "value")
+                if vals.shape[0] != 1:
+                    raise ValueError(
+                        f"a single index takes a single value, got value of shape {np.shape(value)}")
+            else:
+                vals = np.array([value], dtype=self._dtype)
+        else:
+            arr = _as_index_array(index, "index")
+            if _is_scalar_real(value):
+                vals = np.array([value], dtype=self._dtype)
+            else:
+                vals = _as_value_array(value, self._dtype, "value")
+                if vals.shape[0] != arr.shape[0] and vals.shape[0] != 1:
+                    raise ValueError(
+                        f"value must be a scalar or hold as many elements as index, got value of "
+                        f"shape {_shape_of(value)} and index of shape {_shape_of(index)}")
+        n = arr.shape[0]
+        if n == 0:
+            return
+        stride = 0 if vals.shape[0] == 1 else 1
+        idx = arr
+        with self._lock:
+            if self._fp64:
+                v64 = vals
+                if self._is_min:
+                    with nogil:
+                        rc = rp_mintree_update_f64(&self._layout, self._t64, &idx[0], &v64[0], stride, n, &bad)
+                else:
+                    with nogil:
+                        rc = rp_sumtree_update_f64(&self._layout, self._t64, &idx[0], &v64[0], stride, n, &bad)
+            else:
+                v32 = vals
+                if self._is_min:
+                    with nogil:
+                        rc = rp_mintree_update_f32(&self._layout, self._t32, &idx[0], &v32[0], stride, n, &bad)
+                else:
+                    with nogil:
+                        rc = rp_sumtree_update_f32(&self._layout, self._t32, &idx[0], &v32[0], stride, n, &bad)
+        if rc == RP_ERR_INDEX:
+            _raise_index_error(arr, bad, self._layout.size)
+        if rc == RP_ERR_VALUE:
+            self._raise_value_error(vals[bad * stride], value, bad * stride)
+
+    def __setitem__(self, index, value):
+        self.update(index, value)
+
+    cdef _raise_value_error(self, object stored, object value, int64_t position):
+        # Name the caller's value, not its cast (1e300 becomes inf in an fp32 tree).
+        try:
+            original = _as_array(value).reshape(-1)[position].item()
+        except Exception:
+            original = stored
+        rule = "not NaN" if self._is_min else "finite and non-negative"
+        raise ValueError(
+            f"value {original} at position {position} cannot be stored in a {self._kind()} "
+            f"segment tree: values must be {rule}")
+
+    # --- reductions ----------------------------------------------------------------------
+
+    def query(self, l, r):
+        """The sum (or min) of leaves ``[l, r)``, both clamped to ``[0, size]``.
+
+        Ints give a float; integer arrays / tensors (broadcast together) give an array /
+        tensor of the tree's dtype. ``l <= 0 and r >= size`` is the whole tree.
+        """
+        cdef int64_t lo, hi, n
+        cdef const int64_t[::1] lv
+        cdef const int64_t[::1] rv
+        cdef double[::1] ov
+        if _is_scalar_int(l) and _is_scalar_int(r):
+            lo = max(min(l, INT64_MAX), -INT64_MAX)
+            hi = max(min(r, INT64_MAX), -INT64_MAX)
+            with self._lock:
+                return self._query_one(lo, hi)
+        like = l if _is_tensor(l) else r
+        la = _as_index_array(l, "l") if not _is_scalar_int(l) else np.array([l], dtype=np.int64)
+        ra = _as_index_array(r, "r") if not _is_scalar_int(r) else np.array([r], dtype=np.int64)
+        shape = np.broadcast_shapes(_shape_of(l), _shape_of(r))
+        la = np.ascontiguousarray(np.broadcast_to(la.reshape(_shape_of(l)), shape).reshape(-1))
+        ra = np.ascontiguousarray(np.broadcast_to(ra.reshape(_shape_of(r)), shape).reshape(-1))
+        out = np.empty(la.shape[0], dtype=np.float64)
+        n = la.shape[0]
+        if n:
+            lv = la
+            rv = ra
+            ov = out
+            with self._lock:
+                with nogil:
+                    if self._fp64:
+                        if self._is_min:
+                            rp_mintree_query_batch_f64(&self._layout, self._t64, &lv[0], &rv[0], n, &ov[0])
+                        else:
+                            rp_sumtree_query_batch_f64(&self._layout, self._t64, &lv[0], &rv[0], n, &ov[0])
+                    else:
+                        if self._is_min:
+                            rp_mintree_query_batch_f32(&self._layout, self._t32, &lv[0], &rv[0], n, &ov[0])
+                        else:
+                            rp_sumtree_query_batch_f32(&self._layout, self._t32, &lv[0], &rv[0], n, &ov[0])
+        return _numpy_to_like(out.astype(self._dtype, copy=False).reshape(shape), like)
+
+    cdef double _query_one(self, int64_t l, int64_t r) noexcept:
+        if self._fp64:
+            if self._is_min:
+                return rp_mintree_query_f64(&self._layout, self._t64, l, r)
+            return rp_sumtree_query_f64(&self._layout, self._t64, l, r)
+        if self._is_min:
+            return rp_mintree_query_f32(&self._layout, self._t32, l, r)
+        return rp_sumtree_query_f32(&self._layout, self._t32, l, r)
+
+    # --- bulk access and pickling ----------------------------------------------------------
+
+    def values(self):
+        """A numpy copy of the ``size`` leaf values."""
+        with self._lock:
+            return self._tree[:self._layout.size].copy()
+
+    def __reduce__(self):
+        return (type(self), (self._layout.size,), self.values())
+
+    def __setstate__(self, state):
+        cdef int64_t bad = 0
+        cdef int rc
+        cdef const float[::1] v32
+        cdef const double[::1] v64
+        if not isinstance(state, np.ndarray):
+            raise TypeError(f"{type(self).__name__} state must be a numpy array, got {type(state).__name__}")
+        if state.dtype != self._dtype:
+            raise TypeError(f"{type(self).__name__} state must have dtype {self._dtype}, got {state.dtype}")
+        if state.shape != (self._layout.size,):
+            raise ValueError(
+                f"{type(self).__name__} state must have shape ({self._layout.size},), got {state.shape}")
+        state = np.ascontiguousarray(state)
+        n = state.shape[0]
+        if n:
+            if self._fp64:
+                v64 = state
+                rc = rp_mintree_check_f64(&v64[0], n, &bad) if self._is_min else rp_sumtree_check_f64(&v64[0], n, &bad)
+            else:
+                v32 = state
+                rc = rp_mintree_check_f32(&v32[0], n, &bad) if self._is_min else rp_sumtree_check_f32(&v32[0], n, &bad)
+            if rc != RP_OK:
+                self._raise_value_error(state[bad], state, bad)
+        with self._lock:
+            self._tree[:n] = state
+            with nogil:
+                if self._fp64:
+                    if self._is_min:
+                        rp_mintree_build_f64(&self._layout, self._t64)
+                    else:
+                        rp_sumtree_build_f64(&self._layout, self._t64)
+                else:
+                    if self._is_min:
+                        rp_mintree_build_f32(&self._layout, self._t32)
+                    else:
+                        rp_sumtree_build_f32(&self._layout, self._t32)
+
+    def _py_level(self, t):
+        """Test hook: a copy of level ``t`` of the internal layout (0 = leaves)."""
+        if not 0 <= t <= self._layout.top:
+            raise IndexError(f"level {t} is out of range [0, {self._layout.top}]")
+        off = self._layout.offset[t]
+        return self._tree[off:off + self._layout.length[t]].copy()
+
+
+cdef object _shape_of(object x):
+    if _is_tensor(x):
+        return tuple(x.shape)
+    return np.shape(x)
+
+
+cdef _raise_index_error(object index, int64_t position, int64_t size):
+    raise IndexError(
+        f"index {int(index[position])} at position {position} is out of range for size {size}")
+
+
+cdef class _SumSegmentTree(_SegmentTree):
+    """Sum-tree operations: prefix search and fused prioritized sampling."""
+
+    def scan_lower_bound(self, value):
+        """The first leaf whose inclusive prefix sum is ``>= value``.
+
+        ``size`` when ``value`` exceeds the total, 0 when ``value <= 0``. A float gives an int;
+        an array / tensor gives int64 of the same shape. For a value in ``(0, total]`` the
+        leaf returned is never zero-valued, whatever the rounding of the fp32 sums (torchrl's
+        trees can return such leaves). NaN raises ValueError.
+        """
+        cdef int64_t n, bad = 0
+        cdef int rc
+        cdef const float[::1] v32
+        cdef const double[::1] v64
+        cdef int64_t[::1] ov
+        if _is_scalar_real(value):
+            vals = np.array([value], dtype=self._dtype)
+            shape = None
+        else:
+            shape = _shape_of(value)
+            vals = _as_value_array(value, self._dtype, "value")
+        n = vals.shape[0]
+        out = np.empty(n, dtype=np.int64)
+        if n:
+            ov = out
+            with self._lock:
+                if self._fp64:
+                    v64 = vals
+                    with nogil:
+                        rc = rp_sumtree_scan_lower_bound_f64(&self._layout, self._t64, &v64[0], n, &ov[0], &bad)
+                else:
+                    v32 = vals
+                    with nogil:
+                        rc = rp_sumtree_scan_lower_bound_f32(&self._layout, self._t32, &v32[0], n, &ov[0], &bad)
+            if rc != RP_OK:
+                raise ValueError(f"value nan at position {bad} cannot be searched for in a sum tree")
+        if shape is None:
+            return int(out[0])
+        return _numpy_to_like(out.reshape(shape), value)
+
+    def sample_prioritized(self, num_valid, uniform=None, *, batch_size=None, seed=None,
+                           p_min=None, beta=None):
+        """Draw leaves in proportion to their value, in one pass.
+
+        Follows :class:`~torchrl.data.PrioritizedSampler`'s rules: the mass of draw ``k`` is
+        ``uniform[k] * sum(leaves[:num_valid])``; its leaf is clamped to ``num_valid - 1`` and
+        moved off a zero-valued leaf to the nearest positive one on its left (on its right when
+        there is none: torchrl raises there, for a draw of exactly 0).
+
+        Args:
+            num_valid (int): leaves ``[0, num_valid)`` may be drawn (``len(storage)``).
+            uniform (array or tensor, optional): draws in ``[0, 1]``; the outputs follow its
+                kind (tensor in, tensors out). If omitted, ``batch_size`` draws come from a
+                xoshiro256** stream seeded with ``seed``.
+
+        Keyword Args:
+            batch_size (int, optional): the number of draws when ``uniform`` is omitted.
+            seed (int, optional): 64-bit seed of those draws. Defaults to 0.
+            p_min (float, optional): the smallest priority, for importance weights.
+            beta (float, optional): importance exponent; when given with ``p_min``, the third
+                output is ``(priority / p_min) ** -beta``.
+
+        Returns:
+            ``(index, priority, weight)``: int64 indices, the leaf values (tree dtype) and the
+            float64 weights, or ``None`` for the weights when ``beta`` is not given.
+
+        Raises:
+            IndexError: when ``num_valid`` is not in ``[1, size]``.
+            ValueError: for a draw outside ``[0, 1]`` or NaN.
+            RuntimeError: when no leaf in ``[0, num_valid)`` is positive.
+        """
+        cdef int64_t n, nv, bad = 0
+        cdef int rc
+        cdef double pmin = 1.0, b = 0.0
+        cdef const double[::1] uv
+        cdef int64_t[::1] oi
+        cdef float[::1] p32
+        cdef double[::1] p64
+        cdef double[::1] wv
+        cdef double *wptr = NULL
+        cdef rp_prng_state st
+        if not _is_scalar_int(num_valid):
+            raise TypeError(f"num_valid must be an int, got {type(num_valid).__name__}")
+        if not 1 <= num_valid <= self._layout.size:
+            raise IndexError(f"num_valid={num_valid} is out of range [1, {self._layout.size}]")
+        nv = num_valid
+        like = uniform
+        if uniform is None:
+            if batch_size is None or not _is_scalar_int(batch_size) or batch_size < 0:
+                raise ValueError(f"batch_size must be a non-negative int when uniform is omitted, got {batch_size!r}")
+            us = np.empty(batch_size, dtype=np.float64)
+            if batch_size:
+                rp_prng_seed(&st, <uint64_t>((seed or 0) & 0xFFFFFFFFFFFFFFFF))
+                uv = us
+                rp_prng_fill_double(&st, batch_size, <double *>&uv[0])
+        else:
+            us = _as_value_array(uniform, np.float64, "uniform")
+        n = us.shape[0]
+        out_index = np.empty(n, dtype=np.int64)
+        out_priority = np.empty(n, dtype=self._dtype)
+        out_weight = None
+        if beta is not None:
+            if p_min is None:
+                raise ValueError("p_min is required with beta to compute importance weights")
+            if not p_min > 0:
+                raise ValueError(f"p_min must be positive, got p_min={p_min}")
+            pmin = p_min
+            b = beta
+            out_weight = np.empty(n, dtype=np.float64)
+        if n:
+            uv = us
+            oi = out_index
+            if out_weight is not None:
+                wv = out_weight
+                wptr = &wv[0]
+            with self._lock:
+                if self._fp64:
+                    p64 = out_priority
+                    with nogil:
+                        rc = rp_sumtree_sample_f64(&self._layout, self._t64, nv, &uv[0], n, pmin, b,
+                                                   &oi[0], &p64[0], wptr, &bad)
+                else:
+                    p32 = out_priority
+                    with nogil:
+                        rc = rp_sumtree_sample_f32(&self._layout, self._t32, nv, &uv[0], n, pmin, b,
+                                                   &oi[0], &p32[0], wptr, &bad)
+            if rc == RP_ERR_EMPTY:
+                raise RuntimeError(
+                    f"no positive priority among the first {num_valid} leaves: cannot sample")
+            if rc == RP_ERR_VALUE:
+                raise ValueError(f"uniform draw {us[bad]} at position {bad} is not in [0, 1]")
+        return (_numpy_to_like(out_index, like), _numpy_to_like(out_priority, like),
+                None if out_weight is None else _numpy_to_like(out_weight, like))
+
+
+cdef class SumSegmentTreeFp32(_SumSegmentTree):
+    """A sum segment tree over float32 leaves; drop-in for ``torchrl._torchrl.SumSegmentTreeFp32``.
+
+    Args:
+        size (int): the number of leaves. Every leaf starts at 0.
+    """
+
+    def __init__(self, size):
+        self._setup(size, False, False)
+
+
+cdef class SumSegmentTreeFp64(_SumSegmentTree):
+    """A sum segment tree over float64 leaves; drop-in for ``torchrl._torchrl.SumSegmentTreeFp64``.
+
+    Args:
+        size (int): the number of leaves. Every leaf starts at 0.
+    """
+
+    def __init__(self, size):
+        self._setup(size, True, False)
+
+
+cdef class MinSegmentTreeFp32(_SegmentTree):
+    """A min segment tree over float32 leaves; drop-in for ``torchrl._torchrl.MinSegmentTreeFp32``.
+
+    Args:
+        size (int): the number of leaves. Every leaf starts at the largest finite float32.
+    """
+
+    def __init__(self, size):
+        self._setup(size, False, True)
+
+
+cdef class MinSegmentTreeFp64(_SegmentTree):
+    """A min segment tree over float64 leaves; drop-in for ``torchrl._torchrl.MinSegmentTreeFp64``.
+
+    Args:
+        size (int): the number of leaves. Every leaf starts at the largest finite float64.
+    """
+
+    def __init__(self, size):
+        self._setup(size, True, True)
 
 
 # =====================================================================================

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <stdbool.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -26,10 +27,12 @@ enum {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define RP_PREFETCH(p) __builtin_prefetch((p), 0, 1)
+#define RP_PREFETCH_W(p) __builtin_prefetch((p), 1, 1)
 #define RP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define RP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
 #define RP_PREFETCH(p) ((void)0)
+#define RP_PREFETCH_W(p) ((void)0)
 #define RP_LIKELY(x) (x)
 #define RP_UNLIKELY(x) (x)
 #endif

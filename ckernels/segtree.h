@@ -1,4 +1,32 @@
-/* Sum and min segment trees over fp32 / fp64 leaves. Must match replay.pxd. */
+/* Sum and min segment trees over fp32 / fp64 leaves, in a cache-friendly 16-ary layout.
+ * Must match replay.pxd (the "segtree.h" extern block).
+ *
+ * Layout. All levels live in one caller-owned buffer of `rp_segtree_layout.total` scalars,
+ * 64-byte aligned by the caller. Level 0 holds the leaves; entry j of level t+1 holds the
+ * reduction (sum or min) of the 16 entries 16j .. 16j+15 of level t, which form one "node".
+ * Each level is padded with the identity to a multiple of 16 entries, so a node is a 64-byte
+ * (fp32) or 128-byte (fp64) run of memory, and the top level is a single node (the root).
+ *
+ *   level 2 (root)  [ r0                r1 ... r15 ]
+ *                     |                  \
+ *   level 1         [ n0 n1 ... n15 ] [ n16 ... n31 ] ...      n_j = reduce(leaves 16j..16j+15)
+ *                     |  \
+ *   level 0         [ x0 .. x15 ] [ x16 .. x31 ] ...           the leaves x_i (= `size` of them)
+ *
+ * A descent reads one node per level: log16(size) + 1 cache lines instead of the log2(size)
+ * lines of the binary heap layout (`capacity + i`, parent `j / 2`), and the top levels stay
+ * in L1/L2. Parents are always recomputed from their 16 children with one fixed, pairwise
+ * summation order, so a tree's internal sums are a pure function of its leaves: no drift,
+ * whatever the history of updates.
+ *
+ * A sum tree also keeps, for each level above the leaves, the inclusive prefix sums of every
+ * node's 16 entries (P below), recomputed with the entries: the descent reads P, so choosing a
+ * child costs 16 independent comparisons (vectorised) rather than 15 dependent additions.
+ *
+ *   level 1 entries [ n0  n1     n2        ... n15 ]
+ *   level 1 prefix  [ n0  n0+n1  n0+n1+n2  ... n0+..+n15 ]
+ *
+ * Every function taking `index` checks 0 <= index < size first and writes nothing on error. */
 #ifndef RP_SEGTREE_H
 #define RP_SEGTREE_H
 
@@ -7,6 +35,89 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#define RP_SEGTREE_FANOUT 16
+#define RP_SEGTREE_MAX_LEVELS 17 /* 16^16 = 2^64 leaves */
+#ifndef RP_SEGTREE_PREFIX_FROM
+#define RP_SEGTREE_PREFIX_FROM 2 /* the lowest level that keeps prefix sums */
+#endif
+
+typedef struct {
+    int64_t size;                                 /* number of leaves */
+    int64_t top;                                  /* index of the root level (0 when size <= 16) */
+    int64_t total;                                /* scalars in the whole buffer */
+    int64_t offset[RP_SEGTREE_MAX_LEVELS];        /* start of each level in the buffer */
+    int64_t length[RP_SEGTREE_MAX_LEVELS];        /* entries of each level (a multiple of 16) */
+    int64_t prefix[RP_SEGTREE_MAX_LEVELS];        /* start of each level's prefix sums, or -1 */
+} rp_segtree_layout;
+
+/* Fill *layout for `size` leaves (size >= 0). With `with_prefix` (sum trees), every level
+ * above the leaves also keeps, beside its entries, their inclusive prefix sums within each
+ * node: a descent then picks a child with 16 independent comparisons instead of a chain of
+ * additions. Returns RP_OK, or RP_ERR_VALUE when size is negative or too large. O(log size). */
+int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_prefix);
+
+#define RP_SEGTREE_DECLARE(SCALAR, SUFFIX)                                                        \
+    /* Set every entry of the buffer to `identity`. O(total). */                                 \
+    void rp_segtree_fill_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity); \
+    /* out[k] = leaf index[k]; RP_ERR_INDEX with *bad = k when out of range. O(n). */            \
+    int rp_segtree_get_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,             \
+                                const int64_t *index, int64_t n, SCALAR *out, int64_t *bad);     \
+    /* Recompute every level above the leaves. O(size). */                                       \
+    void rp_sumtree_build_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree);               \
+    void rp_mintree_build_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree);               \
+    /* Check leaves (sum: finite and >= 0; min: not NaN); RP_ERR_VALUE, *bad = position. O(n). */\
+    int rp_sumtree_check_##SUFFIX(const SCALAR *value, int64_t n, int64_t *bad);                 \
+    int rp_mintree_check_##SUFFIX(const SCALAR *value, int64_t n, int64_t *bad);                 \
+    /* Set leaf index[k] to value[k * value_stride] for k < n (value_stride 0 broadcasts one     \
+     * value; a repeated index keeps its last value), then refresh the parents, each once per    \
+     * batch where the batch is dense. Checks every index and value first: on error writes       \
+     * nothing, sets *bad = k and returns RP_ERR_INDEX or RP_ERR_VALUE.                          \
+     * O(n log16 size), and O(size) at most. */                                                  \
+    int rp_sumtree_update_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,                \
+                                   const int64_t *index, const SCALAR *value,                    \
+                                   int64_t value_stride, int64_t n, int64_t *bad);               \
+    int rp_mintree_update_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,                \
+                                   const int64_t *index, const SCALAR *value,                    \
+                                   int64_t value_stride, int64_t n, int64_t *bad);               \
+    /* Sum (min) of leaves [l, r), both clamped to [0, size]; the identity when l >= r.          \
+     * Sums accumulate in double. O(16 log16 size). */                                           \
+    double rp_sumtree_query_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,        \
+                                     int64_t l, int64_t r);                                      \
+    double rp_mintree_query_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,        \
+                                     int64_t l, int64_t r);                                      \
+    /* Batched query: out[k] = query(l[k], r[k]). O(n log16 size). */                            \
+    void rp_sumtree_query_batch_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,    \
+                                         const int64_t *l, const int64_t *r, int64_t n,          \
+                                         double *out);                                           \
+    void rp_mintree_query_batch_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,    \
+                                         const int64_t *l, const int64_t *r, int64_t n,          \
+                                         double *out);                                           \
+    /* out[k] = the first leaf whose inclusive prefix sum is >= value[k]; `size` when value[k]   \
+     * exceeds the total; 0 when value[k] <= 0. For value[k] in (0, total] the leaf returned is  \
+     * never zero-valued, whatever the rounding of the internal sums. NaN: RP_ERR_VALUE with     \
+     * *bad = k, nothing written. Descents run interleaved, 32 at a time, with prefetch.         \
+     * O(n * 16 log16 size). */                                                                  \
+    int rp_sumtree_scan_lower_bound_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree, \
+                                             const SCALAR *value, int64_t n, int64_t *out,       \
+                                             int64_t *bad);                                      \
+    /* Fused prioritized sampling over the first `num_valid` leaves (1 <= num_valid <= size):    \
+     * mass_k = uniform[k] * sum(leaves[0, num_valid)), descend, clamp to num_valid - 1, and     \
+     * move off a zero-valued leaf to the nearest positive one on its left (else on its right).  \
+     * Writes out_index[k], out_priority[k] and, when out_weight is not NULL,                    \
+     * out_weight[k] = (priority / p_min) ** -beta. Returns RP_ERR_EMPTY when no leaf in range   \
+     * is positive, RP_ERR_INDEX when num_valid is out of [1, size] (*bad = num_valid),           \
+     * RP_ERR_VALUE when a draw is outside [0, 1] or NaN (*bad = k); nothing written on error.          \
+     * O(n * 16 log16 size). */                                                                  \
+    int rp_sumtree_sample_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,          \
+                                   int64_t num_valid, const double *uniform, int64_t n,          \
+                                   double p_min, double beta, int64_t *out_index,                \
+                                   SCALAR *out_priority, double *out_weight, int64_t *bad);
+
+RP_SEGTREE_DECLARE(float, f32)
+RP_SEGTREE_DECLARE(double, f64)
+
+#undef RP_SEGTREE_DECLARE
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,461 @@
+/* Body of the segment-tree kernels, written once for both scalar types: segtree.c includes
+ * this file twice, with SCALAR (float / double), SUFFIX (f32 / f64) and SCALAR_MAX defined.
+ * See segtree.h for the layout and the contract of each function. */
+
+#define RP_CAT_(a, b) a##_##b
+#define RP_CAT(a, b) RP_CAT_(a, b)
+#define FN(name) RP_CAT(name, SUFFIX)
+
+/* Scalars per cache line: a node of 16 spans 1 (fp32) or 2 (fp64) lines. */
+#define NODE_LINES ((int)((RP_SEGTREE_FANOUT * sizeof(SCALAR) + 63) / 64))
+
+static inline void FN(prefetch_node)(const SCALAR *node) {
+    RP_PREFETCH(node);
+    if (NODE_LINES > 1) RP_PREFETCH(node + RP_SEGTREE_FANOUT / 2);
+}
+
+/* Sum of one node in a fixed pairwise order, accumulated in double: the same function builds
+ * and refreshes every parent, which is what makes the tree a pure function of its leaves. */
+static inline double FN(node_sum)(const SCALAR *e) {
+    const double s0 = (double)e[0] + (double)e[1], s1 = (double)e[2] + (double)e[3];
+    const double s2 = (double)e[4] + (double)e[5], s3 = (double)e[6] + (double)e[7];
+    const double s4 = (double)e[8] + (double)e[9], s5 = (double)e[10] + (double)e[11];
+    const double s6 = (double)e[12] + (double)e[13], s7 = (double)e[14] + (double)e[15];
+    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+}
+
+/* Inclusive prefix sums of one node, in double. Four independent running sums of four,
+ * then their offsets: a dependency chain of 5 additions instead of 15, so interleaved
+ * descents are not held up by floating-point latency. */
+static inline void FN(node_prefix)(const SCALAR *e, double *prefix) {
+    double quad[4];
+    for (int k = 0; k < 4; k++) {
+        const SCALAR *x = e + 4 * k;
+        double *p = prefix + 4 * k;
+        p[0] = (double)x[0];
+        p[1] = p[0] + (double)x[1];
+        p[2] = p[1] + (double)x[2];
+        p[3] = p[2] + (double)x[3];
+        quad[k] = p[3];
+    }
+    const double o1 = quad[0], o2 = o1 + quad[1], o3 = o2 + quad[2];
+    for (int i = 0; i < 4; i++) {
+        prefix[4 + i] += o1;
+        prefix[8 + i] += o2;
+        prefix[12 + i] += o3;
+    }
+}
+
+/* Recompute the prefix sums of node j of level t (t >= 1) from its entries, accumulated in
+ * SCALAR as four running sums of four plus their offsets (short dependency chains). Rounding
+ * is monotone, so the sums stay non-decreasing, which is all the descent needs (its fallback
+ * absorbs the last-bit mismatch with the parent entry). */
+static inline void FN(store_prefix)(const rp_segtree_layout *layout, SCALAR *tree, int64_t t, int64_t j) {
+    const SCALAR *e = tree + layout->offset[t] + RP_SEGTREE_FANOUT * j;
+    SCALAR *out = tree + layout->prefix[t] + RP_SEGTREE_FANOUT * j;
+    SCALAR quad[4];
+    for (int k = 0; k < 4; k++) {
+        const SCALAR *x = e + 4 * k;
+        SCALAR *o = out + 4 * k;
+        o[0] = x[0];
+        o[1] = o[0] + x[1];
+        o[2] = o[1] + x[2];
+        o[3] = o[2] + x[3];
+        quad[k] = o[3];
+    }
+    const SCALAR o1 = quad[0], o2 = o1 + quad[1], o3 = o2 + quad[2];
+    for (int i = 0; i < 4; i++) {
+        out[4 + i] += o1;
+        out[8 + i] += o2;
+        out[12 + i] += o3;
+    }
+}
+
+/* The largest SCALAR <= x: comparing prefix sums against it never takes a child whose prefix
+ * is >= x, which keeps the remaining mass strictly positive on the way down. */
+static inline SCALAR FN(round_down)(double x) {
+    SCALAR s = (SCALAR)x;
+    if (sizeof(SCALAR) < sizeof(double) && (double)s > x) s = (SCALAR)nextafterf((float)s, -INFINITY);
+    return s;
+}
+
+static inline SCALAR FN(node_min)(const SCALAR *e) {
+    SCALAR m = e[0];
+    for (int j = 1; j < RP_SEGTREE_FANOUT; j++) m = e[j] < m ? e[j] : m;
+    return m;
+}
+
+static inline SCALAR FN(node_reduce)(const SCALAR *e, bool is_min) {
+    return is_min ? FN(node_min)(e) : (SCALAR)FN(node_sum)(e);
+}
+
+/* Total of the root node accumulated exactly as the descent does, so that a value <= this
+ * total never runs off the right end of the root. */
+static inline double FN(root_total)(const rp_segtree_layout *layout, const SCALAR *tree) {
+    if (layout->prefix[layout->top] >= 0) return (double)tree[layout->prefix[layout->top] + RP_SEGTREE_FANOUT - 1];
+    double prefix[RP_SEGTREE_FANOUT];
+    FN(node_prefix)(tree + layout->offset[layout->top], prefix);
+    return prefix[RP_SEGTREE_FANOUT - 1];
+}
+
+void FN(rp_segtree_fill)(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity) {
+    for (int64_t i = 0; i < layout->total; i++) tree[i] = identity;
+}
+
+int FN(rp_segtree_get)(const rp_segtree_layout *layout, const SCALAR *tree, const int64_t *index,
+                       int64_t n, SCALAR *out, int64_t *bad) {
+    const int64_t size = layout->size;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t i = index[k];
+        if (RP_UNLIKELY(i < 0 || i >= size)) {
+            *bad = k;
+            return RP_ERR_INDEX;
+        }
+        out[k] = tree[i];
+    }
+    return RP_OK;
+}
+
+/* Recompute the parents of the leaves index[0..n) level by level. A level whose node count
+ * is small next to the batch is recomputed whole, which visits each parent once, in index
+ * order; otherwise each touched parent is recomputed (once per run of equal parents). */
+static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
+                        int64_t n, bool is_min) {
+    for (int64_t t = 1; t <= layout->top; t++) {
+        const SCALAR *lo = tree + layout->offset[t - 1];
+        SCALAR *hi = tree + layout->offset[t];
+        const int64_t nodes = layout->length[t - 1] / RP_SEGTREE_FANOUT;
+        const bool with_prefix = layout->prefix[t] >= 0;
+        if (n * 4 >= nodes) {
+            for (int64_t j = 0; j < nodes; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
+            if (with_prefix)
+                for (int64_t j = 0; j < layout->length[t] / RP_SEGTREE_FANOUT; j++) FN(store_prefix)(layout, tree, t, j);
+            continue;
+        }
+        const int shift = (int)(4 * t);
+        int64_t prev = -1;
+        for (int64_t k = 0; k < n; k++) {
+            if (k + 8 < n) {
+                const int64_t ahead = index[k + 8] >> shift;
+                FN(prefetch_node)(lo + RP_SEGTREE_FANOUT * ahead);
+                RP_PREFETCH_W(hi + ahead);
+            }
+            const int64_t j = index[k] >> shift;
+            if (j != prev) {
+                hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
+                prev = j;
+            }
+        }
+        if (!with_prefix) continue;
+        /* A second pass, so that no prefix reads an entry stored a few instructions earlier
+         * (a store-forwarding stall per node when fused with the pass above). */
+        prev = -1;
+        for (int64_t k = 0; k < n; k++) {
+            const int64_t j = index[k] >> (shift + 4);
+            if (j != prev) {
+                FN(store_prefix)(layout, tree, t, j);
+                prev = j;
+            }
+        }
+    }
+}
+
+static void FN(build)(const rp_segtree_layout *layout, SCALAR *tree, bool is_min) {
+    for (int64_t t = 1; t <= layout->top; t++) {
+        const SCALAR *lo = tree + layout->offset[t - 1];
+        SCALAR *hi = tree + layout->offset[t];
+        const int64_t nodes = layout->length[t - 1] / RP_SEGTREE_FANOUT;
+        for (int64_t j = 0; j < nodes; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
+        if (layout->prefix[t] >= 0)
+            for (int64_t j = 0; j < layout->length[t] / RP_SEGTREE_FANOUT; j++) FN(store_prefix)(layout, tree, t, j);
+    }
+}
+
+void FN(rp_sumtree_build)(const rp_segtree_layout *layout, SCALAR *tree) { FN(build)(layout, tree, false); }
+void FN(rp_mintree_build)(const rp_segtree_layout *layout, SCALAR *tree) { FN(build)(layout, tree, true); }
+
+int FN(rp_sumtree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
+    for (int64_t k = 0; k < n; k++) {
+        /* !(v >= 0) is true for NaN as well as for negative values. */
+        if (RP_UNLIKELY(!(value[k] >= 0) || isinf(value[k]))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    return RP_OK;
+}
+
+int FN(rp_mintree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
+    for (int64_t k = 0; k < n; k++) {
+        if (RP_UNLIKELY(isnan(value[k]))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    return RP_OK;
+}
+
+static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
+                      const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad, bool is_min) {
+    const int64_t size = layout->size;
+    /* Check everything before writing anything; the pass also brings the leaves in. */
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t i = index[k];
+        if (RP_UNLIKELY(i < 0 || i >= size)) {
+            *bad = k;
+            return RP_ERR_INDEX;
+        }
+        const SCALAR v = value[k * value_stride];
+        if (RP_UNLIKELY(is_min ? isnan(v) : (!(v >= 0) || isinf(v)))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+        RP_PREFETCH_W(tree + i);
+    }
+    for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
+    FN(refresh)(layout, tree, index, n, is_min);
+    return RP_OK;
+}
+
+int FN(rp_sumtree_update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
+                          const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad) {
+    return FN(update)(layout, tree, index, value, value_stride, n, bad, false);
+}
+
+int FN(rp_mintree_update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
+                          const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad) {
+    return FN(update)(layout, tree, index, value, value_stride, n, bad, true);
+}
+
+/* Reduction of entries [a, b) of level t (a < b, both in one node or at the root). */
+static inline double FN(range_reduce)(const SCALAR *lvl, int64_t a, int64_t b, bool is_min) {
+    double acc = is_min ? (double)SCALAR_MAX : 0.0;
+    for (int64_t j = a; j < b; j++) {
+        const double x = (double)lvl[j];
+        acc = is_min ? (x < acc ? x : acc) : acc + x;
+    }
+    return acc;
+}
+
+static double FN(query)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t l, int64_t r,
+                        bool is_min) {
+    const int64_t size = layout->size;
+    if (l < 0) l = 0;
+    if (r > size) r = size;
+    double acc = is_min ? (double)SCALAR_MAX : 0.0;
+    if (l >= r) return acc;
+    if (l == 0 && r == size) {
+        if (is_min) return (double)FN(node_min)(tree + layout->offset[layout->top]);
+        return FN(root_total)(layout, tree);
+    }
+    /* Climb from both ends, reducing the partial nodes at each level. */
+    int64_t a = l, b = r;
+    for (int64_t t = 0; a < b; t++) {
+        const SCALAR *lvl = tree + layout->offset[t];
+        double part;
+        if (t == layout->top || (a >> 4) == ((b - 1) >> 4)) {
+            part = FN(range_reduce)(lvl, a, b, is_min);
+            acc = is_min ? (part < acc ? part : acc) : acc + part;
+            break;
+        }
+        if (a & 15) {
+            part = FN(range_reduce)(lvl, a, (a | 15) + 1, is_min);
+            acc = is_min ? (part < acc ? part : acc) : acc + part;
+            a = (a >> 4) + 1;
+        } else {
+            a >>= 4;
+        }
+        if (b & 15) {
+            part = FN(range_reduce)(lvl, b & ~(int64_t)15, b, is_min);
+            acc = is_min ? (part < acc ? part : acc) : acc + part;
+        }
+        b >>= 4;
+    }
+    return acc;
+}
+
+double FN(rp_sumtree_query)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t l, int64_t r) {
+    return FN(query)(layout, tree, l, r, false);
+}
+
+double FN(rp_mintree_query)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t l, int64_t r) {
+    return FN(query)(layout, tree, l, r, true);
+}
+
+void FN(rp_sumtree_query_batch)(const rp_segtree_layout *layout, const SCALAR *tree, const int64_t *l,
+                                const int64_t *r, int64_t n, double *out) {
+    for (int64_t k = 0; k < n; k++) out[k] = FN(query)(layout, tree, l[k], r[k], false);
+}
+
+void FN(rp_mintree_query_batch)(const rp_segtree_layout *layout, const SCALAR *tree, const int64_t *l,
+                                const int64_t *r, int64_t n, double *out) {
+    for (int64_t k = 0; k < n; k++) out[k] = FN(query)(layout, tree, l[k], r[k], true);
+}
+
+/* Descend g <= RP_DESCENT_GROUP masses v[q] > 0 level by level, interleaved so that the cache
+ * misses of one descent overlap the arithmetic of the others. At each node the child taken is
+ * the first whose running prefix (in double) reaches v. Where rounding makes v exceed the sum
+ * of a node, the last positive child is taken with all of its mass: every descent therefore
+ * ends on a positive leaf below `size`. */
+#define RP_DESCENT_GROUP 32
+static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, double *v, int64_t g,
+                        int64_t *leaf) {
+    int64_t node[RP_DESCENT_GROUP];
+    for (int64_t q = 0; q < g; q++) node[q] = 0;
+    for (int64_t t = layout->top; t >= 0; t--) {
+        const SCALAR *lvl = tree + layout->offset[t];
+        const SCALAR *pre = t > 0 && layout->prefix[t] >= 0 ? tree + layout->prefix[t] : NULL;
+        const SCALAR *below = t == 0 ? NULL
+                              : layout->prefix[t - 1] >= 0 ? tree + layout->prefix[t - 1]
+                                                           : tree + layout->offset[t - 1];
+        for (int64_t q = 0; q < g; q++) {
+            const double target = v[q];
+            int child = 0;
+            double before = 0.0;
+            if (pre != NULL) {
+                const SCALAR *p = pre + RP_SEGTREE_FANOUT * node[q];
+                const SCALAR bound = FN(round_down)(target);
+                for (int j = 0; j < RP_SEGTREE_FANOUT; j++) child += p[j] < bound;
+                if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
+            } else {
+                double prefix[RP_SEGTREE_FANOUT];
+                FN(node_prefix)(lvl + RP_SEGTREE_FANOUT * node[q], prefix);
+                for (int j = 0; j < RP_SEGTREE_FANOUT; j++) child += prefix[j] < target;
+                if (child > 0 && child < RP_SEGTREE_FANOUT) before = prefix[child - 1];
+            }
+            if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
+                const SCALAR *e = lvl + RP_SEGTREE_FANOUT * node[q];
+                child = RP_SEGTREE_FANOUT - 1;
+                while (child > 0 && !(e[child] > 0)) child--;
+                v[q] = (double)e[child];
+            } else {
+                v[q] = target - before;
+            }
+            node[q] = RP_SEGTREE_FANOUT * node[q] + child;
+            if (t > 0) FN(prefetch_node)(below + RP_SEGTREE_FANOUT * node[q]);
+        }
+    }
+    for (int64_t q = 0; q < g; q++) leaf[q] = node[q];
+}
+
+int FN(rp_sumtree_scan_lower_bound)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                    const SCALAR *value, int64_t n, int64_t *out, int64_t *bad) {
+    for (int64_t k = 0; k < n; k++) {
+        if (RP_UNLIKELY(isnan(value[k]))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    const double total = FN(root_total)(layout, tree);
+    double v[RP_DESCENT_GROUP];
+    int64_t pos[RP_DESCENT_GROUP], leaf[RP_DESCENT_GROUP];
+    for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
+        const int64_t k1 = k0 + RP_DESCENT_GROUP < n ? k0 + RP_DESCENT_GROUP : n;
+        int64_t g = 0;
+        for (int64_t k = k0; k < k1; k++) {
+            const double x = (double)value[k];
+            if (x <= 0) {
+                out[k] = 0; /* the first leaf's prefix is >= any non-positive value */
+            } else if (x > total) {
+                out[k] = layout->size;
+            } else {
+                v[g] = x;
+                pos[g++] = k;
+            }
+        }
+        FN(descend)(layout, tree, v, g, leaf);
+        for (int64_t q = 0; q < g; q++) out[pos[q]] = leaf[q];
+    }
+    return RP_OK;
+}
+
+/* The last leaf <= i with a positive value, or -1; climbs to the first level with a positive
+ * entry on the left, then descends its right-most positive path. O(16 log16 size). */
+static int64_t FN(last_positive_at_or_before)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                               int64_t i) {
+    for (int64_t j = i; j >= (i & ~(int64_t)15); j--)
+        if (tree[j] > 0) return j;
+    int64_t p = i >> 4;
+    for (int64_t t = 1; t <= layout->top; t++, p >>= 4) {
+        const SCALAR *lvl = tree + layout->offset[t];
+        for (int64_t j = p - 1; j >= (p & ~(int64_t)15); j--) {
+            if (!(lvl[j] > 0)) continue;
+            for (int64_t s = t - 1; s >= 0; s--) {
+                const SCALAR *e = tree + layout->offset[s] + RP_SEGTREE_FANOUT * j;
+                int c = RP_SEGTREE_FANOUT - 1;
+                while (c > 0 && !(e[c] > 0)) c--;
+                j = RP_SEGTREE_FANOUT * j + c;
+            }
+            return j;
+        }
+    }
+    return -1;
+}
+
+/* The first leaf in [i, limit) with a positive value, or -1. O(16 log16 size). */
+static int64_t FN(first_positive_at_or_after)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                               int64_t i, int64_t limit) {
+    for (int64_t j = i; j <= (i | 15); j++)
+        if (tree[j] > 0) return j < limit ? j : -1;
+    int64_t p = i >> 4;
+    for (int64_t t = 1; t <= layout->top; t++, p >>= 4) {
+        const SCALAR *lvl = tree + layout->offset[t];
+        for (int64_t j = p + 1; j <= (p | 15); j++) {
+            if (!(lvl[j] > 0)) continue;
+            for (int64_t s = t - 1; s >= 0; s--) {
+                const SCALAR *e = tree + layout->offset[s] + RP_SEGTREE_FANOUT * j;
+                int c = 0;
+                while (c < RP_SEGTREE_FANOUT - 1 && !(e[c] > 0)) c++;
+                j = RP_SEGTREE_FANOUT * j + c;
+            }
+            return j < limit ? j : -1;
+        }
+    }
+    return -1;
+}
+
+int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t num_valid,
+                          const double *uniform, int64_t n, double p_min, double beta,
+                          int64_t *out_index, SCALAR *out_priority, double *out_weight, int64_t *bad) {
+    if (num_valid < 1 || num_valid > layout->size) {
+        *bad = num_valid;
+        return RP_ERR_INDEX;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        if (RP_UNLIKELY(!(uniform[k] >= 0 && uniform[k] <= 1))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    const double p_sum = FN(query)(layout, tree, 0, num_valid, false);
+    if (!(p_sum > 0)) return RP_ERR_EMPTY;
+    double v[RP_DESCENT_GROUP];
+    for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
+        const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
+        for (int64_t q = 0; q < g; q++) {
+            const double mass = uniform[k0 + q] * p_sum;
+            /* A zero draw still has to land on a positive leaf: aim just above zero. */
+            v[q] = mass > 0 ? mass : 4.9406564584124654e-324;
+        }
+        FN(descend)(layout, tree, v, g, out_index + k0);
+        for (int64_t k = k0; k < k0 + g; k++) {
+            int64_t i = out_index[k];
+            if (i >= num_valid) i = num_valid - 1;
+            if (!(tree[i] > 0)) {
+                const int64_t left = FN(last_positive_at_or_before)(layout, tree, i);
+                i = left >= 0 ? left : FN(first_positive_at_or_after)(layout, tree, i, num_valid);
+            }
+            out_index[k] = i;
+            out_priority[k] = tree[i];
+        }
+    }
+    if (out_weight != NULL) {
+        for (int64_t k = 0; k < n; k++) out_weight[k] = pow((double)out_priority[k] / p_min, -beta);
+    }
+    return RP_OK;
+}
+
+#undef NODE_LINES
+#undef FN
+#undef RP_CAT
+#undef RP_CAT_
