@@ -229,6 +229,10 @@ def _leaf_specs(data, ndim):
     }
 
 
+def _fmt_keys(keys) -> str:
+    return "[" + ", ".join(repr(k) for k in sorted(keys, key=str)) + "]"
+
+
 def _memmap_files(obj) -> list[str]:
     """File names of the memory-mapped leaves of a storage's content."""
     if obj is None:
@@ -244,7 +248,13 @@ def _memmap_files(obj) -> list[str]:
             return []
     files = []
     for leaf in leaves:
-        filename = getattr(leaf, "filename", None) if isinstance(leaf, MemoryMappedTensor) else None
+        if not isinstance(leaf, MemoryMappedTensor):
+            continue
+        try:
+            filename = leaf.filename
+        except RuntimeError:
+            # anonymous memory map (LazyMemmapStorage without scratch_dir): no file to protect
+            continue
         if filename:
             files.append(os.path.abspath(filename))
     return files
@@ -807,9 +817,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                     f"but the storage has batch size {list(target.batch_size)}."
                 )
             have, want = _leaf_specs(loaded, storage.ndim), _leaf_specs(target, storage.ndim)
-            missing = sorted(str(k) for k in set(want) - set(have))
-            extra = sorted(str(k) for k in set(have) - set(want))
-            if missing or extra:
+            missing = _fmt_keys(set(want) - set(have))
+            extra = _fmt_keys(set(have) - set(want))
+            if missing != "[]" or extra != "[]":
                 raise ValueError(
                     f"The checkpoint {meta_file} does not have the storage's keys: missing "
                     f"{missing}, unexpected {extra}."
