@@ -131,7 +131,9 @@ def _cleanup_all_memmap_storages():
         if getattr(storage, "_owner_pid", pid) != pid:
             continue
         try:
-            storage.cleanup()
+            # LazyTensorStorage(shared_init=True) only owns its init directory
+            cleanup = getattr(storage, "cleanup", None) or storage._cleanup_init_directory
+            cleanup()
         except Exception:
             # the storage may be half-destroyed at exit; the other ones still need cleaning
             pass
@@ -1395,7 +1397,11 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
         write, and the length counts the elements actually written: torchrl computes
         the length from the capacity *before* rounding, so ``LazyTensorStorage(10, ndim=2)``
         filled with one ``[3, 4]`` batch reports ``len == 10`` (and not full) although
-        all 12 slots hold data. Ours reports 12.
+        all 12 slots hold data. Ours reports 12. For tensor and pytree data torchrl also
+        counts the feature dimensions of the leaves in ``max_size`` (a ``[3, 4, 3]``
+        tensor batch into ``LazyTensorStorage(32, ndim=2)`` gives ``max_size == 96``), so
+        the length overshoots the capacity and the storage never becomes full; here
+        ``max_size`` counts the ``ndim`` leading dimensions only.
 
     .. note:: torchrl documents ``cleanup_memmap`` but never uses it, leaving the
         ``torchrl_storage_init_*`` directory of a ``shared_init`` storage behind. Here it
@@ -1450,7 +1456,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
             _ensure_cleanup_handlers()
             _MEMMAP_STORAGE_REGISTRY.add(self)
 
-    def cleanup(self) -> bool:
+    def _cleanup_init_directory(self) -> bool:
         """Removes the temporary initialization directory of a ``shared_init`` storage.
 
         Returns:
@@ -1487,7 +1493,9 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
                     -(self.max_size // -data_shape[: self.ndim - 1].numel()),
                     *data_shape,
                 )
-                self.max_size = torch.Size(result).numel()
+                # count storage slots only: torchrl multiplies in the feature dims of
+                # tensor leaves too, inflating max_size past the capacity
+                self.max_size = torch.Size(result[: self.ndim]).numel()
                 return result
             return (self.max_size, *data_shape)
 
@@ -1548,10 +1556,10 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
             self.max_size = self._storage.shape[: self.ndim].numel()
         self.initialized = True
 
-    def get(self, index: int | Sequence[int] | slice) -> Any:
+    def get(self, indices: slice) -> TensorDictBase | torch.Tensor | Any:
         if not self.initialized and self.shared_init:
             self._wait_for_init()
-        return super().get(index)
+        return super().get(indices)
 
     def __del__(self):
         if getattr(self, "_auto_cleanup", False) and not getattr(
@@ -1559,7 +1567,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
         ):
             if getattr(self, "_owner_pid", None) == os.getpid():
                 try:
-                    self.cleanup()
+                    self._cleanup_init_directory()
                 except Exception:
                     pass
 
