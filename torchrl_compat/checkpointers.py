@@ -31,6 +31,9 @@ from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDi
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_map
 
+# the name torchrl gives the single leaf of a tensor-only storage
+from torchrl_compat.utils import SINGLE_TENSOR_BUFFER_NAME
+
 __all__ = [
     "StorageCheckpointerBase",
     "ListStorageCheckpointer",
@@ -48,10 +51,6 @@ TENSORDICT_METADATA_FILE = "meta.json"
 COMPRESSED_DATA_DIR = "compressed_data"
 COMPRESSED_METADATA_FILE = "metadata.json"
 COMPRESSED_INDICES_FILE = "data_indices.json"
-# torchrl names the single leaf of a tensor-only storage after this env variable.
-SINGLE_TENSOR_BUFFER_NAME = os.environ.get(
-    "SINGLE_TENSOR_BUFFER_NAME", "_-single-tensor-_"
-)
 _PARTIAL_TAG = ".partial-"
 _OLD_TAG = ".old-"
 
