@@ -619,6 +619,12 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         written atomically last).
 
     .. note::
+        A pytree checkpoint written by torchrl 0.11 with ``ndim > 1`` has every leaf after the
+        first over-allocated along the first dimension (torchrl grows ``max_size`` once per
+        leaf); :meth:`loads` reads the rows that fit. torchrl itself cannot load the
+        correctly-sized checkpoint of such a storage written here.
+
+    .. note::
         :meth:`loads` checks the checkpoint before touching the storage and raises
         :class:`FileNotFoundError` for a missing directory or file, and :class:`ValueError`
         for corrupted json, a truncated memory-mapped file, a length larger than the capacity,
@@ -762,16 +768,28 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                     f"The checkpoint entry {key!r} of {metadata_file} is a tensor but the storage "
                     f"holds a {type(dest).__name__} there."
                 )
-            if dest.shape != shape or dest.dtype != dtype:
+            rows = None
+            if (
+                dest.dtype == dtype
+                and dest.ndim == len(shape)
+                and dest.shape[1:] == shape[1:]
+                and shape[0] > dest.shape[0]
+                and getattr(storage, "ndim", 1) > 1
+            ):
+                # torchrl 0.11 over-allocates every leaf after the first when ndim > 1 (it
+                # grows max_size once per leaf); rows past the first leaf's are never written.
+                rows = dest.shape[0]
+            elif dest.shape != shape or dest.dtype != dtype:
                 raise ValueError(
                     f"The checkpoint entry {key!r} in {file} has shape {list(shape)} and dtype "
                     f"{dtype}, but the storage expects shape {list(dest.shape)} and dtype {dest.dtype}."
                 )
-            plan.append((file, shape, dtype, dest))
+            plan.append((file, shape, dtype, dest, rows))
         if plan:
-            self._check_len(storage, _len, plan[0][1], metadata_file)
-        for file, shape, dtype, dest in plan:
-            dest.copy_(MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype))
+            self._check_len(storage, _len, plan[0][3].shape, metadata_file)
+        for file, shape, dtype, dest, rows in plan:
+            source = MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype)
+            dest.copy_(source if rows is None else source[:rows])
 
     def _loads_tensordict(self, storage, path, metadata_file, _len):
         _check_tensordict_layout(path)
