@@ -892,6 +892,14 @@ def test_signatures_match_torchrl(name):
 # CUDA
 
 
+def _to_cpu(x):
+    if is_tensor_collection(x) or isinstance(x, torch.Tensor):
+        return x.cpu()
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda leaf: leaf.cpu(), x)
+
+
 @needs_cuda
 @pytest.mark.parametrize("kind", ["tensor", "tensordict", "pytree"])
 def test_cuda_storage_matches_cpu_path(kind):
@@ -901,15 +909,13 @@ def test_cuda_storage_matches_cpu_path(kind):
     data = make_batch(kind, 5, 1, seed=0)
     for store in (cuda, cpu, ref):
         store.set(torch.arange(5), data)
-    for index in [1, -1, slice(1, 4), torch.tensor([4, 0]), torch.tensor([4, 0], device="cuda")]:
+    for index in [1, -1, slice(1, 4), torch.tensor([4, 0, -1]), torch.tensor([4, 0], device="cuda")]:
         got = cuda[index]
-        leaves = tree_flatten(got if not is_tensor_collection(got) else got.to_dict())[0]
+        leaves = tree_flatten(got.to_dict() if is_tensor_collection(got) else got)[0]
         assert all(leaf.device.type == "cuda" for leaf in leaves)
+        assert_same(_to_cpu(got), _to_cpu(ref[index]))
         cpu_index = index.cpu() if isinstance(index, torch.Tensor) else index
-        assert_same(got.cpu() if hasattr(got, "cpu") else {k: v for k, v in got.items()} , ref[index].cpu() if hasattr(got, "cpu") else ref[index])
-        expected = cpu[cpu_index]
-        if isinstance(got, torch.Tensor):
-            assert torch.equal(got.cpu(), expected)
+        assert_same(_to_cpu(got), cpu[cpu_index])
     with pytest.raises(IndexError, match="index 6 at position 1"):
         cuda[torch.tensor([0, 6])]
 

@@ -101,6 +101,10 @@ def _reduce(
     """Reduces a tensor given the reduction method.
 
     Returns a python number when ``dim`` is ``None`` and a tensor otherwise.
+
+    .. note:: torchrl passes ``dim=None`` straight to ``Tensor.max`` / ``min`` /
+        ``median``, which raise ``TypeError``; here a whole-tensor reduction works for
+        every method.
     """
     try:
         fn = _REDUCTIONS[reduction]
