@@ -1,0 +1,63 @@
+"""Drop-in replacements for torchrl 0.11's replay-buffer storages, checkpointers and samplers.
+
+Each submodule mirrors its torchrl counterpart (``torchrl_compat.storages`` for
+``torchrl.data.replay_buffers.storages`` and so on); every public name is also
+available from the package itself.
+
+Examples:
+    >>> import torch
+    >>> from torchrl_compat import LazyTensorStorage
+    >>> storage = LazyTensorStorage(8)
+    >>> storage.set(range(3), torch.arange(3.0))
+    >>> storage[1:]
+    tensor([1., 2.])
+"""
+from __future__ import annotations
+
+from torchrl_compat.checkpointers import (
+    CompressedListStorageCheckpointer,
+    FlatStorageCheckpointer,
+    ListStorageCheckpointer,
+    NestedStorageCheckpointer,
+    StorageCheckpointerBase,
+    StorageEnsembleCheckpointer,
+    TensorStorageCheckpointer,
+)
+from torchrl_compat.storages import (
+    CompressedListStorage,
+    LazyMemmapStorage,
+    LazyStackStorage,
+    LazyTensorStorage,
+    ListStorage,
+    Storage,
+    StorageEnsemble,
+    TensorStorage,
+)
+
+__all__ = [
+    # storages
+    "CompressedListStorage",
+    "LazyMemmapStorage",
+    "LazyStackStorage",
+    "LazyTensorStorage",
+    "ListStorage",
+    "Storage",
+    "StorageEnsemble",
+    "TensorStorage",
+    # checkpointers
+    "CompressedListStorageCheckpointer",
+    "FlatStorageCheckpointer",
+    "ListStorageCheckpointer",
+    "NestedStorageCheckpointer",
+    "StorageCheckpointerBase",
+    "StorageEnsembleCheckpointer",
+    "TensorStorageCheckpointer",
+]
+
+# Only defined when h5py is installed, as in torchrl.
+try:
+    from torchrl_compat.checkpointers import H5StorageCheckpointer  # noqa: F401
+except ImportError:
+    pass
+else:
+    __all__.append("H5StorageCheckpointer")

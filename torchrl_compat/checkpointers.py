@@ -1,0 +1,1094 @@
+"""Storage checkpointers: the ``dumps`` / ``loads`` back-ends of the storages.
+
+This module stands in for ``torchrl.data.replay_buffers.checkpointers`` (torchrl 0.11). The
+files written on disk have the same names, json keys and memory-mapped layout as torchrl's, so
+a checkpoint written by one library is read by the other.
+
+Two things differ from torchrl, on purpose:
+
+- ``dumps`` writes into a sibling directory (``.<name>.partial-<id>``) and renames it onto the
+  target only once every file is written, so an interrupted ``dumps`` leaves either the previous
+  checkpoint or nothing at the target path, never a half-written one.
+- ``loads`` checks the checkpoint before touching the storage: a missing directory or file raises
+  :class:`FileNotFoundError`, an unreadable json file, a truncated memory-mapped file or a
+  checkpoint that does not fit the storage raises :class:`ValueError`; each message names the file
+  and what is wrong with it.
+"""
+from __future__ import annotations
+
+import abc
+import json
+import math
+import os
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDict
+from tensordict.memmap import MemoryMappedTensor
+from torch.utils._pytree import tree_map
+
+# the name torchrl gives the single leaf of a tensor-only storage
+from torchrl_compat.utils import SINGLE_TENSOR_BUFFER_NAME
+
+__all__ = [
+    "StorageCheckpointerBase",
+    "ListStorageCheckpointer",
+    "CompressedListStorageCheckpointer",
+    "TensorStorageCheckpointer",
+    "FlatStorageCheckpointer",
+    "NestedStorageCheckpointer",
+    "H5StorageCheckpointer",
+    "StorageEnsembleCheckpointer",
+]
+
+# File names of torchrl 0.11's layouts; both libraries must agree on them.
+STORAGE_METADATA_FILE = "storage_metadata.json"
+TENSORDICT_METADATA_FILE = "meta.json"
+COMPRESSED_DATA_DIR = "compressed_data"
+COMPRESSED_METADATA_FILE = "metadata.json"
+COMPRESSED_INDICES_FILE = "data_indices.json"
+_PARTIAL_TAG = ".partial-"
+_OLD_TAG = ".old-"
+
+
+# -----------------------------------------------------------------------------
+# Writing aside, then renaming
+# -----------------------------------------------------------------------------
+def _partial_siblings(path: Path) -> list[Path]:
+    parent = path.parent
+    if not parent.is_dir():
+        return []
+    prefix = f".{path.name}{_PARTIAL_TAG}"
+    return sorted(p for p in parent.iterdir() if p.name.startswith(prefix))
+
+
+def _missing_checkpoint_error(path: Path, what: str) -> FileNotFoundError:
+    msg = f"No storage checkpoint found at {path}: {what}."
+    partial = _partial_siblings(path)
+    if partial:
+        msg += (
+            f" An interrupted dumps left the incomplete directory {partial[-1]}, "
+            "which is not loaded."
+        )
+    return FileNotFoundError(msg)
+
+
+def _write_aside(path: Path, write_fn) -> None:
+    """Runs ``write_fn(tmp_dir)`` into a sibling directory, then moves it to ``path``.
+
+    ``path`` stays untouched until ``write_fn`` has returned. The swap is two renames on the same
+    file system; between them ``path`` does not exist (``loads`` then raises
+    ``FileNotFoundError``), and the previous content is only deleted once the new one is in
+    place.
+    """
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(
+            f"Cannot write a storage checkpoint at {path}: the path exists and is not a directory."
+        )
+    tmp = path.parent / f".{path.name}{_PARTIAL_TAG}{uuid.uuid4().hex[:12]}"
+    try:
+        # os.mkdir (not mkdtemp) keeps the umask-derived mode a plain mkdir would give.
+        os.mkdir(tmp)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"Cannot write a storage checkpoint at {path}: the parent directory "
+            f"{path.parent} does not exist."
+        ) from None
+    try:
+        write_fn(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.parent / f".{path.name}{_OLD_TAG}{uuid.uuid4().hex[:12]}"
+        os.rename(path, old)
+    try:
+        os.rename(tmp, path)
+    except BaseException:
+        if old is not None:
+            os.rename(old, path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json_atomic(file: Path, obj, **kwargs) -> None:
+    # Readers see the old file or the new one, never a prefix of the new one.
+    file = Path(file)
+    tmp = file.parent / f".{file.name}{_PARTIAL_TAG}{uuid.uuid4().hex[:12]}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, **kwargs)
+        os.replace(tmp, file)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _read_json(file: Path, what: str = "checkpoint file"):
+    file = Path(file)
+    if not file.is_file():
+        raise FileNotFoundError(f"The {what} {file} does not exist.")
+    try:
+        with open(file) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"The {what} {file} is truncated or corrupted and cannot be parsed as json: {err}."
+        ) from None
+
+
+# -----------------------------------------------------------------------------
+# Checks of a memory-mapped layout
+# -----------------------------------------------------------------------------
+def _str2dtype(name: str, file) -> torch.dtype:
+    dtype = getattr(torch, str(name).replace("torch.", ""), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"The checkpoint file {file} names an unknown dtype {name!r}.")
+    return dtype
+
+
+def _check_memmap_file(file: Path, shape, dtype: torch.dtype, meta_file) -> None:
+    numel = math.prod(int(s) for s in shape)
+    expected = numel * torch.empty((), dtype=dtype).element_size()
+    if expected == 0:
+        return
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"The memory-mapped file {file} listed in {meta_file} does not exist."
+        )
+    actual = file.stat().st_size
+    if actual < expected:
+        raise ValueError(
+            f"The memory-mapped file {file} is truncated: it has {actual} bytes, expected "
+            f"{expected} for shape {list(shape)} and dtype {dtype} (from {meta_file})."
+        )
+    if actual > expected:
+        raise ValueError(
+            f"The memory-mapped file {file} does not match its metadata: it has {actual} bytes, "
+            f"expected {expected} for shape {list(shape)} and dtype {dtype} (from {meta_file})."
+        )
+
+
+def _check_tensordict_layout(path: Path) -> None:
+    """Checks a ``TensorDict.memmap`` directory: every ``meta.json`` parses and every listed
+    tensor file exists with the byte size its shape and dtype require."""
+    meta_file = path / TENSORDICT_METADATA_FILE
+    meta = _read_json(meta_file, "tensordict metadata file")
+    if not isinstance(meta, dict):
+        raise ValueError(f"The tensordict metadata file {meta_file} does not hold a json object.")
+    if meta.get("_is_non_tensor"):
+        return
+    for key, entry in meta.items():
+        if not isinstance(entry, dict):
+            continue
+        if "type" in entry:
+            sub = path / key
+            if not (sub / TENSORDICT_METADATA_FILE).is_file():
+                raise FileNotFoundError(
+                    f"The entry {key!r} listed in {meta_file} has no metadata file "
+                    f"{sub / TENSORDICT_METADATA_FILE}."
+                )
+            _check_tensordict_layout(sub)
+        elif "shape" in entry and "dtype" in entry:
+            file = path / f"{key}.memmap"
+            if entry.get("is_nested"):
+                if not file.is_file():
+                    raise FileNotFoundError(
+                        f"The memory-mapped file {file} listed in {meta_file} does not exist."
+                    )
+                continue
+            _check_memmap_file(file, entry["shape"], _str2dtype(entry["dtype"], meta_file), meta_file)
+    # tensorclasses and lazy stacks keep their content in sub-directories listed implicitly.
+    if "_tensordict" in os.listdir(path) and (path / "_tensordict").is_dir():
+        _check_tensordict_layout(path / "_tensordict")
+    if "stack_dim" in meta:
+        index = 0
+        while (path / str(index)).is_dir():
+            _check_tensordict_layout(path / str(index))
+            index += 1
+
+
+def _leaf_specs(data, ndim):
+    """Maps each leaf key of a tensor collection to ``(shape, dtype)``."""
+    return {
+        key: (tuple(value.shape), value.dtype)
+        for key, value in data.items(include_nested=True, leaves_only=True)
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _fmt_keys(keys) -> str:
+    return "[" + ", ".join(repr(k) for k in sorted(keys, key=str)) + "]"
+
+
+def _memmap_files(obj) -> list[str]:
+    """File names of the memory-mapped leaves of a storage's content."""
+    if obj is None:
+        return []
+    if is_tensor_collection(obj):
+        leaves = obj.values(include_nested=True, leaves_only=True)
+    elif isinstance(obj, torch.Tensor):
+        leaves = [obj]
+    else:
+        try:
+            leaves = torch.utils._pytree.tree_leaves(obj)
+        except Exception:
+            return []
+    files = []
+    for leaf in leaves:
+        if not isinstance(leaf, MemoryMappedTensor):
+            continue
+        try:
+            filename = leaf.filename
+        except RuntimeError:
+            # anonymous memory map (LazyMemmapStorage without scratch_dir): no file to protect
+            continue
+        if filename:
+            files.append(os.path.abspath(filename))
+    return files
+
+
+def _lives_under(storage, path: Path) -> bool:
+    """Whether some memory-mapped file of ``storage`` (or of its sub-storages) is under ``path``."""
+    root = str(Path(path).absolute()) + os.sep
+    substorages = getattr(storage, "_storages", None)
+    if substorages is not None:
+        return any(_lives_under(sub, path) for sub in substorages)
+    return any(f.startswith(root) for f in _memmap_files(getattr(storage, "_storage", None)))
+
+
+# -----------------------------------------------------------------------------
+# Pytree leaves on disk (same naming as torchrl)
+# -----------------------------------------------------------------------------
+def _key_path_to_str(key_path) -> str:
+    from torch.utils._pytree import MappingKey, SequenceKey
+
+    if not key_path:
+        return SINGLE_TENSOR_BUFFER_NAME
+    parts = []
+    for entry in key_path:
+        if isinstance(entry, MappingKey):
+            if not isinstance(entry.key, (int, str, bytes)):
+                raise ValueError("Values must be of type int, str or bytes in PyTree maps.")
+            name = str(entry.key)
+            if name == SINGLE_TENSOR_BUFFER_NAME:
+                raise RuntimeError(
+                    "A tensor had the same identifier as the default name used when the buffer "
+                    f"contains a single tensor (name={SINGLE_TENSOR_BUFFER_NAME}). This behavior "
+                    "is not allowed. Please rename your tensor in the map/dict or set a new default "
+                    "name with the environment variable SINGLE_TENSOR_BUFFER_NAME."
+                )
+            if "." in name:
+                # torchrl stores the key with its dot and reads it back as a sub-directory, so
+                # such a checkpoint could never be loaded: refuse it up front.
+                raise ValueError(
+                    f"Cannot dump a pytree storage whose key {name!r} contains a '.': "
+                    "the checkpoint layout uses '.' as the key separator."
+                )
+            parts.append(name)
+        elif isinstance(entry, SequenceKey):
+            parts.append(str(entry.idx))
+        else:
+            raise ValueError(f"Unsupported pytree key {entry!r} in a storage checkpoint.")
+    return "/".join(parts)
+
+
+def _save_pytree(tree, metadata: dict, path: Path) -> None:
+    from torch.utils._pytree import tree_flatten_with_path
+
+    for key_path, tensor in tree_flatten_with_path(tree)[0]:
+        tensor_path = _key_path_to_str(key_path)
+        key = tensor_path.replace("/", ".")
+        if key in metadata:
+            raise KeyError(
+                "At least two values have conflicting representations in "
+                f"the data structure to be serialized: {key}."
+            )
+        file = path / (tensor_path + ".memmap")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        MemoryMappedTensor.from_tensor(
+            torch.as_tensor(tensor), filename=file, copy_existing=True, copy_data=True
+        )
+        metadata[key] = {"dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+
+
+def _pytree_leaf(storage_tree, key: str, file):
+    # Walk the storage along the checkpoint key (torchrl's convention: '.'-separated, digits
+    # index sequences).
+    node = storage_tree
+    if key == SINGLE_TENSOR_BUFFER_NAME:
+        return node
+    for part in key.split("."):
+        part = part.replace("_<dot>_", ".")
+        if part.isdigit() and isinstance(node, (list, tuple)):
+            index = int(part)
+            if index < len(node):
+                node = node[index]
+                continue
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            raise ValueError(
+                f"The checkpoint {file} holds the entry {key!r}, which the storage does not have."
+            ) from None
+    return node
+
+
+# -----------------------------------------------------------------------------
+# Checkpointers
+# -----------------------------------------------------------------------------
+class StorageCheckpointerBase:
+    """Public base class for storage checkpointers.
+
+    Each storage checkpointer must implement a ``dumps`` and ``loads`` method that take as input a
+    storage and a path.
+
+    Save hooks are called on the storage content before it is written, load hooks on the loaded
+    content before it is copied into the storage.
+    """
+
+    def __init__(self):
+        self._save_hooks = []
+        self._load_hooks = []
+
+    def register_save_hook(self, hook):
+        """Registers a save hook for this checkpointer."""
+        self._save_hooks.append(hook)
+
+    def register_load_hook(self, hook):
+        """Registers a load hook for this checkpointer."""
+        self._load_hooks.append(hook)
+
+    def _get_shift_from_last_cursor(self, last_cursor):
+        """Computes shift from the last cursor position."""
+        if isinstance(last_cursor, slice):
+            return last_cursor.stop + 1
+        if isinstance(last_cursor, int):
+            return last_cursor + 1
+        if isinstance(last_cursor, range):
+            return last_cursor[-1] + 1
+        if isinstance(last_cursor, (torch.Tensor, np.ndarray)):
+            return last_cursor.reshape(-1)[-1].item() + 1
+        raise ValueError(f"Unrecognised last_cursor type {type(last_cursor)}.")
+
+    def _set_hooks_shift_is_full(self, storage):
+        """Sets shift and is_full attributes on save hooks that have them."""
+        is_full = storage._is_full
+        last_cursor = storage._last_cursor
+        for hook in self._save_hooks:
+            if hasattr(hook, "is_full"):
+                hook.is_full = is_full
+        if last_cursor is None:
+            warnings.warn(
+                "last_cursor is None. The replay buffer "
+                "may not be saved properly in this setting. To solve this issue, make "
+                "sure the storage updates the _last_cursor value during calls to `set`."
+            )
+            shift = 0
+        else:
+            shift = self._get_shift_from_last_cursor(last_cursor)
+        for hook in self._save_hooks:
+            if hasattr(hook, "shift"):
+                hook.shift = shift
+
+    @abc.abstractmethod
+    def dumps(self, storage, path):
+        ...
+
+    @abc.abstractmethod
+    def loads(self, storage, path):
+        ...
+
+
+class ListStorageCheckpointer(StorageCheckpointerBase):
+    """A storage checkpointer for ListStorage.
+
+    Currently not implemented: :meth:`dumps` and :meth:`loads` raise
+    :class:`NotImplementedError`, as in torchrl. Use ``state_dict`` / ``load_state_dict``.
+    """
+
+    @staticmethod
+    def dumps(storage, path):
+        raise NotImplementedError(
+            "ListStorage doesn't support serialization via `dumps` - `loads` API."
+        )
+
+    @staticmethod
+    def loads(storage, path):
+        raise NotImplementedError(
+            "ListStorage doesn't support serialization via `dumps` - `loads` API."
+        )
+
+
+def _metadata_to_json(metadata):
+    def is_leaf(item):
+        return isinstance(
+            item,
+            (torch.Size, torch.dtype, torch.device, str, int, float, bool, torch.Tensor, NonTensorData),
+        )
+
+    def to_json(item):
+        if isinstance(item, torch.Size):
+            return {"__type__": "torch.Size", "value": list(item)}
+        if isinstance(item, torch.dtype):
+            return {"__type__": "torch.dtype", "value": str(item)}
+        if isinstance(item, torch.device):
+            return {"__type__": "torch.device", "value": str(item)}
+        if isinstance(item, torch.Tensor):
+            return {"__type__": "torch.Tensor", "value": item.tolist()}
+        if isinstance(item, NonTensorData):
+            return {"__type__": "NonTensorData", "value": item.data}
+        return item
+
+    return tree_map(to_json, metadata, is_leaf=is_leaf)
+
+
+def _metadata_from_json(metadata, file):
+    def is_leaf(item):
+        return isinstance(item, dict) and "__type__" in item
+
+    def from_json(item):
+        if not is_leaf(item):
+            return item
+        kind, value = item["__type__"], item.get("value")
+        if kind == "torch.Size":
+            return torch.Size(value)
+        if kind == "torch.dtype":
+            # A lookup, not eval(): the file is data, never code.
+            return _str2dtype(value, file)
+        if kind == "torch.device":
+            return torch.device(value)
+        if kind == "torch.Tensor":
+            return torch.tensor(value)
+        if kind == "NonTensorData":
+            return NonTensorData(value)
+        return item
+
+    return tree_map(from_json, metadata, is_leaf=is_leaf)
+
+
+class CompressedListStorageCheckpointer(StorageCheckpointerBase):
+    """A storage checkpointer for CompressedListStorage.
+
+    The compressed items are saved as a memory-mapped lazy stack under ``compressed_data/``, the
+    per-item metadata in ``metadata.json`` and the position of each item in ``data_indices.json``
+    (torchrl 0.11's layout).
+
+    .. note::
+        Unlike torchrl, the files are written into a sibling directory that replaces ``path``
+        only once complete, so an interrupted :meth:`dumps` keeps the previous checkpoint.
+        :meth:`loads` checks that the three parts agree (and that no memory-mapped file is
+        truncated) before changing the storage, and restores empty slots (``None`` entries of
+        ``data_indices.json``), which torchrl's ``loads`` rejects.
+    """
+
+    def dumps(self, storage, path):
+        """Saves a compressed storage in ``path``.
+
+        Args:
+            storage (CompressedListStorage): the storage to save.
+            path (str or Path): the directory where to save the storage.
+        """
+        path = Path(path)
+        if not hasattr(storage, "_storage") or len(storage._storage) == 0:
+            raise RuntimeError(
+                "Cannot save an empty or non-initialized CompressedListStorage."
+            )
+        state_dict = storage.state_dict()
+        compressed_data = state_dict["_storage"]
+        metadata = state_dict["_metadata"]
+
+        items = []
+        data_indices = []
+        for item in compressed_data:
+            if item is None:
+                data_indices.append(None)
+                continue
+            data_indices.append(len(items))
+            if isinstance(item, dict):
+                items.append(TensorDict(item, batch_size=[]))
+            elif is_tensor_collection(item):
+                items.append(item)
+            else:
+                items.append(TensorDict({"data": item}, batch_size=[]))
+        serializable_metadata = _metadata_to_json(metadata)
+
+        def write(tmp):
+            if items:
+                lazy_stack(items).memmap_(tmp / COMPRESSED_DATA_DIR)
+            with open(tmp / COMPRESSED_METADATA_FILE, "w") as f:
+                json.dump(serializable_metadata, f, indent=2)
+            with open(tmp / COMPRESSED_INDICES_FILE, "w") as f:
+                json.dump(data_indices, f, indent=2)
+
+        _write_aside(path, write)
+
+    def loads(self, storage, path):
+        """Loads a compressed storage from ``path``.
+
+        Args:
+            storage (CompressedListStorage): the storage to fill.
+            path (str or Path): the directory where the storage was saved.
+        """
+        path = Path(path)
+        if not path.is_dir():
+            raise _missing_checkpoint_error(path, "the directory does not exist")
+        metadata_file = path / COMPRESSED_METADATA_FILE
+        indices_file = path / COMPRESSED_INDICES_FILE
+        if not metadata_file.is_file():
+            raise _missing_checkpoint_error(path, f"the metadata file {metadata_file} is missing")
+        if not indices_file.is_file():
+            raise _missing_checkpoint_error(path, f"the data indices file {indices_file} is missing")
+        serializable_metadata = _read_json(metadata_file, "metadata file")
+        data_indices = _read_json(indices_file, "data indices file")
+        if not isinstance(serializable_metadata, list) or not isinstance(data_indices, list):
+            raise ValueError(
+                f"The checkpoint files {metadata_file} and {indices_file} must each hold a json list."
+            )
+        if len(serializable_metadata) != len(data_indices):
+            raise ValueError(
+                f"The checkpoint at {path} is inconsistent: {metadata_file} lists "
+                f"{len(serializable_metadata)} items but {indices_file} lists {len(data_indices)}."
+            )
+        present = [i for i in data_indices if i is not None]
+        if present != list(range(len(present))):
+            raise ValueError(
+                f"The data indices file {indices_file} must number the stored items 0, 1, ... in "
+                f"order, got {data_indices}."
+            )
+        metadata = _metadata_from_json(serializable_metadata, metadata_file)
+        data_dir = path / COMPRESSED_DATA_DIR
+        if present:
+            if not data_dir.is_dir():
+                raise FileNotFoundError(
+                    f"The compressed data directory {data_dir} does not exist but {indices_file} "
+                    f"lists {len(present)} stored items."
+                )
+            _check_tensordict_layout(data_dir)
+            stacked = TensorDict.load_memmap(data_dir).tolist()
+            if len(stacked) != len(present):
+                raise ValueError(
+                    f"Length of compressed data ({len(stacked)}) in {data_dir} does not match the "
+                    f"number of stored items ({len(present)}) in {indices_file}."
+                )
+        else:
+            stacked = []
+        compressed = []
+        for index, mtdt in zip(data_indices, metadata):
+            if index is None:
+                compressed.append(None)
+                continue
+            item = stacked[index]
+            if isinstance(mtdt, dict) and mtdt.get("type") == "tensor":
+                item = item["data"]
+            compressed.append(item)
+        storage._storage = compressed
+        storage._metadata = metadata
+
+
+class TensorStorageCheckpointer(StorageCheckpointerBase):
+    """A storage checkpointer for TensorStorages.
+
+    This class supports TensorDict-based storages as well as pytrees.
+
+    This class will call save and load hooks if provided. These hooks should take as input the
+    data being transformed as well as the path where the data should be saved.
+
+    On disk, a TensorDict-based storage is a ``TensorDict.memmap`` directory; a pytree storage
+    is one ``<key>.memmap`` file per leaf. Both come with ``storage_metadata.json``
+    (``{"metadata": ..., "is_pytree": ..., "len": ...}``), as in torchrl 0.11.
+
+    .. note::
+        :meth:`dumps` writes into a sibling directory and renames it onto ``path`` once every
+        file (``storage_metadata.json`` last) is written: if it is interrupted, ``path`` keeps
+        the previous checkpoint, or stays absent, and no half-written checkpoint can be loaded.
+        torchrl overwrites the previous checkpoint file by file. The one exception is a
+        :class:`~torchrl_compat.LazyMemmapStorage` dumped into its own ``scratch_dir``: its
+        files *are* the live storage, so only the metadata is rewritten (removed first, then
+        written atomically last).
+
+    .. note::
+        A pytree checkpoint written by torchrl 0.11 with ``ndim > 1`` has every leaf after the
+        first over-allocated along the first dimension (torchrl grows ``max_size`` once per
+        leaf); :meth:`loads` reads the rows that fit. torchrl itself cannot load the
+        correctly-sized checkpoint of such a storage written here.
+
+    .. note::
+        :meth:`loads` checks the checkpoint before touching the storage and raises
+        :class:`FileNotFoundError` for a missing directory or file, and :class:`ValueError`
+        for corrupted json, a truncated memory-mapped file, a length larger than the capacity,
+        or content whose keys, shapes or dtypes do not fit an initialized storage. Each message
+        names the file.
+    """
+
+    def dumps(self, storage, path):
+        path = Path(path)
+        if not storage.initialized:
+            raise RuntimeError("Cannot save a non-initialized storage.")
+        self._set_hooks_shift_is_full(storage)
+        if _lives_under(storage, path):
+            return self._dumps_in_place(storage, path)
+        _write_aside(path, lambda tmp: self._write(storage, tmp))
+
+    def _write(self, storage, path: Path):
+        metadata = {}
+        _storage = storage._storage
+        for hook in self._save_hooks:
+            _storage = hook(_storage, path=path)
+        if is_tensor_collection(_storage):
+            _storage.memmap(path, copy_existing=True)
+            is_pytree = False
+        else:
+            _save_pytree(_storage, metadata, path)
+            is_pytree = True
+        # Written last: its presence marks the directory as a complete checkpoint.
+        with open(path / STORAGE_METADATA_FILE, "w") as file:
+            json.dump({"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}, file)
+
+    def _dumps_in_place(self, storage, path: Path):
+        path.mkdir(exist_ok=True)
+        metadata_file = path / STORAGE_METADATA_FILE
+        # Until the new metadata lands, the directory is not a complete checkpoint.
+        try:
+            os.unlink(metadata_file)
+        except FileNotFoundError:
+            pass
+        metadata = {}
+        _storage = storage._storage
+        for hook in self._save_hooks:
+            _storage = hook(_storage, path=path)
+        if is_tensor_collection(_storage):
+            if (
+                _storage.is_memmap()
+                and _storage.saved_path
+                and Path(_storage.saved_path).absolute() == path.absolute()
+            ):
+                _storage.memmap_refresh_()
+            else:
+                _storage.memmap(path, copy_existing=True)
+            is_pytree = False
+        else:
+            from torch.utils._pytree import tree_flatten_with_path
+
+            for key_path, tensor in tree_flatten_with_path(_storage)[0]:
+                tensor_path = _key_path_to_str(key_path)
+                file = path / (tensor_path + ".memmap")
+                if os.path.abspath(getattr(tensor, "filename", "") or "") != str(file.absolute()):
+                    file.parent.mkdir(parents=True, exist_ok=True)
+                    MemoryMappedTensor.from_tensor(
+                        tensor, filename=file, copy_existing=True, copy_data=True
+                    )
+                metadata[tensor_path.replace("/", ".")] = {
+                    "dtype": str(tensor.dtype),
+                    "shape": list(tensor.shape),
+                }
+            is_pytree = True
+        _write_json_atomic(
+            metadata_file, {"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}
+        )
+
+    @staticmethod
+    def _read_storage_metadata(path: Path) -> dict:
+        if not path.is_dir():
+            raise _missing_checkpoint_error(path, "the directory does not exist")
+        file = path / STORAGE_METADATA_FILE
+        if not file.is_file():
+            raise _missing_checkpoint_error(
+                path,
+                f"the metadata file {file} is missing (it is written last, so the directory "
+                "holds no complete checkpoint)",
+            )
+        metadata = _read_json(file, "storage metadata file")
+        if not isinstance(metadata, dict):
+            raise ValueError(f"The storage metadata file {file} does not hold a json object.")
+        for key, kind in (("metadata", dict), ("is_pytree", bool), ("len", int)):
+            if key not in metadata:
+                raise ValueError(f"The storage metadata file {file} has no {key!r} entry.")
+            if not isinstance(metadata[key], kind) or (kind is int and isinstance(metadata[key], bool)):
+                raise ValueError(
+                    f"The storage metadata file {file} has {key}={metadata[key]!r}, expected a "
+                    f"{kind.__name__}."
+                )
+        if metadata["len"] < 0:
+            raise ValueError(
+                f"The storage metadata file {file} has len={metadata['len']}, expected len >= 0."
+            )
+        return metadata
+
+    @staticmethod
+    def _check_len(storage, length: int, shape, file) -> None:
+        ndim = getattr(storage, "ndim", 1)
+        capacity = math.prod(int(s) for s in tuple(shape)[:ndim])
+        if length > capacity:
+            raise ValueError(
+                f"The storage metadata file {file} has len={length}, larger than the capacity "
+                f"{capacity} of the saved data of shape {list(shape)[:ndim]}."
+            )
+
+    def loads(self, storage, path):
+        path = Path(path)
+        metadata = self._read_storage_metadata(path)
+        metadata_file = path / STORAGE_METADATA_FILE
+        _len = metadata["len"]
+        if metadata["is_pytree"]:
+            self._loads_pytree(storage, path, metadata["metadata"], metadata_file, _len)
+        else:
+            self._loads_tensordict(storage, path, metadata_file, _len)
+        storage._len = _len
+
+    def _loads_pytree(self, storage, path, entries, metadata_file, _len):
+        if self._load_hooks:
+            raise RuntimeError("Loading hooks are not compatible with PyTree storages.")
+        if not storage.initialized:
+            raise RuntimeError("Cannot fill a non-initialized pytree-based TensorStorage.")
+        plan = []
+        for key, md in entries.items():
+            if not isinstance(md, dict) or "shape" not in md or "dtype" not in md:
+                raise ValueError(
+                    f"The storage metadata file {metadata_file} has a malformed entry {key!r}: {md!r}."
+                )
+            file = path / (key.replace(".", "/") + ".memmap")
+            shape = torch.Size(md["shape"])
+            dtype = _str2dtype(md["dtype"], metadata_file)
+            _check_memmap_file(file, shape, dtype, metadata_file)
+            dest = _pytree_leaf(storage._storage, key, metadata_file)
+            if not isinstance(dest, torch.Tensor):
+                raise ValueError(
+                    f"The checkpoint entry {key!r} of {metadata_file} is a tensor but the storage "
+                    f"holds a {type(dest).__name__} there."
+                )
+            rows = None
+            if (
+                dest.dtype == dtype
+                and dest.ndim == len(shape)
+                and dest.shape[1:] == shape[1:]
+                and shape[0] > dest.shape[0]
+                and getattr(storage, "ndim", 1) > 1
+            ):
+                # torchrl 0.11 over-allocates every leaf after the first when ndim > 1 (it
+                # grows max_size once per leaf); rows past the first leaf's are never written.
+                rows = dest.shape[0]
+            elif dest.shape != shape or dest.dtype != dtype:
+                raise ValueError(
+                    f"The checkpoint entry {key!r} in {file} has shape {list(shape)} and dtype "
+                    f"{dtype}, but the storage expects shape {list(dest.shape)} and dtype {dest.dtype}."
+                )
+            plan.append((file, shape, dtype, dest, rows))
+        if plan:
+            self._check_len(storage, _len, plan[0][3].shape, metadata_file)
+        for file, shape, dtype, dest, rows in plan:
+            source = MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype)
+            dest.copy_(source if rows is None else source[:rows])
+
+    def _loads_tensordict(self, storage, path, metadata_file, _len):
+        _check_tensordict_layout(path)
+        _storage = TensorDict.load_memmap(path)
+        if not self._load_hooks:
+            self._check_len(storage, _len, _storage.batch_size, metadata_file)
+            self._check_fits(storage, _storage, path)
+        dest = storage._storage if storage.initialized else None
+        for hook in self._load_hooks:
+            _storage = hook(_storage, out=dest)
+        if not storage.initialized:
+            from torchrl_compat.storages import LazyMemmapStorage
+
+            if (
+                isinstance(storage, LazyMemmapStorage)
+                and storage.scratch_dir
+                and Path(storage.scratch_dir).absolute() == path.absolute()
+            ):
+                storage._storage = TensorDict.load_memmap(path)
+                storage.initialized = True
+            else:
+                storage._init(_storage[0])
+                storage._storage.update_(_storage)
+        elif (
+            storage._storage.is_memmap()
+            and storage._storage.saved_path
+            and Path(storage._storage.saved_path).absolute() == path.absolute()
+        ):
+            # The storage already lives in these files.
+            storage._storage.memmap_refresh_()
+        else:
+            storage._storage.copy_(_storage)
+
+    @staticmethod
+    def _check_fits(storage, loaded, path):
+        meta_file = path / TENSORDICT_METADATA_FILE
+        if storage.initialized:
+            target = storage._storage
+            if target.batch_size != loaded.batch_size:
+                raise ValueError(
+                    f"The checkpoint {meta_file} holds data of batch size {list(loaded.batch_size)}, "
+                    f"but the storage has batch size {list(target.batch_size)}."
+                )
+            have, want = _leaf_specs(loaded, storage.ndim), _leaf_specs(target, storage.ndim)
+            missing = _fmt_keys(set(want) - set(have))
+            extra = _fmt_keys(set(have) - set(want))
+            if missing != "[]" or extra != "[]":
+                raise ValueError(
+                    f"The checkpoint {meta_file} does not have the storage's keys: missing "
+                    f"{missing}, unexpected {extra}."
+                )
+            for key, (shape, dtype) in have.items():
+                if want[key] != (shape, dtype):
+                    raise ValueError(
+                        f"The checkpoint entry {key!r} in {meta_file} has shape {list(shape)} and "
+                        f"dtype {dtype}, but the storage expects shape {list(want[key][0])} and "
+                        f"dtype {want[key][1]}."
+                    )
+            return
+        ndim = getattr(storage, "ndim", 1)
+        shape = loaded.batch_size
+        if len(shape) < ndim:
+            raise ValueError(
+                f"The checkpoint {meta_file} holds data of batch size {list(shape)}, which has fewer "
+                f"than ndim={ndim} dimensions."
+            )
+        per_row = math.prod(shape[1:ndim])
+        expected_dim0 = -(int(storage.max_size) // -per_row) if per_row else 0
+        if shape[0] != expected_dim0:
+            raise ValueError(
+                f"The checkpoint {meta_file} holds data of batch size {list(shape)}, which does not "
+                f"fit a storage of max_size={storage.max_size} (expected {expected_dim0} rows along "
+                "the first dimension)."
+            )
+
+
+def _ted_hooks(*names):
+    try:
+        from torchrl_compat import utils
+    except ImportError as err:  # pragma: no cover - the package always ships utils
+        raise ImportError("torchrl_compat.utils is required by this checkpointer.") from err
+    missing = [name for name in names if not hasattr(utils, name)]
+    if missing:
+        raise ImportError(
+            f"torchrl_compat.utils does not provide {missing}, needed by this checkpointer."
+        )
+    return [getattr(utils, name) for name in names]
+
+
+class FlatStorageCheckpointer(TensorStorageCheckpointer):
+    """Saves the storage in a compact form, saving space on the TED format.
+
+    This class explicitly assumes and does NOT check that:
+
+      - done states (including terminated and truncated) at the root are always False;
+      - observations in the "next" tensordict are shifted by one step in the future (this
+        is not the case when a multi-step transform is used for instance) unless `done` is `True`
+        in which case the observation in `("next", key)` at time `t` and the one in `key` at time
+        `t+1` should not match.
+
+    .. seealso: The full list of arguments can be found in :class:`~torchrl.data.TED2Flat`.
+
+    """
+
+    def __init__(self, done_keys=None, reward_keys=None):
+        super().__init__()
+        kwargs = {}
+        if done_keys is not None:
+            kwargs["done_keys"] = done_keys
+        if reward_keys is not None:
+            kwargs["reward_keys"] = reward_keys
+        save, load = _ted_hooks("TED2Flat", "Flat2TED")
+        self._save_hooks = [save(**kwargs)]
+        self._load_hooks = [load(**kwargs)]
+
+
+class NestedStorageCheckpointer(FlatStorageCheckpointer):
+    """Saves the storage in a compact form, saving space on the TED format and using memory-mapped nested tensors.
+
+    This class explicitly assumes and does NOT check that:
+
+      - done states (including terminated and truncated) at the root are always False;
+      - observations in the "next" tensordict are shifted by one step in the future (this
+        is not the case when a multi-step transform is used for instance).
+
+    .. seealso: The full list of arguments can be found in :class:`~torchrl.data.TED2Flat`.
+
+    """
+
+    def __init__(self, done_keys=None, reward_keys=None):
+        StorageCheckpointerBase.__init__(self)
+        kwargs = {}
+        if done_keys is not None:
+            kwargs["done_keys"] = done_keys
+        if reward_keys is not None:
+            kwargs["reward_keys"] = reward_keys
+        save, load = _ted_hooks("TED2Nested", "Nested2TED")
+        self._save_hooks = [save(**kwargs)]
+        self._load_hooks = [load(**kwargs)]
+
+
+class H5StorageCheckpointer(NestedStorageCheckpointer):
+    """Saves the storage in a compact form, saving space on the TED format and using H5 format to save the data.
+
+    This class explicitly assumes and does NOT check that:
+
+      - done states (including terminated and truncated) at the root are always False;
+      - observations in the "next" tensordict are shifted by one step in the future (this
+        is not the case when a multi-step transform is used for instance).
+
+    Keyword Args:
+        checkpoint_file: the filename where to save the checkpointed data.
+            This will be ignored iff the path passed to dumps / loads ends with the ``.h5``
+            suffix. Defaults to ``"checkpoint.h5"``.
+        h5_kwargs (Dict[str, Any] or Tuple[Tuple[str, Any], ...]): kwargs to be
+            passed to :meth:`h5py.File.create_dataset`.
+
+    .. note:: Requires ``h5py``. To prevent out-of-memory issues, the data of the H5 file will
+        be temporarily written on memory-mapped tensors stored in shared file system. The
+        physical memory usage may increase during loading as a consequence.
+
+    .. note:: :meth:`dumps` writes a sibling ``.<file>.partial-<id>`` file and renames it onto
+        the checkpoint file once complete, so an interrupted dump keeps the previous file.
+        :meth:`loads` of a missing file raises :class:`FileNotFoundError` naming it.
+
+    .. seealso: The full list of arguments can be found in :class:`~torchrl.data.TED2Flat`. Note that this class only
+        supports keyword arguments.
+
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_file: str = "checkpoint.h5",
+        done_keys=None,
+        reward_keys=None,
+        h5_kwargs=None,
+        **kwargs,
+    ):
+        StorageCheckpointerBase.__init__(self)
+        ted2_kwargs = kwargs
+        if done_keys is not None:
+            ted2_kwargs["done_keys"] = done_keys
+        if reward_keys is not None:
+            ted2_kwargs["reward_keys"] = reward_keys
+        ted2nested, h5split, h5combine, nested2ted = _ted_hooks(
+            "TED2Nested", "H5Split", "H5Combine", "Nested2TED"
+        )
+        self._save_hooks = [ted2nested(**ted2_kwargs), h5split()]
+        self._load_hooks = [h5combine(), nested2ted(**ted2_kwargs)]
+        self.kwargs = {} if h5_kwargs is None else dict(h5_kwargs)
+        self.checkpoint_file = checkpoint_file
+
+    def dumps(self, storage, path):
+        from tensordict import PersistentTensorDict
+
+        path = Path(self._get_path(path))
+        self._set_hooks_shift_is_full(storage)
+        if not storage.initialized:
+            raise RuntimeError("Cannot save a non-initialized storage.")
+        _storage = storage._storage
+        length = storage._len
+        for hook in self._save_hooks:
+            _storage = hook(_storage)
+        if not is_tensor_collection(_storage):
+            raise ValueError("Only tensor collections are supported.")
+        tmp = path.parent / f".{path.name}{_PARTIAL_TAG}{uuid.uuid4().hex[:12]}"
+        try:
+            data = PersistentTensorDict.from_dict(_storage, str(tmp), **self.kwargs)
+            data["_len"] = NonTensorData(data=length)
+            data.close()
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def loads(self, storage, path):
+        from tensordict import PersistentTensorDict
+
+        path = self._get_path(path, create=False)
+        if not os.path.isfile(path):
+            raise _missing_checkpoint_error(Path(path), "the H5 file does not exist")
+        try:
+            data = PersistentTensorDict.from_h5(path)
+        except OSError as err:
+            raise ValueError(f"The H5 checkpoint {path} is truncated or corrupted: {err}.") from None
+        if "_len" not in data.keys():
+            raise ValueError(f"The H5 checkpoint {path} has no '_len' entry.")
+        dest = storage._storage if storage.initialized else None
+        _len = data["_len"]
+        for hook in self._load_hooks:
+            data = hook(data, out=dest)
+        if not storage.initialized:
+            storage._init(data[0])
+            storage._storage.update_(data)
+        else:
+            storage._storage.copy_(data)
+        storage._len = _len
+
+    def _get_path(self, path, create=True):
+        path = Path(path)
+        if path.suffix == ".h5":
+            return str(path.absolute())
+        if create:
+            try:
+                path.mkdir(exist_ok=True)
+            except Exception:
+                raise RuntimeError(f"Failed to create the checkpoint directory {path}.")
+        return str((path / self.checkpoint_file).absolute())
+
+
+class StorageEnsembleCheckpointer(StorageCheckpointerBase):
+    """Checkpointer for ensemble storages.
+
+    Storage ``i`` is saved in ``path / str(i)`` and its transform, if any, in
+    ``path / f"{i}_transform.pt"`` (torchrl 0.11's layout).
+
+    .. note::
+        torchrl 0.11's ``dumps`` saves the transforms of the last sub-storage instead of the
+        ensemble's (and fails when that sub-storage has none); this one saves the ensemble's.
+        The whole directory is written aside and renamed onto ``path`` once complete, unless a
+        sub-storage keeps its memory-mapped files under ``path``.
+    """
+
+    @staticmethod
+    def dumps(storage, path: Path):
+        path = Path(path).absolute()
+        storages = storage._storages
+        transforms = storage._transforms
+
+        def write(root):
+            root.mkdir(exist_ok=True)
+            for i, sub in enumerate(storages):
+                sub.dumps(root / str(i))
+            if transforms is not None:
+                for i, transform in enumerate(transforms):
+                    if transform is not None:
+                        torch.save(transform.state_dict(), root / f"{i}_transform.pt")
+
+        if _lives_under(storage, path):
+            write(path)
+        else:
+            _write_aside(path, write)
+
+    @staticmethod
+    def loads(storage, path: Path):
+        path = Path(path).absolute()
+        if not path.is_dir():
+            raise _missing_checkpoint_error(path, "the directory does not exist")
+        for i, sub in enumerate(storage._storages):
+            sub.loads(path / str(i))
+        if storage._transforms is not None:
+            for i, transform in enumerate(storage._transforms):
+                if transform is None:
+                    continue
+                file = path / f"{i}_transform.pt"
+                if not file.is_file():
+                    raise FileNotFoundError(f"The transform checkpoint {file} does not exist.")
+                transform.load_state_dict(torch.load(file))

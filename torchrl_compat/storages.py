@@ -1,0 +1,2331 @@
+"""Replay-buffer storages (stand-in for ``torchrl.data.replay_buffers.storages``).
+
+Same class names, constructor signatures, attributes, ``state_dict`` keys and error
+types as torchrl 0.11, so that torchrl's replay buffers, writers, samplers and
+checkpointers can drive these storages unchanged.
+
+.. note:: When torchrl is importable (and the ``TORCHRL_COMPAT_STANDALONE`` environment
+    variable is not ``"1"``), every class here also lists its torchrl twin as its *last*
+    base class (after all of ours). torchrl tests storages with ``isinstance`` against
+    its own classes (``ReplayBuffer`` refuses anything that is not a torchrl ``Storage``,
+    ``_get_default_collate`` picks the collate function by type, ``SliceSampler`` and
+    ``TensorStorageCheckpointer`` branch on ``TensorStorage`` / ``LazyMemmapStorage``).
+    Our classes define every method torchrl's do, so the twin only answers those
+    ``isinstance`` checks: no torchrl code runs on our storages.
+"""
+from __future__ import annotations
+
+import abc
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import textwrap
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from copy import copy
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+import numpy as np
+import tensordict
+import torch
+from tensordict import (
+    is_tensor_collection,
+    lazy_stack,
+    LazyStackedTensorDict,
+    TensorDict,
+    TensorDictBase,
+)
+from tensordict.base import _NESTED_TENSORS_AS_LISTS
+from tensordict.memmap import MemoryMappedTensor
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from torchrl_compat.checkpointers import (
+    CompressedListStorageCheckpointer,
+    ListStorageCheckpointer,
+    StorageCheckpointerBase,
+    StorageEnsembleCheckpointer,
+    TensorStorageCheckpointer,
+)
+from torchrl_compat.utils import (
+    _init_pytree,
+    _is_int,
+    _make_ordinal_device,
+    INT_CLASSES,
+    tree_iter,
+)
+
+try:
+    from torch.compiler import disable as compile_disable, is_compiling
+except ImportError:  # pragma: no cover - torch < 2.3
+    from torch._dynamo import disable as compile_disable, is_compiling
+
+__all__ = [
+    "CompressedListStorage",
+    "LazyMemmapStorage",
+    "LazyStackStorage",
+    "LazyTensorStorage",
+    "ListStorage",
+    "Storage",
+    "StorageEnsemble",
+    "TensorStorage",
+]
+
+logger = logging.getLogger("torchrl_compat")
+
+
+def _torchrl_twin(name: str) -> tuple:
+    """Returns ``(torchrl's class of that name,)`` when torchrl is importable, else ``()``."""
+    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
+        return ()
+    try:
+        from torchrl.data.replay_buffers import storages as _torchrl_storages
+    except Exception:  # torchrl absent, or broken in this environment
+        return ()
+    twin = getattr(_torchrl_storages, name, None)
+    return (twin,) if isinstance(twin, type) else ()
+
+
+# =============================================================================
+# Memmap storage cleanup
+# =============================================================================
+# Memmap files that LazyMemmapStorage writes to temporary directories are removed at
+# interpreter exit (atexit) and when the process is stopped by SIGINT or SIGTERM.
+# The registry holds weak references so it never keeps a storage alive.
+
+_MEMMAP_STORAGE_REGISTRY: weakref.WeakSet = weakref.WeakSet()
+
+# Set once the cleanup ran, so an atexit after a signal does not run it twice.
+_CLEANUP_DONE = False
+
+# Handlers in place before ours, restored (and re-triggered) when a signal arrives.
+_ORIGINAL_SIGINT_HANDLER = None
+_ORIGINAL_SIGTERM_HANDLER = None
+
+_CLEANUP_HANDLERS_REGISTERED = False
+
+
+def _cleanup_all_memmap_storages():
+    """Removes the temporary memmap directories of every registered storage.
+
+    Called at exit (``atexit``) and from the SIGINT / SIGTERM handler.
+
+    .. note:: Only storages created by the current process are cleaned. A forked child
+        inherits its parent's registry and signal handlers; torchrl would then delete the
+        parent's live memmap files when the child is terminated.
+    """
+    global _CLEANUP_DONE
+    if _CLEANUP_DONE:
+        return
+    _CLEANUP_DONE = True
+    pid = os.getpid()
+    for storage in list(_MEMMAP_STORAGE_REGISTRY):
+        if getattr(storage, "_owner_pid", pid) != pid:
+            continue
+        try:
+            # LazyTensorStorage(shared_init=True) only owns its init directory
+            cleanup = getattr(storage, "cleanup", None) or storage._cleanup_init_directory
+            cleanup()
+        except Exception:
+            # the storage may be half-destroyed at exit; the other ones still need cleaning
+            pass
+
+
+def _signal_cleanup_handler(signum, frame):
+    """Cleans registered memmap storages, then re-raises the signal with the previous handler."""
+    try:
+        _cleanup_all_memmap_storages()
+    except Exception:
+        # whatever happens, the signal must still terminate the process
+        pass
+    if signum == signal.SIGINT:
+        original = _ORIGINAL_SIGINT_HANDLER
+    elif signum == signal.SIGTERM:
+        original = _ORIGINAL_SIGTERM_HANDLER
+    else:
+        original = signal.SIG_DFL
+    signal.signal(signum, original if original else signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _register_cleanup_handlers():
+    """Registers the atexit hook and, from the main thread, the SIGINT/SIGTERM handlers."""
+    global _ORIGINAL_SIGINT_HANDLER, _ORIGINAL_SIGTERM_HANDLER
+    atexit.register(_cleanup_all_memmap_storages)
+    try:
+        # signal.signal only works from the main thread
+        if threading.current_thread() is threading.main_thread():
+            _ORIGINAL_SIGINT_HANDLER = signal.signal(
+                signal.SIGINT, _signal_cleanup_handler
+            )
+            _ORIGINAL_SIGTERM_HANDLER = signal.signal(
+                signal.SIGTERM, _signal_cleanup_handler
+            )
+    except (ValueError, RuntimeError):
+        pass
+
+
+def _ensure_cleanup_handlers():
+    """Registers the cleanup handlers once per process."""
+    global _CLEANUP_HANDLERS_REGISTERED
+    if not _CLEANUP_HANDLERS_REGISTERED:
+        _register_cleanup_handlers()
+        _CLEANUP_HANDLERS_REGISTERED = True
+
+
+def _remove_tree(path: str) -> bool:
+    path = path.rstrip("/")
+    if not os.path.isdir(path):
+        return False
+    try:
+        shutil.rmtree(path)
+        logger.debug(f"Cleaned up memmap directory: {path}")
+        return True
+    except Exception as err:
+        logger.warning(f"Failed to clean up memmap directory: {err}")
+        return False
+
+
+# =============================================================================
+# Storages
+# =============================================================================
+
+_LEN_TYPECODE = "q"  # int64: see TensorStorage's note on the shared length
+
+
+class Storage(*_torchrl_twin("Storage")):
+    """A Storage is the container of a replay buffer.
+
+    Every storage must have a set, get and __len__ methods implemented.
+    Get and set should support integers as well as list of integers.
+
+    The storage does not need to have a definite size, but if it does one should
+    make sure that it is compatible with the buffer size.
+
+    Args:
+        max_size (int): the maximum number of elements stored in the storage.
+        checkpointer (StorageCheckpointerBase, optional): the checkpointer used by
+            :meth:`dumps` and :meth:`loads`. Defaults to the class'
+            ``_default_checkpointer``.
+        compilable (bool, optional): whether the storage is meant to be used under
+            :func:`torch.compile`. Defaults to ``False``.
+    """
+
+    ndim = 1
+    max_size: int
+    _default_checkpointer: StorageCheckpointerBase = StorageCheckpointerBase
+    _rng: torch.Generator | None = None
+
+    def __init__(
+        self,
+        max_size: int,
+        checkpointer: StorageCheckpointerBase | None = None,
+        compilable: bool = False,
+    ) -> None:
+        self.max_size = int(max_size)
+        self.checkpointer = checkpointer
+        self._compilable = compilable
+        self._attached_entities_list = []
+
+    @property
+    def checkpointer(self):
+        return self._checkpointer
+
+    @checkpointer.setter
+    def checkpointer(self, value: StorageCheckpointerBase | None) -> None:
+        if value is None:
+            value = self._default_checkpointer()
+        self._checkpointer = value
+
+    def register_save_hook(self, hook):
+        """Register a save hook for this storage.
+
+        The hook is forwarded to the checkpointer.
+        """
+        self._checkpointer.register_save_hook(hook)
+
+    def register_load_hook(self, hook):
+        """Register a load hook for this storage.
+
+        The hook is forwarded to the checkpointer.
+        """
+        self._checkpointer.register_load_hook(hook)
+
+    @property
+    def _is_full(self):
+        return len(self) == self.max_size
+
+    @property
+    def _attached_entities(self) -> list:
+        # Replay buffers (and samplers) reading from this storage register here, so
+        # that a storage shared by several buffers notifies all of them.
+        entities = getattr(self, "_attached_entities_list", None)
+        if entities is None:
+            self._attached_entities_list = entities = []
+        return entities
+
+    @torch._dynamo.assume_constant_result
+    def _attached_entities_iter(self):
+        return self._attached_entities
+
+    @abc.abstractmethod
+    def set(self, cursor: int, data: Any, *, set_cursor: bool = True):
+        ...
+
+    @abc.abstractmethod
+    def get(self, index: int) -> Any:
+        ...
+
+    def dumps(self, path):
+        """Saves the storage content in ``path`` through its checkpointer."""
+        self.checkpointer.dumps(self, path)
+
+    def loads(self, path):
+        """Loads the storage content from ``path`` through its checkpointer."""
+        self.checkpointer.loads(self, path)
+
+    def attach(self, buffer: Any) -> None:
+        """This function attaches a sampler to this storage.
+
+        Buffers that read from this storage must be included as an attached
+        entity by calling this method. This guarantees that when data
+        in the storage changes, components are made aware of changes even if the storage
+        is shared with other buffers (eg. Priority Samplers).
+
+        Args:
+            buffer: the object that reads from this storage.
+        """
+        if buffer not in self._attached_entities:
+            self._attached_entities.append(buffer)
+
+    def __getitem__(self, item):
+        return self.get(item)
+
+    def __setitem__(self, index, value):
+        """Sets values in the storage without updating the cursor or length."""
+        return self.set(index, value, set_cursor=False)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    @abc.abstractmethod
+    def __len__(self):
+        ...
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    @abc.abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ...
+
+    @abc.abstractmethod
+    def _empty(self):
+        ...
+
+    # Without this, torch.compile guards on len(self) and recompiles at every write.
+    @compile_disable()
+    def _rand_given_ndim(self, batch_size):
+        # random indices given the storage ndim
+        if self.ndim == 1:
+            return torch.randint(
+                0,
+                len(self),
+                (batch_size,),
+                generator=self._rng,
+                device=getattr(self, "device", None),
+            )
+        raise RuntimeError(
+            f"Random number generation is not implemented for storage of type {type(self)} with ndim {self.ndim}. "
+            f"Please report this exception as well as the use case (incl. buffer construction) on github."
+        )
+
+    @property
+    def shape(self):
+        if self.ndim == 1:
+            return torch.Size([self.max_size])
+        raise RuntimeError(
+            f"storage.shape is not supported for storages of type {type(self)} when ndim > 1."
+            f"Please report this exception as well as the use case (incl. buffer construction) on github."
+        )
+
+    def _max_size_along_dim0(self, *, single_data=None, batched_data=None):
+        if self.ndim == 1:
+            return self.max_size
+        raise RuntimeError(
+            f"storage._max_size_along_dim0 is not supported for storages of type {type(self)} when ndim > 1."
+            f"Please report this exception as well as the use case (incl. buffer construction) on github."
+        )
+
+    def flatten(self):
+        if self.ndim == 1:
+            return self
+        raise RuntimeError(
+            f"storage.flatten is not supported for storages of type {type(self)} when ndim > 1."
+            f"Please report this exception as well as the use case (incl. buffer construction) on github."
+        )
+
+    def save(self, *args, **kwargs):
+        """Alias for :meth:`dumps`."""
+        return self.dumps(*args, **kwargs)
+
+    def dump(self, *args, **kwargs):
+        """Alias for :meth:`dumps`."""
+        return self.dumps(*args, **kwargs)
+
+    def load(self, *args, **kwargs):
+        """Alias for :meth:`loads`."""
+        return self.loads(*args, **kwargs)
+
+    def __getstate__(self):
+        state = copy(self.__dict__)
+        # generators don't pickle; the receiving buffer sets its own
+        state["_rng"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __contains__(self, item):
+        return self.contains(item)
+
+    @abc.abstractmethod
+    def contains(self, item):
+        ...
+
+
+def _index_error(index, position, length) -> IndexError:
+    where = "" if position is None else f" at position {position}"
+    return IndexError(
+        f"index {index}{where} is out of range for a storage of length {length}"
+    )
+
+
+class ListStorage(Storage, *_torchrl_twin("ListStorage")):
+    """A storage stored in a list.
+
+    This class cannot be extended with PyTrees, the data provided during calls to
+    :meth:`~torchrl.data.replay_buffers.ReplayBuffer.extend` should be iterables
+    (like lists, tuples, tensors or tensordicts with non-empty batch-size).
+
+    Args:
+        max_size (int, optional): the maximum number of elements stored in the storage.
+            If not provided, an unlimited storage is created.
+
+    Keyword Args:
+        compilable (bool, optional): if ``True``, the storage will be made compatible with :func:`~torch.compile` at
+            the cost of being executable in multiprocessed settings.
+        device (str, optional): the device to use for the storage. Defaults to `None` (inputs are not moved to the device).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_compat import ListStorage
+        >>> storage = ListStorage(3)
+        >>> storage.set(range(2), [torch.zeros(2), torch.ones(2)])
+        >>> len(storage)
+        2
+        >>> storage[1]
+        tensor([1., 1.])
+
+    .. note:: Errors name the offending index: reading past the end raises
+        ``IndexError("index 5 at position 1 is out of range for a storage of length 2")``
+        where torchrl raises a bare ``list index out of range``, and a batched :meth:`set`
+        checks every cursor (and that cursors and data have the same length) before
+        writing, so a failing call leaves the storage as it was. torchrl writes the items
+        one by one and stops half-way.
+    """
+
+    _default_checkpointer = ListStorageCheckpointer
+
+    def __init__(
+        self,
+        max_size: int | None = None,
+        *,
+        compilable: bool = False,
+        device: torch.device | str | int | None = None,
+    ):
+        if max_size is None:
+            max_size = torch.iinfo(torch.int64).max
+        super().__init__(max_size, compilable=compilable)
+        self._storage = []
+        self.device = device
+
+    def _to_device(self, data: Any) -> Any:
+        """Utility method to move data to the device."""
+        if self.device is not None:
+            if hasattr(data, "to"):
+                data = data.to(self.device)
+            else:
+                data = tree_map(
+                    lambda x: x.to(self.device) if hasattr(x, "to") else x, data
+                )
+        return data
+
+    _ITERABLE_DATA = (
+        list,
+        tuple,
+        torch.Tensor,
+        TensorDictBase,
+        *tensordict.base._ACCEPTED_CLASSES,
+        range,
+        set,
+        np.ndarray,
+    )
+
+    def _check_cursors(self, cursors: list) -> None:
+        # Replays the append rules of the per-item path without writing anything.
+        length = len(self._storage)
+        for position, cursor in enumerate(cursors):
+            if cursor < 0:
+                if cursor < -length:
+                    raise _index_error(cursor, position, length)
+                cursor += length
+            if cursor > length:
+                raise RuntimeError(
+                    "Cannot append data located more than one item away from "
+                    f"the storage size: the storage size is {length} "
+                    f"and the index of the item to be set is {cursors[position]} "
+                    f"(position {position} of the cursor)."
+                )
+            if cursor >= self.max_size:
+                raise RuntimeError(
+                    f"Cannot append data to the list storage: "
+                    f"maximum capacity is {self.max_size} "
+                    f"and the index of the item to be set is {cursor} "
+                    f"(position {position} of the cursor)."
+                )
+            if cursor == length:
+                length += 1
+
+    def set(
+        self,
+        cursor: int | Sequence[int] | slice,
+        data: Any,
+        *,
+        set_cursor: bool = True,
+    ):
+        if isinstance(cursor, INT_CLASSES):
+            length = len(self._storage)
+            if cursor > length:
+                raise RuntimeError(
+                    "Cannot append data located more than one item away from "
+                    f"the storage size: the storage size is {length} "
+                    f"and the index of the item to be set is {cursor}."
+                )
+            if cursor >= self.max_size:
+                raise RuntimeError(
+                    f"Cannot append data to the list storage: "
+                    f"maximum capacity is {self.max_size} "
+                    f"and the index of the item to be set is {cursor}."
+                )
+            if cursor < -length:
+                raise _index_error(cursor, None, length)
+            self._set_item(cursor, self._to_device(data))
+            return
+        if _is_int(cursor):  # 0-d tensor or array
+            self.set(int(cursor), data, set_cursor=set_cursor)
+            return
+        if isinstance(cursor, slice):
+            self._set_slice(cursor, self._to_device(data))
+            return
+        if not isinstance(data, self._ITERABLE_DATA):
+            raise TypeError(
+                f"Cannot extend a {type(self)} with data of type {type(data)}. "
+                f"Provide a list, tuple, set, range, np.ndarray, tensor or tensordict subclass instead."
+            )
+        if isinstance(cursor, (torch.Tensor, np.ndarray)):
+            cursors = cursor.reshape(-1).tolist() if cursor.ndim else [int(cursor)]
+        else:
+            cursors = [int(c) for c in cursor]
+        if isinstance(data, set):
+            data = list(data)
+        n_data = len(data)
+        if n_data != len(cursors):
+            raise ValueError(
+                f"Cannot set {n_data} items at {len(cursors)} cursor positions: "
+                "the cursor and the data must have the same length."
+            )
+        self._check_cursors(cursors)
+        for _cursor, _data in zip(cursors, data):
+            self._set_item(_cursor, self._to_device(_data))
+
+    def _set_item(self, cursor: int, data: Any) -> None:
+        """Set a single item in the storage."""
+        if cursor == len(self._storage):
+            self._storage.append(data)
+        else:
+            self._storage[cursor] = data
+
+    def _set_slice(self, cursor: slice, data: Any) -> None:
+        """Set a slice in the storage."""
+        self._storage[cursor] = data
+
+    def get(self, index: int | Sequence[int] | slice) -> Any:
+        if isinstance(index, INT_CLASSES):
+            return self._get_item(index)
+        if isinstance(index, slice):
+            return self._get_slice(index)
+        if isinstance(index, tuple):
+            if len(index) > 1:
+                raise RuntimeError(
+                    f"{type(self).__name__} can only be indexed with one-length tuples."
+                )
+            return self.get(index[0])
+        if isinstance(index, torch.Tensor):
+            if index.ndim == 0:
+                return self._get_item(int(index))
+            index = index.tolist()
+        elif isinstance(index, np.ndarray):
+            if index.ndim == 0:
+                return self._get_item(int(index))
+            index = index.tolist()
+        return self._get_list(index)
+
+    def _get_item(self, index: int) -> Any:
+        """Get a single item from the storage."""
+        try:
+            return self._storage[index]
+        except IndexError:
+            raise _index_error(index, None, len(self._storage)) from None
+
+    def _get_slice(self, index: slice) -> Any:
+        """Get a slice from the storage."""
+        return self._storage[index]
+
+    def _get_list(self, index: list) -> list:
+        """Get a list of items from the storage."""
+        storage = self._storage
+        try:
+            return [storage[i] for i in index]
+        except IndexError:
+            length = len(storage)
+            for position, i in enumerate(index):
+                if not -length <= i < length:
+                    raise _index_error(i, position, length) from None
+            raise
+
+    def __len__(self):
+        """Get the length of the storage."""
+        return len(self._storage)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_storage": [
+                elt if not hasattr(elt, "state_dict") else elt.state_dict()
+                for elt in self._storage
+            ]
+        }
+
+    def load_state_dict(self, state_dict):
+        items = []
+        for elt in state_dict["_storage"]:
+            if isinstance(elt, torch.Tensor):
+                items.append(elt)
+            elif isinstance(elt, (dict, OrderedDict)):
+                items.append(TensorDict().load_state_dict(elt, strict=False))
+            else:
+                raise TypeError(
+                    f"Objects of type {type(elt)} are not supported by ListStorage.load_state_dict"
+                )
+        # swap only once everything converted, so a bad entry leaves the storage intact
+        self._storage = items
+
+    def _empty(self):
+        self._storage = []
+
+    def __getstate__(self):
+        if get_spawning_popen() is not None:
+            raise RuntimeError(
+                f"Cannot share a storage of type {type(self)} between processes."
+            )
+        return super().__getstate__()
+
+    def __repr__(self):
+        storage = getattr(self, "_storage", [None])
+        if not storage:
+            return f"{self.__class__.__name__}()"
+        return f"{self.__class__.__name__}(items=[{storage[0]}, ...])"
+
+    def contains(self, item):
+        if isinstance(item, int):
+            if item < 0:
+                item += len(self._storage)
+            return self._contains_int(item)
+        if isinstance(item, torch.Tensor):
+            return torch.tensor(
+                [self.contains(elt) for elt in item.tolist()],
+                dtype=torch.bool,
+                device=item.device,
+            ).reshape_as(item)
+        raise NotImplementedError(f"type {type(item)} is not supported yet.")
+
+    def _contains_int(self, item: int) -> bool:
+        """Check if an integer index is contained in the storage."""
+        return 0 <= item < len(self._storage)
+
+
+class LazyStackStorage(ListStorage, *_torchrl_twin("LazyStackStorage")):
+    """A ListStorage that returns LazyStackTensorDict instances.
+
+    This storage allows for heterougeneous structures to be indexed as a single `TensorDict` representation.
+    It uses :class:`~tensordict.LazyStackedTensorDict` which operates on non-contiguous lists of tensordicts,
+    lazily stacking items when queried.
+    This means that this storage is going to be fast to sample but data access may be slow (as it requires a stack).
+    Tensors of heterogeneous shapes can also be stored within the storage and stacked together.
+    Because the storage is represented as a list, the number of tensors to store in memory will grow linearly with
+    the size of the buffer.
+
+    If possible, nested tensors can also be created via :meth:`~tensordict.LazyStackedTensorDict.densify`
+    (see :mod:`~torch.nested`).
+
+    Args:
+        max_size (int, optional): the maximum number of elements stored in the storage.
+            If not provided, an unlimited storage is created.
+
+    Keyword Args:
+        compilable (bool, optional): if ``True``, the storage will be made compatible with :func:`~torch.compile` at
+            the cost of being executable in multiprocessed settings.
+        stack_dim (int, optional): the stack dimension in terms of TensorDict batch sizes. Defaults to `0`.
+        device (str, optional): the device to use for the storage. Defaults to `None` (inputs are not moved to the device).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import LazyStackStorage
+        >>> storage = LazyStackStorage(max_size=1000, stack_dim=-1)
+        >>> storage.set(range(2), [TensorDict(a=torch.randn(10)), TensorDict(a=torch.randn(11))])
+        >>> storage[[0, 1]].batch_size
+        torch.Size([2])
+    """
+
+    def __init__(
+        self,
+        max_size: int | None = None,
+        *,
+        compilable: bool = False,
+        stack_dim: int = 0,
+        device: torch.device | str | int | None = None,
+    ):
+        super().__init__(max_size=max_size, compilable=compilable, device=device)
+        self.stack_dim = stack_dim
+
+    def get(self, index: int | Sequence[int] | slice) -> Any:
+        out = super().get(index=index)
+        if isinstance(out, list):
+            stack_dim = self.stack_dim
+            if stack_dim < 0:
+                stack_dim = out[0].ndim + 1 + stack_dim
+            return lazy_stack(list(out), stack_dim)
+        return out
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
+    """A storage for tensors and tensordicts.
+
+    Args:
+        storage (tensor or TensorDict): the data buffer to be used.
+        max_size (int): size of the storage, i.e. maximum number of elements stored
+            in the buffer.
+
+    Keyword Args:
+        device (torch.device, optional): device where the sampled tensors will be
+            stored and sent. Default is :obj:`torch.device("cpu")`.
+            If "auto" is passed, the device is automatically gathered from the
+            first batch of data passed. This is not enabled by default to avoid
+            data placed on GPU by mistake, causing OOM issues.
+        ndim (int, optional): the number of dimensions to be accounted for when
+            measuring the storage size. For instance, a storage of shape ``[3, 4]``
+            has capacity ``3`` if ``ndim=1`` and ``12`` if ``ndim=2``.
+            Defaults to ``1``.
+        compilable (bool, optional): whether the storage is compilable.
+            If ``True``, the writer cannot be shared between multiple processes.
+            Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import TensorStorage
+        >>> data = TensorDict({
+        ...     "some data": torch.randn(10, 11),
+        ...     ("some", "nested", "data"): torch.randn(10, 11, 12),
+        ... }, batch_size=[10, 11])
+        >>> storage = TensorStorage(data)
+        >>> len(storage)  # only the first dimension is considered as indexable
+        10
+        >>> storage.get(0).batch_size
+        torch.Size([11])
+        >>> storage.set(0, storage.get(0).zero_()) # zeros the data along index ``0``
+
+    .. note:: ``len(storage)`` reads the shared length straight from shared memory
+        (an aligned 64-bit integer, which a load reads atomically) instead of going
+        through the ``multiprocessing.Value`` lock and a ``torch.compiler.disable``
+        wrapper at each call as torchrl does. Writes in other processes are still seen.
+        The length is an int64: torchrl's ``mp.Value("i")`` silently wraps past
+        ``2**31 - 1`` elements.
+
+    .. note:: :meth:`set` updates the length and ``_last_cursor`` only once the write
+        succeeded: in torchrl a write that raises (bad index, mismatched data) has
+        already grown the length. Reads of a partially filled storage check the index
+        against the filled length and index the buffer in one step (torchrl slices the
+        whole storage first); an out-of-range index raises
+        ``IndexError("index 12 at position 3 is out of range for a storage of length 10")``.
+    """
+
+    _storage = None
+    _default_checkpointer = TensorStorageCheckpointer
+
+    def __init__(
+        self,
+        storage,
+        max_size=None,
+        *,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+    ):
+        if not ((storage is None) ^ (max_size is None)):
+            if storage is None:
+                raise ValueError("Expected storage to be non-null.")
+            leading = _leading_dim(storage)
+            if max_size != leading:
+                raise ValueError(
+                    "The max-size and the storage shape mismatch: got "
+                    f"max_size={max_size} for a storage of shape {_shape_of(storage)}."
+                )
+        elif storage is not None:
+            max_size = _leading_dim(storage)
+        self.ndim = ndim
+        super().__init__(max_size, compilable=compilable)
+        self.initialized = storage is not None
+        self._len = max_size if self.initialized else 0
+        if device != "auto":
+            self.device = _make_ordinal_device(torch.device(device))
+        elif storage is not None:
+            self.device = _device_of(storage)
+        else:
+            self.device = "auto"
+        self._storage = storage
+        self._last_cursor = None
+        self.__dict__["_storage_keys"] = None
+
+    # ---------------------------------------------------------------- length
+    # The length lives in an int64 ``mp.Value`` (``_len_value``) so that writes made in
+    # forked or spawned processes are seen here; ``_len_shared`` is its raw ctypes
+    # object, read without the lock on the hot path.
+
+    def _make_shared_len(self, value: int = 0):
+        shared = mp.Value(_LEN_TYPECODE, value)
+        self.__dict__["_len_value"] = shared
+        self.__dict__["_len_shared"] = shared.get_obj()
+        return shared
+
+    @property
+    def _len(self):
+        d = self.__dict__
+        shared = d.get("_len_shared")
+        if shared is not None:
+            return shared.value
+        if self._compilable:
+            value = d.get("_len_value")
+            if value is None:
+                value = d["_len_value"] = 0
+            return value
+        return self._make_shared_len().get_obj().value
+
+    @_len.setter
+    def _len(self, value):
+        if self._compilable or is_compiling():
+            self.__dict__["_len_value"] = value
+            return
+        shared = self.__dict__.get("_len_value")
+        if shared is None:
+            self._make_shared_len(value)
+        else:
+            shared.value = value
+
+    def _add_len(self, numel: int) -> None:
+        # read-modify-write under the Value's lock so that concurrent writers in several
+        # processes don't lose each other's updates
+        if self._compilable or is_compiling():
+            self._len = min(self._len + numel, self.max_size)
+            return
+        shared = self.__dict__.get("_len_value")
+        if shared is None:
+            shared = self._make_shared_len()
+        with shared.get_lock():
+            raw = shared.get_obj()
+            raw.value = min(raw.value + numel, self.max_size)
+
+    def __len__(self):
+        shared = self.__dict__.get("_len_shared")
+        if shared is not None:
+            return shared.value
+        return self._len_slow()
+
+    # torch.compile would otherwise guard on the changing length and recompile
+    @compile_disable()
+    def _len_slow(self):
+        return self._len
+
+    # ----------------------------------------------------------------- shapes
+    @property
+    def _storage_keys(self) -> list | None:
+        """Cached list of storage keys for filtering incoming data.
+
+        Returns None if storage is not locked, not a tensor collection, or not initialized.
+        Only locked storage (shared memory) needs key filtering to prevent adding
+        keys that won't propagate in multiprocessing pipelines.
+        """
+        keys = self.__dict__.get("_storage_keys")
+        if keys is None and self.initialized and is_tensor_collection(self._storage):
+            # unlocked storages accept new keys, so only a locked one is cached
+            if self._storage.is_locked:
+                keys = list(
+                    self._storage.keys(
+                        include_nested=True,
+                        leaves_only=True,
+                        is_leaf=_NESTED_TENSORS_AS_LISTS,
+                    )
+                )
+                self.__dict__["_storage_keys"] = keys
+        return keys
+
+    @_storage_keys.setter
+    def _storage_keys(self, value):
+        self.__dict__["_storage_keys"] = value
+
+    @property
+    def _total_shape(self):
+        # Total shape, irrespective of how full the storage is
+        _total_shape = self.__dict__.get("_total_shape_value", None)
+        if _total_shape is None and self.initialized:
+            _total_shape = _shape_of(self._storage)[: self.ndim]
+            self.__dict__["_total_shape_value"] = _total_shape
+            self._len = torch.Size([self._len_along_dim0, *_total_shape[1:]]).numel()
+        return _total_shape
+
+    @property
+    def _is_full(self):
+        # whether the storage is full
+        return len(self) == self.max_size
+
+    @property
+    def _len_along_dim0(self):
+        # returns the length of the buffer along dim0
+        len_along_dim = len(self)
+        if self.ndim > 1:
+            _total_shape = self._total_shape
+            if _total_shape is None:
+                return None
+            len_along_dim = -(len_along_dim // -_total_shape[1:].numel())
+        return len_along_dim
+
+    def _max_size_along_dim0(self, *, single_data=None, batched_data=None):
+        # returns the max_size of the buffer along dim0
+        max_size = self.max_size
+        if self.ndim > 1:
+            shape = self.shape
+            if shape is None:
+                if single_data is not None:
+                    data = single_data
+                elif batched_data is not None:
+                    data = batched_data
+                else:
+                    raise ValueError("single_data or batched_data must be passed.")
+                datashape = _shape_of(data)[: self.ndim]
+                if batched_data is not None:
+                    datashape = datashape[1:]
+                max_size = -(max_size // -datashape.numel())
+            else:
+                max_size = -(max_size // -self._total_shape[1:].numel())
+        return max_size
+
+    @property
+    def shape(self):
+        # Shape, truncated where needed to accommodate for the length of the storage
+        if self._is_full:
+            return self._total_shape
+        _total_shape = self._total_shape
+        if _total_shape is not None:
+            return torch.Size([self._len_along_dim0] + list(_total_shape[1:]))
+
+    # Without this, torch.compile recompiles for back-to-back calls.
+    @compile_disable()
+    def _rand_given_ndim(self, batch_size):
+        return self._rand_given_ndim_impl(batch_size)
+
+    def _rand_given_ndim_impl(self, batch_size):
+        if self.ndim == 1:
+            return torch.randint(
+                0,
+                len(self),
+                (batch_size,),
+                generator=self._rng,
+                device=getattr(self, "device", None),
+            )
+        shape = self.shape
+        return tuple(
+            torch.randint(_dim, (batch_size,), generator=self._rng, device=self.device)
+            for _dim in shape
+        )
+
+    def flatten(self):
+        if self.ndim == 1:
+            return self
+        if not self.initialized:
+            raise RuntimeError("Cannot flatten a non-initialized storage.")
+        ndim = self.ndim
+        if self._is_full:
+            storage = self._storage
+            if is_tensor_collection(storage):
+                return TensorStorage(storage.flatten(0, ndim - 1))
+            return TensorStorage(tree_map(lambda x: x.flatten(0, ndim - 1), storage))
+        n = self._len_along_dim0
+        if is_tensor_collection(self._storage):
+            return TensorStorage(self._storage[:n].flatten(0, ndim - 1))
+        return TensorStorage(
+            tree_map(lambda x: x[:n].flatten(0, ndim - 1), self._storage)
+        )
+
+    # ---------------------------------------------------------- multiprocess
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_len_shared", None)
+        if get_spawning_popen() is None:
+            # plain pickling: the length travels as a number
+            length = self._len
+            state.pop("_len_value", None)
+            state["len__context"] = length
+        elif not self.initialized:
+            if not getattr(self, "shared_init", False):
+                raise RuntimeError(
+                    f"Cowardly refusing to share a storage of type {type(self)} between processes if "
+                    f"it has not been initialized yet. You can either:\n"
+                    f"- Populate the buffer with some data in the main process before passing it to the other processes (or create the buffer explicitly with a TensorStorage).\n"
+                    f"- set shared_init=True when creating the storage such that it can be initialized by the remote processes."
+                )
+            return state
+        else:
+            # CPU tensors are moved to shared memory by the pickler, CUDA ones are shared
+            # by nature and memmaps live in files: anything else cannot be shared.
+            def assert_is_sharable(tensor):
+                if tensor.device is None or tensor.device.type in (
+                    "cuda",
+                    "cpu",
+                    "meta",
+                ):
+                    return
+                raise RuntimeError(
+                    "The storage must be place in shared memory or memmapped before being shared between processes."
+                )
+
+            storage = self._storage
+            if is_tensor_collection(storage):
+                storage.apply(assert_is_sharable, filter_empty=True)
+            else:
+                # torchrl calls tree_map(storage, fn) here (arguments swapped), which
+                # fails for every pytree storage
+                for leaf in tree_iter(storage):
+                    assert_is_sharable(leaf)
+        return state
+
+    def __setstate__(self, state):
+        length = state.pop("len__context", None)
+        if length is not None:
+            if not state["_compilable"]:
+                state["_len_value"] = mp.Value(_LEN_TYPECODE, length)
+            else:
+                state["_len_value"] = length
+        shared = state.get("_len_value")
+        if shared is not None and hasattr(shared, "get_obj"):
+            state["_len_shared"] = shared.get_obj()
+        self.__dict__.update(state)
+
+    # ------------------------------------------------------------ state dict
+    def state_dict(self) -> dict[str, Any]:
+        _storage = self._storage
+        if isinstance(_storage, torch.Tensor):
+            pass
+        elif is_tensor_collection(_storage):
+            _storage = _storage.state_dict()
+        elif _storage is None:
+            _storage = {}
+        else:
+            raise TypeError(
+                f"Objects of type {type(_storage)} are not supported by {type(self)}.state_dict"
+            )
+        return {
+            "_storage": _storage,
+            "initialized": self.initialized,
+            "_len": self._len,
+        }
+
+    def load_state_dict(self, state_dict):
+        _storage = copy(state_dict["_storage"])
+        if isinstance(_storage, torch.Tensor):
+            if isinstance(self._storage, torch.Tensor):
+                self._storage.copy_(_storage)
+            elif self._storage is None:
+                self._storage = _storage
+            else:
+                raise RuntimeError(
+                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
+                )
+        elif isinstance(_storage, (dict, OrderedDict)):
+            if is_tensor_collection(self._storage):
+                self._storage.load_state_dict(_storage, strict=False)
+            elif self._storage is None:
+                self._storage = TensorDict().load_state_dict(_storage, strict=False)
+            else:
+                raise RuntimeError(
+                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}. If your storage is pytree-based, use the dumps/load API instead."
+                )
+        else:
+            raise TypeError(
+                f"Objects of type {type(_storage)} are not supported by ListStorage.load_state_dict"
+            )
+        self.initialized = state_dict["initialized"]
+        self._len = state_dict["_len"]
+
+    # ----------------------------------------------------------------- write
+    def _set_tree_map(self, cursor, data, storage):
+        def set_tensor(datum, store):
+            store[cursor] = datum
+
+        tree_map(set_tensor, data, storage)
+
+    def _get_new_len(self, data, cursor):
+        ndim = self.ndim - _is_int(cursor)
+        numel = _shape_of(data)[:ndim].numel()
+        self._add_len(numel)
+
+    def set(
+        self,
+        cursor: int | Sequence[int] | slice,
+        data: TensorDictBase | torch.Tensor,
+        *,
+        set_cursor: bool = True,
+    ):
+        if isinstance(data, list):
+            try:
+                data = _flip_list(data)
+            except Exception:
+                raise RuntimeError(
+                    "Stacking the elements of the list resulted in "
+                    "an error. "
+                    f"Storages of type {type(self)} expect all elements of the list "
+                    f"to have the same tree structure. If the list is compact (each "
+                    f"leaf is itself a batch with the appropriate number of elements) "
+                    f"consider using a tuple instead, as lists are used within `extend` "
+                    f"for per-item addition."
+                )
+        is_tc = is_tensor_collection(data)
+        if not self.initialized:
+            if not isinstance(cursor, INT_CLASSES):
+                if is_tc:
+                    self._init(data[0])
+                else:
+                    self._init(tree_map(lambda x: x[0], data))
+            else:
+                self._init(data)
+        if is_tc:
+            # Only a locked (shared) storage caches its keys: extra keys in the data
+            # (e.g. added by a policy) cannot reach its shared memory, so drop them.
+            storage_keys = self._storage_keys
+            if storage_keys is not None:
+                data = data.select(*storage_keys, strict=False)
+            try:
+                self._storage[cursor] = data
+            except RuntimeError as e:
+                if "locked" in str(e).lower():
+                    self._raise_informative_lock_error(data, e)
+                raise
+        elif isinstance(data, torch.Tensor) and isinstance(
+            self._storage, torch.Tensor
+        ):
+            self._storage[cursor] = data
+        else:
+            self._set_tree_map(cursor, data, self._storage)
+        if set_cursor:
+            self._get_new_len(data, cursor)
+            self._last_cursor = cursor
+
+    def _wait_for_init(self):
+        pass
+
+    def _raise_informative_lock_error(
+        self, data: TensorDictBase | torch.Tensor, original_error: RuntimeError
+    ) -> None:
+        """Raise an informative error when storage is locked and data has different keys.
+
+        This method is called when an assignment to the storage fails due to a lock error.
+        It provides detailed information about which keys are new in the data vs what the
+        storage expects.
+        """
+        if not is_tensor_collection(data) or not is_tensor_collection(self._storage):
+            raise original_error
+
+        def leaf_keys(td):
+            return set(
+                td.keys(
+                    include_nested=True,
+                    leaves_only=True,
+                    is_leaf=_NESTED_TENSORS_AS_LISTS,
+                )
+            )
+
+        storage_keys = leaf_keys(self._storage)
+        data_keys = leaf_keys(data)
+        new_keys = data_keys - storage_keys
+        missing_keys = storage_keys - data_keys
+
+        error_parts = [
+            "Cannot write to locked storage due to key mismatch.",
+            f"\nOriginal error: {original_error}",
+        ]
+        if new_keys:
+            error_parts.append(
+                f"\n\nNew keys in data (not in storage): {sorted(str(k) for k in new_keys)}"
+            )
+        if missing_keys:
+            error_parts.append(
+                f"\n\nMissing keys in data (present in storage): {sorted(str(k) for k in missing_keys)}"
+            )
+        if new_keys or missing_keys:
+            error_parts.append(
+                "\n\nThis typically happens when:"
+                "\n  1. The policy is called on some steps but not others (e.g., during init_random_frames)"
+                "\n  2. A transform conditionally adds keys based on data content"
+                "\n  3. Different collectors/workers produce data with different keys"
+                "\n\nTo fix this, ensure all data written to the buffer has consistent keys."
+            )
+        else:
+            error_parts.append(
+                "\n\nNo key differences detected. The lock error may be due to shape or dtype mismatches."
+            )
+        raise RuntimeError("".join(error_parts)) from original_error
+
+    # ------------------------------------------------------------------ read
+    def _dim0_index(self, index, length):
+        """Maps ``index`` on the filled part (``length`` items along dim 0) to the full buffer.
+
+        Returns ``None`` when the index kind is not handled here (masks, ellipsis,
+        indices on an accelerator...): the caller then slices the storage first.
+        """
+        if isinstance(index, INT_CLASSES) and not isinstance(index, bool):
+            if index < 0:
+                if index < -length:
+                    raise _index_error(index, None, length)
+                return index + length
+            if index >= length:
+                raise _index_error(index, None, length)
+            return index
+        if isinstance(index, slice):
+            if index.step is not None and index.step <= 0:
+                return None
+            return slice(*index.indices(length))
+        if isinstance(index, tuple):
+            if not index:
+                return None
+            first = self._dim0_index(index[0], length)
+            if first is None:
+                return None
+            return (first, *index[1:])
+        if isinstance(index, (list, range, np.ndarray)):
+            if isinstance(index, np.ndarray) and index.dtype.kind not in "iu":
+                return None
+            try:
+                index = torch.as_tensor(index)
+            except Exception:
+                return None
+            if index.dtype not in _INDEX_DTYPES:
+                return None
+        if isinstance(index, torch.Tensor):
+            if index.device.type != "cpu" or index.dtype not in _INDEX_DTYPES:
+                # keep accelerator indices on their device: checking them would sync
+                return None
+            if index.ndim == 0:
+                return self._dim0_index(int(index), length)
+            if not index.numel():
+                return index
+            if index.dtype == torch.uint8:
+                return None  # legacy mask semantics
+            lo, hi = torch.aminmax(index)
+            lo = int(lo)
+            if lo < -length or int(hi) >= length:
+                flat = index.reshape(-1)
+                bad = int(((flat < -length) | (flat >= length)).nonzero()[0])
+                raise _index_error(int(flat[bad]), bad, length)
+            if lo < 0:
+                index = torch.where(index < 0, index + length, index)
+            return index
+        return None
+
+    def get(self, index: int | Sequence[int] | slice) -> Any:
+        if not self.initialized:
+            if getattr(self, "shared_init", False):
+                self._wait_for_init()
+            raise RuntimeError("Cannot get elements out of a non-initialized storage.")
+        _storage = self._storage
+        is_tc = is_tensor_collection(_storage)
+        if not self._is_full:
+            length = self._len_along_dim0
+            mapped = self._dim0_index(index, length)
+            if mapped is None:
+                # index kinds that depend on the filled length (masks...): slice first
+                if is_tc:
+                    _storage = _storage[:length]
+                else:
+                    _storage = tree_map(lambda x: x[:length], _storage)
+            else:
+                index = mapped
+        if is_tc or isinstance(_storage, torch.Tensor):
+            return _storage[index]
+        return tree_map(lambda x: x[index], _storage)
+
+    def _empty(self):
+        # the data keeps its structure: resetting the length is enough
+        self._len = 0
+
+    def _init(self):
+        raise NotImplementedError(
+            f"{type(self)} must be initialized during construction."
+        )
+
+    def __repr__(self):
+        if not self.initialized:
+            storage_str = textwrap.indent("data=<empty>", 4 * " ")
+        elif is_tensor_collection(self._storage):
+            storage_str = textwrap.indent(f"data={self[:]}", 4 * " ")
+        else:
+
+            def repr_item(x):
+                if isinstance(x, torch.Tensor):
+                    return f"{x.__class__.__name__}(shape={x.shape}, dtype={x.dtype}, device={x.device})"
+                return x.__class__.__name__
+
+            storage_str = textwrap.indent(
+                f"data={tree_map(repr_item, self[:])}", 4 * " "
+            )
+        shape_str = textwrap.indent(f"shape={self.shape}", 4 * " ")
+        len_str = textwrap.indent(f"len={len(self)}", 4 * " ")
+        maxsize_str = textwrap.indent(f"max_size={self.max_size}", 4 * " ")
+        return f"{self.__class__.__name__}(\n{storage_str}, \n{shape_str}, \n{len_str}, \n{maxsize_str})"
+
+    def contains(self, item):
+        if isinstance(item, int):
+            if item < 0:
+                item += self._len_along_dim0
+            return 0 <= item < self._len_along_dim0
+        if isinstance(item, torch.Tensor):
+
+            def _is_valid_index(idx):
+                try:
+                    torch.zeros(self.shape, device="meta")[idx]
+                    return True
+                except IndexError:
+                    return False
+
+            if item.ndim:
+                return torch.tensor(
+                    [_is_valid_index(idx) for idx in item],
+                    dtype=torch.bool,
+                    device=item.device,
+                )
+            return torch.tensor(_is_valid_index(item), device=item.device)
+        raise NotImplementedError(f"type {type(item)} is not supported yet.")
+
+
+class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
+    """A pre-allocated tensor storage for tensors and tensordicts.
+
+    Args:
+        max_size (int): size of the storage, i.e. maximum number of elements stored
+            in the buffer.
+
+    Keyword Args:
+        device (torch.device, optional): device where the sampled tensors will be
+            stored and sent. Default is :obj:`torch.device("cpu")`.
+            If "auto" is passed, the device is automatically gathered from the
+            first batch of data passed. This is not enabled by default to avoid
+            data placed on GPU by mistake, causing OOM issues.
+        ndim (int, optional): the number of dimensions to be accounted for when
+            measuring the storage size. For instance, a storage of shape ``[3, 4]``
+            has capacity ``3`` if ``ndim=1`` and ``12`` if ``ndim=2``.
+            Defaults to ``1``.
+        compilable (bool, optional): whether the storage is compilable.
+            If ``True``, the writer cannot be shared between multiple processes.
+            Defaults to ``False``.
+        consolidated (bool, optional): if ``True``, the storage will be consolidated after
+            its first expansion. Defaults to ``False``.
+        shared_init (bool, optional): if ``True``, enables multiprocess coordination
+            during storage initialization. First process initializes with memmap,
+            others wait and load from the shared memmap. Defaults to ``False``.
+        cleanup_memmap (bool, optional): if ``True`` and ``shared_init=True``, the
+            temporary directory holding the initialization memmap is removed when the
+            process that created the storage exits. Defaults to ``True``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import LazyTensorStorage
+        >>> data = TensorDict({
+        ...     "some data": torch.randn(10, 11),
+        ...     ("some", "nested", "data"): torch.randn(10, 11, 12),
+        ... }, batch_size=[10, 11])
+        >>> storage = LazyTensorStorage(100)
+        >>> storage.set(range(10), data)
+        >>> len(storage)  # only the first dimension is considered as indexable
+        10
+        >>> storage.get(0).batch_size
+        torch.Size([11])
+
+    .. note:: With ``ndim > 1`` the capacity is rounded up to whole rows at the first
+        write, and the length counts the elements actually written: torchrl computes
+        the length from the capacity *before* rounding, so ``LazyTensorStorage(10, ndim=2)``
+        filled with one ``[3, 4]`` batch reports ``len == 10`` (and not full) although
+        all 12 slots hold data. Ours reports 12. For tensor and pytree data torchrl also
+        counts the feature dimensions of the leaves in ``max_size`` (a ``[3, 4, 3]``
+        tensor batch into ``LazyTensorStorage(32, ndim=2)`` gives ``max_size == 96``), so
+        the length overshoots the capacity and the storage never becomes full; here
+        ``max_size`` counts the ``ndim`` leading dimensions only.
+
+    .. note:: torchrl documents ``cleanup_memmap`` but never uses it, leaving the
+        ``torchrl_storage_init_*`` directory of a ``shared_init`` storage behind. Here it
+        is removed at exit (or on SIGINT/SIGTERM) of the creating process; processes that
+        already mapped the files keep reading them.
+    """
+
+    _default_checkpointer = TensorStorageCheckpointer
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        consolidated: bool = False,
+        shared_init: bool = False,
+        cleanup_memmap: bool = True,
+    ):
+        super().__init__(
+            storage=None,
+            max_size=max_size,
+            device=device,
+            ndim=ndim,
+            compilable=compilable,
+        )
+        self.consolidated = consolidated
+        self.shared_init = shared_init
+        self.cleanup_memmap = cleanup_memmap
+        if self.shared_init:
+            if self._compilable:
+                raise RuntimeError(
+                    "Cannot share a compilable storage between processes."
+                )
+            self._init_lock = mp.Lock()
+            self._init_event = mp.Event()
+            self._make_init_directory()
+
+    def _make_init_directory(self):
+        if getattr(self, "scratch_dir", None) is not None:
+            self._init_directory = self.scratch_dir
+            return
+        self.scratch_dir = self._init_directory = tempfile.mkdtemp(
+            prefix="torchrl_storage_init_"
+        )
+        if self.cleanup_memmap and not isinstance(self, LazyMemmapStorage):
+            # LazyMemmapStorage registers itself (auto_cleanup) once its init is done
+            self._owner_pid = os.getpid()
+            self._auto_cleanup = True
+            self._cleaned_up = False
+            _ensure_cleanup_handlers()
+            _MEMMAP_STORAGE_REGISTRY.add(self)
+
+    def _cleanup_init_directory(self) -> bool:
+        """Removes the temporary initialization directory of a ``shared_init`` storage.
+
+        Returns:
+            bool: ``True`` if a directory was removed.
+        """
+        if getattr(self, "_cleaned_up", True) or not self.shared_init:
+            return False
+        self._cleaned_up = True
+        return _remove_tree(self._init_directory)
+
+    def _init(
+        self,
+        data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
+    ) -> None:
+        if not self.shared_init:
+            return self._init_standard(data)
+        # The first process to take the lock builds the memmap; the others wait for it.
+        is_coordinator = not self._init_event.is_set()
+        is_coordinator = is_coordinator and self._init_lock.acquire(block=False)
+        if is_coordinator:
+            try:
+                self._init_coordinator(data)
+            finally:
+                self._init_event.set()
+                self._init_lock.release()
+        else:
+            self._wait_for_init()
+        self.initialized = True
+
+    def _max_size_fn(self):
+        def max_size_along_dim0(data_shape):
+            if self.ndim > 1:
+                result = (
+                    -(self.max_size // -data_shape[: self.ndim - 1].numel()),
+                    *data_shape,
+                )
+                # count storage slots only: torchrl multiplies in the feature dims of
+                # tensor leaves too, inflating max_size past the capacity
+                self.max_size = torch.Size(result[: self.ndim]).numel()
+                return result
+            return (self.max_size, *data_shape)
+
+        return max_size_along_dim0
+
+    def _init_standard(
+        self,
+        data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
+    ) -> None:
+        """Standard initialization without multiprocess coordination."""
+        if self.device == "auto":
+            self.device = _device_of(data)
+        max_size_along_dim0 = self._max_size_fn()
+        if is_tensor_collection(data):
+            out = data.to(self.device)
+            out = torch.empty_like(out.expand(max_size_along_dim0(data.shape)))
+            if self.consolidated:
+                out = out.consolidate()
+        else:
+            if self.consolidated:
+                raise ValueError("Cannot consolidate non-tensordict storages.")
+            out = tree_map(
+                lambda leaf: torch.empty(
+                    max_size_along_dim0(leaf.shape),
+                    device=self.device,
+                    dtype=leaf.dtype,
+                ),
+                data,
+            )
+        self._storage = out
+        self.initialized = True
+        if hasattr(out, "shape"):
+            logger.info(f"Initialized LazyTensorStorage with {out.shape} shape")
+
+    def _init_coordinator(
+        self,
+        data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
+    ) -> None:
+        """Initialize storage as the coordinating process using temporary memmap."""
+        # the other processes load the structure from the shared directory
+        memmap_storage = LazyMemmapStorage(
+            max_size=self.max_size,
+            scratch_dir=self._init_directory,
+            ndim=self.ndim,
+            existsok=False,
+            shared_init=False,
+            auto_cleanup=False,
+        )
+        memmap_storage._init_standard(data)
+        self.max_size = memmap_storage.max_size
+        self._storage = memmap_storage._storage
+
+    def _wait_for_init(self) -> None:
+        # wait till the coordinator has initialized the memmap
+        self._init_event.wait()
+        self._storage = TensorDict.load_memmap(self._init_directory)
+        if self.ndim > 1:
+            self.max_size = self._storage.shape[: self.ndim].numel()
+        self.initialized = True
+
+    def get(self, indices: slice) -> TensorDictBase | torch.Tensor | Any:
+        if not self.initialized and self.shared_init:
+            self._wait_for_init()
+        return super().get(indices)
+
+    def __del__(self):
+        if getattr(self, "_auto_cleanup", False) and not getattr(
+            self, "_cleaned_up", True
+        ):
+            if getattr(self, "_owner_pid", None) == os.getpid():
+                try:
+                    self._cleanup_init_directory()
+                except Exception:
+                    pass
+
+
+class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
+    """A memory-mapped storage for tensors and tensordicts.
+
+    Args:
+        max_size (int): size of the storage, i.e. maximum number of elements stored
+            in the buffer.
+
+    Keyword Args:
+        scratch_dir (str or path): directory where memmap-tensors will be written.
+            If ``shared_init=True`` and no ``scratch_dir`` is provided, a shared
+            temporary directory will be created automatically.
+        device (torch.device, optional): device where the sampled tensors will be
+            stored and sent. Default is :obj:`torch.device("cpu")`.
+            ``"auto"`` is accepted and means the CPU: memory maps only live there.
+        ndim (int, optional): the number of dimensions to be accounted for when
+            measuring the storage size. For instance, a storage of shape ``[3, 4]``
+            has capacity ``3`` if ``ndim=1`` and ``12`` if ``ndim=2``.
+            Defaults to ``1``.
+        existsok (bool, optional): whether an error should be raised if any of the
+            tensors already exists on disk. Defaults to ``False``. If ``True``, the
+            tensor will be opened as is, not overwritten.
+        compilable (bool, optional): whether the storage is compilable.
+            Defaults to ``False``.
+        shared_init (bool, optional): if ``True``, enables multiprocess coordination
+            during storage initialization. First process initializes the memmap,
+            others wait and load from the shared directory. Defaults to ``False``.
+        auto_cleanup (bool, optional): if ``True``, automatically registers this
+            storage for cleanup when the process exits (normally or via Ctrl+C/SIGTERM).
+            This removes the memmap files from disk when no longer needed.
+            Defaults to ``True`` when ``scratch_dir`` is ``None`` (using temp directory),
+            and ``False`` when a custom ``scratch_dir`` is provided (preserving user data).
+
+    .. note:: When checkpointing a ``LazyMemmapStorage``, one can provide a path identical to where the storage is
+        already stored to avoid executing long copies of data that is already stored on disk.
+        This will only work if the default :class:`~torchrl_compat.TensorStorageCheckpointer` checkpointer is used.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import LazyMemmapStorage
+        >>> data = TensorDict({
+        ...     "some data": torch.randn(10, 11),
+        ...     ("some", "nested", "data"): torch.randn(10, 11, 12),
+        ... }, batch_size=[10, 11])
+        >>> storage = LazyMemmapStorage(100)
+        >>> storage.set(range(10), data)
+        >>> len(storage)  # only the first dimension is considered as indexable
+        10
+        >>> type(storage.get(0)["some data"]).__name__
+        'MemoryMappedTensor'
+
+    .. note:: Cleanup at exit or on a signal only removes what the storage owns: its
+        temporary directory, in the process that created it. torchrl's handler, inherited
+        by forked children, also runs in a child stopped by SIGTERM and deletes the
+        parent's live files; and for storages without ``scratch_dir`` it removes every
+        directory under the system temporary directory holding one of the storage's files.
+    """
+
+    _default_checkpointer = TensorStorageCheckpointer
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        scratch_dir=None,
+        device: torch.device | str = "cpu",
+        ndim: int = 1,
+        existsok: bool = False,
+        compilable: bool = False,
+        shared_init: bool = False,
+        auto_cleanup: bool | None = None,
+    ):
+        self.initialized = False
+        self.scratch_dir = None
+        self._scratch_dir_is_temp = scratch_dir is None
+        self.existsok = existsok
+        if scratch_dir is not None:
+            self.scratch_dir = str(scratch_dir)
+            if self.scratch_dir[-1] != "/":
+                self.scratch_dir += "/"
+        super().__init__(
+            max_size,
+            ndim=ndim,
+            compilable=compilable,
+            shared_init=shared_init,
+            cleanup_memmap=False,
+        )
+        self.device = (
+            _make_ordinal_device(torch.device(device))
+            if device != "auto"
+            else torch.device("cpu")
+        )
+        if self.device.type != "cpu":
+            raise ValueError(
+                "Memory map device other than CPU isn't supported. To cast your data to the desired device, "
+                "use `buffer.append_transform(lambda x: x.to(device))` or a similar transform."
+            )
+        self._len = 0
+        # temp directories are ours to delete; a user's directory holds their data
+        if auto_cleanup is None:
+            auto_cleanup = self._scratch_dir_is_temp
+        self._auto_cleanup = auto_cleanup
+        self._cleaned_up = False
+        self._owner_pid = os.getpid()
+        if self._auto_cleanup:
+            _ensure_cleanup_handlers()
+            _MEMMAP_STORAGE_REGISTRY.add(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        _storage = self._storage
+        if isinstance(_storage, torch.Tensor):
+            _storage = _mem_map_tensor_as_tensor(_storage)
+        elif isinstance(_storage, TensorDictBase):
+            _storage = _storage.apply(_mem_map_tensor_as_tensor).state_dict()
+        elif _storage is None:
+            _storage = {}
+        else:
+            raise TypeError(
+                f"Objects of type {type(_storage)} are not supported by LazyTensorStorage.state_dict. If you are trying to serialize a PyTree, the storage.dumps/loads is preferred."
+            )
+        return {
+            "_storage": _storage,
+            "initialized": self.initialized,
+            "_len": self._len,
+        }
+
+    def load_state_dict(self, state_dict):
+        _storage = copy(state_dict["_storage"])
+        if isinstance(_storage, torch.Tensor):
+            if isinstance(self._storage, torch.Tensor):
+                _mem_map_tensor_as_tensor(self._storage).copy_(_storage)
+            elif self._storage is None:
+                self._storage = _make_memmap(
+                    _storage,
+                    path=self.scratch_dir + "/tensor.memmap"
+                    if self.scratch_dir is not None
+                    else None,
+                )
+            else:
+                raise RuntimeError(
+                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
+                )
+        elif isinstance(_storage, (dict, OrderedDict)):
+            if is_tensor_collection(self._storage):
+                self._storage.load_state_dict(_storage, strict=False)
+                self._storage.memmap_()
+            elif self._storage is None:
+                warnings.warn(
+                    "Loading the storage on an uninitialized TensorDict."
+                    "It is preferable to load a storage onto a"
+                    "pre-allocated one whenever possible."
+                )
+                self._storage = TensorDict().load_state_dict(_storage, strict=False)
+                self._storage.memmap_()
+            else:
+                raise RuntimeError(
+                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
+                )
+        else:
+            raise TypeError(
+                f"Objects of type {type(_storage)} are not supported by ListStorage.load_state_dict"
+            )
+        self.initialized = state_dict["initialized"]
+        self._len = state_dict["_len"]
+
+    def _init(
+        self,
+        data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
+    ) -> None:
+        if not self.shared_init:
+            return self._init_standard(data)
+        is_coordinator = not self._init_event.is_set()
+        is_coordinator = is_coordinator and self._init_lock.acquire(block=False)
+        if is_coordinator:
+            try:
+                return self._init_coordinator(data)
+            finally:
+                self._init_event.set()
+                self._init_lock.release()
+        self._wait_for_init()
+        self.initialized = True
+
+    def _init_coordinator(self, data: TensorDictBase | torch.Tensor | Any) -> None:
+        return self._init_standard(data)
+
+    def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
+        if self.device == "auto":
+            self.device = _device_of(data)
+        if self.device.type != "cpu":
+            raise RuntimeError("Support for Memmap device other than CPU is deprecated")
+        max_size_along_dim0 = self._max_size_fn()
+        if is_tensor_collection(data):
+            out = data.clone().to(self.device)
+            out = out.expand(max_size_along_dim0(data.shape))
+            out = out.memmap_like(prefix=self.scratch_dir, existsok=self.existsok)
+            if logger.isEnabledFor(logging.DEBUG):
+                for key, tensor in sorted(
+                    out.items(
+                        include_nested=True,
+                        leaves_only=True,
+                        is_leaf=_NESTED_TENSORS_AS_LISTS,
+                    ),
+                    key=str,
+                ):
+                    try:
+                        filesize = os.path.getsize(tensor.filename) / 1024 / 1024
+                        logger.debug(
+                            f"\t{key}: {tensor.filename}, {filesize} Mb of storage (size: {tensor.shape})."
+                        )
+                    except (AttributeError, RuntimeError):
+                        pass
+        else:
+            out = _init_pytree(self.scratch_dir, max_size_along_dim0, data)
+        self._storage = out
+        if hasattr(out, "shape"):
+            logger.info(f"Initialized LazyMemmapStorage with {out.shape} shape")
+        self.initialized = True
+
+    def get(self, index: int | Sequence[int] | slice) -> Any:
+        if not self.initialized and self.shared_init:
+            self._wait_for_init()
+        return super().get(index)
+
+    def cleanup(self) -> bool:
+        """Clean up memmap files from disk.
+
+        This method removes the memmap directory and all its contents from disk.
+        It is automatically called on process exit if ``auto_cleanup=True``.
+
+        Returns:
+            bool: ``True`` if cleanup was performed, ``False`` if already cleaned up
+                or no cleanup needed.
+
+        .. note:: Without a ``scratch_dir`` the memory maps are anonymous (they vanish
+            with the process) and nothing is removed from disk.
+
+        Examples:
+            >>> from torchrl_compat import LazyMemmapStorage
+            >>> storage = LazyMemmapStorage(1000, auto_cleanup=True)
+            >>> storage.cleanup()  # Manually clean up when done
+            False
+        """
+        if getattr(self, "_cleaned_up", False):
+            return False
+        self._cleaned_up = True
+        scratch_dir = getattr(self, "scratch_dir", None)
+        if scratch_dir is None:
+            return False
+        return _remove_tree(scratch_dir)
+
+    def __del__(self):
+        """Ensure cleanup on garbage collection if auto_cleanup is enabled."""
+        if getattr(self, "_auto_cleanup", False) and not getattr(
+            self, "_cleaned_up", True
+        ):
+            # a copy unpickled in another process does not own the files
+            if getattr(self, "_owner_pid", os.getpid()) == os.getpid():
+                self.cleanup()
+
+
+class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")):
+    """A storage that compresses and decompresses data.
+
+    This storage compresses data when storing and decompresses when retrieving.
+    It's particularly useful for storing raw sensory observations like images
+    that can be compressed significantly to save memory.
+
+    Args:
+        max_size (int): size of the storage, i.e. maximum number of elements stored
+            in the buffer.
+
+    Keyword Args:
+        compression_fn (callable, optional): function to compress data. Should take
+            a tensor and return a compressed byte tensor. Defaults to zstd compression
+            on Python >= 3.14 and zlib compression before.
+        decompression_fn (callable, optional): function to decompress data. Should take
+            a compressed byte tensor and its metadata and return the original tensor.
+            Defaults to the matching decompression.
+        compression_level (int, optional): compression level (1-22 for zstd, 1-9 for
+            zlib) when using the default compression function. Defaults to 3.
+        device (torch.device, optional): device where the sampled tensors will be
+            stored and sent. Default is :obj:`torch.device("cpu")`.
+        compilable (bool, optional): whether the storage is compilable.
+            If ``True``, the writer cannot be shared between multiple processes.
+            Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import CompressedListStorage
+        >>> storage = CompressedListStorage(max_size=1000, compression_level=3)
+        >>> images = torch.zeros(10, 3, 84, 84)
+        >>> storage.set(range(10), TensorDict({"obs": images}, batch_size=[10]))
+        >>> storage[3]["obs"].shape
+        torch.Size([3, 84, 84])
+        >>> storage.bytes() < images.numel() * 4
+        True
+
+    .. note:: ``len()`` counts the filled slots with ``list.count`` (C speed) instead
+        of building a Python list at each call; tensordict items keep their batch size
+        (stored in the metadata under ``"batch_size"``, which torchrl reads with an
+        empty default, so checkpoints stay readable both ways); ``to_bytestream``
+        accepts numpy arrays (torchrl's ``isinstance(x, np.array)`` raises ``TypeError``).
+    """
+
+    _default_checkpointer = CompressedListStorageCheckpointer
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        compression_fn: Callable | None = None,
+        decompression_fn: Callable | None = None,
+        compression_level: int = 3,
+        device: torch.device = "cpu",
+        compilable: bool = False,
+    ):
+        super().__init__(max_size, compilable=compilable, device=device)
+        self.compression_level = compression_level
+        self.compression_fn = (
+            self._default_compression_fn if compression_fn is None else compression_fn
+        )
+        self.decompression_fn = (
+            self._default_decompression_fn
+            if decompression_fn is None
+            else decompression_fn
+        )
+        self._storage = []
+        self._metadata = []  # shape, dtype and device of each item
+
+    @staticmethod
+    def _codec():
+        if sys.version_info >= (3, 14):
+            from compression import zstd
+
+            return zstd.compress, zstd.decompress
+        import zlib
+
+        return zlib.compress, zlib.decompress
+
+    def _default_compression_fn(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Default compression using zstd (Python >= 3.14) or zlib."""
+        compress, _ = self._codec()
+        compressed = compress(self.to_bytestream(tensor), level=self.compression_level)
+        return torch.frombuffer(bytearray(compressed), dtype=torch.uint8)
+
+    def _default_decompression_fn(
+        self, compressed_tensor: torch.Tensor, metadata: dict
+    ) -> torch.Tensor:
+        """Default decompression using zstd (Python >= 3.14) or zlib."""
+        _, decompress = self._codec()
+        raw = decompress(self.to_bytestream(compressed_tensor.cpu()))
+        tensor = torch.frombuffer(bytearray(raw), dtype=metadata["dtype"])
+        return tensor.reshape(metadata["shape"]).to(metadata["device"])
+
+    def _compress_item(self, item: Any) -> tuple[torch.Tensor, dict]:
+        """Compress a single item and return compressed data with metadata."""
+        if isinstance(item, torch.Tensor):
+            metadata = {
+                "type": "tensor",
+                "shape": item.shape,
+                "dtype": item.dtype,
+                "device": item.device,
+            }
+            return self.compression_fn(item), metadata
+        if is_tensor_collection(item):
+            compressed_fields = {}
+            fields = {}
+            for key, value in item.items():
+                if isinstance(value, torch.Tensor):
+                    compressed_fields[key] = self.compression_fn(value)
+                    fields[key] = {
+                        "type": "tensor",
+                        "shape": value.shape,
+                        "dtype": value.dtype,
+                        "device": value.device,
+                    }
+                else:
+                    # non-tensor entries (strings, nested tensordicts) are kept as they are
+                    compressed_fields[key] = value
+                    fields[key] = {"type": "non_tensor", "value": value}
+            metadata = {
+                "type": "tensordict",
+                "fields": fields,
+                "batch_size": item.batch_size,
+            }
+            return compressed_fields, metadata
+        return item, {"type": "other", "value": item}
+
+    def _decompress_item(self, compressed_data: Any, metadata: dict) -> Any:
+        """Decompress a single item using its metadata."""
+        kind = metadata["type"]
+        if kind == "tensor":
+            return self.decompression_fn(compressed_data, metadata)
+        if kind == "tensordict":
+            result = TensorDict({}, batch_size=metadata.get("batch_size", []))
+            for key, field_metadata in metadata["fields"].items():
+                if field_metadata["type"] == "non_tensor":
+                    result[key] = field_metadata["value"]
+                else:
+                    result[key] = self.decompression_fn(
+                        compressed_data[key], field_metadata
+                    )
+            return result
+        return metadata["value"]
+
+    def _set_item(self, cursor: int, data: Any) -> None:
+        """Set a single item in the compressed storage."""
+        compressed_data, metadata = self._compress_item(data)
+        while len(self._storage) <= cursor:
+            self._storage.append(None)
+            self._metadata.append(None)
+        self._storage[cursor] = compressed_data
+        self._metadata[cursor] = metadata
+
+    def _set_slice(self, cursor: slice, data: Any) -> None:
+        """Set a slice in the compressed storage."""
+        if not hasattr(data, "__iter__"):
+            data = [data]
+        start, stop, step = cursor.indices(len(self._storage))
+        for i, value in zip(range(start, stop, step), data):
+            self._set_item(i, value)
+
+    def _get_item(self, index: int) -> Any:
+        """Get a single item from the compressed storage."""
+        storage = self._storage
+        if not -len(storage) <= index < len(storage) or storage[index] is None:
+            raise IndexError(f"Index {index} out of bounds or not set")
+        return self._decompress_item(storage[index], self._metadata[index])
+
+    def _get_slice(self, index: slice) -> list:
+        """Get a slice from the compressed storage."""
+        start, stop, step = index.indices(len(self._storage))
+        return [
+            self._get_item(i)
+            for i in range(start, stop, step)
+            if self._storage[i] is not None
+        ]
+
+    def _get_list(self, index: list) -> list:
+        """Get a list of items from the compressed storage."""
+        if isinstance(index, torch.Tensor):
+            index = index.tolist()
+        storage = self._storage
+        length = len(storage)
+        for position, i in enumerate(index):
+            if not -length <= i < length or storage[i] is None:
+                raise IndexError(
+                    f"Index {i} (position {position}) out of bounds or not set"
+                )
+        return [self._get_item(i) for i in index]
+
+    def __len__(self) -> int:
+        """Get the length of the compressed storage."""
+        storage = self._storage
+        return len(storage) - storage.count(None)
+
+    def _contains_int(self, item: int) -> bool:
+        """Check if an integer index is contained in the compressed storage."""
+        return 0 <= item < len(self._storage) and self._storage[item] is not None
+
+    def _empty(self):
+        """Empty the storage."""
+        self._storage = []
+        self._metadata = []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Save the storage state."""
+        return {"_storage": self._storage, "_metadata": self._metadata}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load the storage state."""
+        self._storage = state_dict["_storage"]
+        self._metadata = state_dict["_metadata"]
+
+    def to_bytestream(self, data_to_bytestream: torch.Tensor | np.array | Any) -> bytes:
+        """Convert data to a byte stream."""
+        if isinstance(data_to_bytestream, torch.Tensor):
+            return data_to_bytestream.cpu().numpy().tobytes()
+        if isinstance(data_to_bytestream, np.ndarray):
+            return data_to_bytestream.tobytes()
+        import pickle
+
+        return pickle.dumps(data_to_bytestream)
+
+    def bytes(self):
+        """Return the number of bytes in the storage."""
+
+        def compressed_size(data: Any) -> int:
+            if data is None:
+                return 0
+            if isinstance(data, bytes):
+                return len(data)
+            if isinstance(data, np.ndarray):
+                return data.nbytes
+            if isinstance(data, torch.Tensor):
+                return data.numel() * data.element_size()
+            if isinstance(data, (tuple, list, Sequence)) and not isinstance(data, str):
+                return sum(compressed_size(item) for item in data)
+            if isinstance(data, Mapping) or is_tensor_collection(data):
+                return sum(compressed_size(value) for value in data.values())
+            return 0
+
+        size = compressed_size(self._storage)
+        if size == 0:
+            if len(self._storage) > 0:
+                raise RuntimeError(
+                    "Compressed storage is not empty but the compressed size is 0. This is a bug."
+                )
+            warnings.warn("Compressed storage is empty, returning 0 bytes.")
+        return size
+
+
+class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
+    """An ensemble of storages.
+
+    This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
+
+    Args:
+        storages (sequence of Storage): the storages to make the composite storage.
+
+    Keyword Args:
+        transforms (list of :class:`~torchrl.envs.Transform`, optional): a list of
+            transforms of the same length as storages.
+
+    .. warning::
+      This class signatures for :meth:`get` does not match other storages, as
+      it will return a tuple ``(buffer_id, samples)`` rather than just the samples.
+
+    .. warning::
+       This class does not support writing (similarly to :class:`~torchrl.data.replay_buffers.writers.WriterEnsemble`).
+       To extend one of the replay buffers, simply index the parent
+       :class:`~torchrl.data.ReplayBufferEnsemble` object.
+
+    .. note:: Unlike torchrl's, the ensemble has a checkpointer from the start
+        (:class:`~torchrl_compat.StorageEnsembleCheckpointer`), so :meth:`dumps` and
+        ``register_save_hook`` work instead of raising ``AttributeError``.
+    """
+
+    _default_checkpointer = StorageEnsembleCheckpointer
+
+    def __init__(
+        self,
+        *storages: Storage,
+        transforms: list[Transform] = None,  # noqa: F821
+    ):
+        self._rng_private = None
+        self._storages = storages
+        self._transforms = transforms
+        if transforms is not None and len(transforms) != len(storages):
+            raise TypeError(
+                "transforms must have the same length as the storages provided."
+            )
+        self._checkpointer = self._default_checkpointer()
+        self._compilable = False
+        self._attached_entities_list = []
+
+    @property
+    def _rng(self):
+        return self._rng_private
+
+    @_rng.setter
+    def _rng(self, value):
+        self._rng_private = value
+        for storage in self._storages:
+            storage._rng = value
+
+    def extend(self, value):
+        raise RuntimeError(
+            "StorageEnsemble does not support writing: extend one of its storages (or index the parent ReplayBufferEnsemble)."
+        )
+
+    def add(self, value):
+        raise RuntimeError(
+            "StorageEnsemble does not support writing: add to one of its storages (or index the parent ReplayBufferEnsemble)."
+        )
+
+    def set(self, cursor, data, *, set_cursor: bool = True):
+        raise RuntimeError(
+            "StorageEnsemble does not support writing: set data in one of its storages."
+        )
+
+    def get(self, item):
+        # the buffer id is returned too, to pick the matching collate_fn
+        buffer_ids = item.get("buffer_ids")
+        index = item.get("index")
+        results = []
+        for buffer_id, sample in zip(buffer_ids, index):
+            buffer_id = self._convert_id(buffer_id)
+            results.append((buffer_id, self._get_storage(buffer_id).get(sample)))
+        if self._transforms is not None:
+            results = [
+                (buffer_id, self._transforms[buffer_id](result))
+                if self._transforms[buffer_id] is not None
+                else (buffer_id, result)
+                for buffer_id, result in results
+            ]
+        return results
+
+    def _convert_id(self, sub):
+        if isinstance(sub, torch.Tensor):
+            sub = sub.item()
+        return sub
+
+    def _get_storage(self, sub):
+        return self._storages[sub]
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    _INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            if index[0] is Ellipsis:
+                index = (slice(None), index[1:])
+            result = self[index[0]]
+            if len(index) > 1:
+                if result is self:
+                    # index[0] was an ellipsis / slice(None)
+                    return [storage[index[1:]] for storage in self._storages]
+                if isinstance(result, StorageEnsemble):
+                    return result[(slice(None), *index[1:])]
+                return result[index[1:]]
+            return result
+        if isinstance(index, slice) and index == slice(None):
+            return self
+        if isinstance(index, (list, range, np.ndarray)):
+            index = torch.as_tensor(index)
+        if isinstance(index, torch.Tensor):
+            if index.ndim > 1:
+                raise RuntimeError(
+                    f"Cannot index a {type(self)} with tensor indices that have more than one dimension."
+                )
+            if index.is_floating_point():
+                raise TypeError(
+                    "A floating point index was received when an integer dtype was expected."
+                )
+        if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
+            try:
+                index = int(index)
+            except Exception:
+                raise IndexError(self._INDEX_ERROR.format(type(index)))
+            try:
+                return self._storages[index]
+            except IndexError:
+                raise IndexError(
+                    self._INDEX_ERROR.format(type(index))
+                    + f" (index {index} for {len(self._storages)} storages)"
+                )
+        if isinstance(index, torch.Tensor):
+            index = index.tolist()
+            storages = [self._storages[i] for i in index]
+            transforms = (
+                [self._transforms[i] for i in index]
+                if self._transforms is not None
+                else [None] * len(index)
+            )
+        else:
+            storages = self._storages[index]
+            transforms = (
+                self._transforms[index]
+                if self._transforms is not None
+                else [None] * len(storages)
+            )
+        return StorageEnsemble(*storages, transforms=transforms)
+
+    def __len__(self):
+        return len(self._storages)
+
+    def __repr__(self):
+        storages = textwrap.indent(f"storages={self._storages}", " " * 4)
+        transforms = textwrap.indent(f"transforms={self._transforms}", " " * 4)
+        return f"StorageEnsemble(\n{storages}, \n{transforms})"
+
+
+# =============================================================================
+# Utils
+# =============================================================================
+
+
+def _shape_of(data) -> torch.Size:
+    """Batch shape of a tensor collection, else shape of the first pytree leaf."""
+    if is_tensor_collection(data) or isinstance(data, torch.Tensor):
+        return data.shape
+    for leaf in tree_iter(data):
+        return leaf.shape
+    raise ValueError(f"Cannot find a tensor in data of type {type(data)}.")
+
+
+def _leading_dim(data) -> int:
+    return _shape_of(data)[0]
+
+
+def _device_of(data):
+    if is_tensor_collection(data) or isinstance(data, torch.Tensor):
+        return data.device
+    for leaf in tree_iter(data):
+        return leaf.device
+    return None
+
+
+def _mem_map_tensor_as_tensor(mem_map_tensor) -> torch.Tensor:
+    if isinstance(mem_map_tensor, torch.Tensor):
+        # MemoryMappedTensor is a torch.Tensor subclass: nothing to convert
+        return mem_map_tensor
+
+
+def _collate_list_tensordict(x):
+    return torch.stack(x, 0)
+
+
+def _stack_anything(data):
+    """Stacks a list of tensors, tensordicts or pytrees of tensors along a new first dim."""
+    if is_tensor_collection(data[0]):
+        return LazyStackedTensorDict.maybe_dense_stack(data)
+    return tree_map(
+        lambda *x: torch.stack(x),
+        *data,
+        is_leaf=lambda x: isinstance(x, torch.Tensor) or is_tensor_collection(x),
+    )
+
+
+def _collate_id(x):
+    return x
+
+
+def _get_default_collate(storage, _is_tensordict=False):
+    if isinstance(storage, (LazyStackStorage, TensorStorage)):
+        return _collate_id
+    if isinstance(storage, CompressedListStorage):
+        return lazy_stack
+    if isinstance(storage, (ListStorage, StorageEnsemble)):
+        return _stack_anything
+    raise NotImplementedError(
+        f"Could not find a default collate_fn for storage {type(storage)}."
+    )
+
+
+def _make_memmap(tensor, path):
+    return MemoryMappedTensor.from_tensor(tensor, filename=path)
+
+
+def _make_empty_memmap(shape, dtype, path):
+    return MemoryMappedTensor.empty(shape=shape, dtype=dtype, filename=path)
+
+
+def _flip_list(data):
+    """Turns a list of items (tensordicts or same-structure pytrees) into one stacked item."""
+    if all(is_tensor_collection(_data) for _data in data):
+        return torch.stack(data)
+    flat_data, flat_specs = zip(*[tree_flatten(item) for item in data])
+    stacks = [torch.stack(item) for item in zip(*flat_data)]
+    return tree_unflatten(stacks, flat_specs[0])
