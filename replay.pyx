@@ -69,7 +69,9 @@ cdef object _as_value_array(object x, object dtype, str name):
     arr = _as_array(x)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must hold real numbers, got an array of dtype {arr.dtype}")
-    return np.ascontiguousarray(arr.reshape(-1), dtype=dtype)
+    # An overflow to inf is reported by the kernel's value check, naming the caller's value.
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(arr.reshape(-1), dtype=dtype)
 
 
 # =====================================================================================

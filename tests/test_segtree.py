@@ -1,0 +1,432 @@
+"""Segment trees against a plain numpy model, for every (Sum|Min) x (Fp32|Fp64) variant."""
+import copy
+import pickle
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import replay
+
+SUM_CLASSES = [replay.SumSegmentTreeFp32, replay.SumSegmentTreeFp64]
+MIN_CLASSES = [replay.MinSegmentTreeFp32, replay.MinSegmentTreeFp64]
+ALL_CLASSES = SUM_CLASSES + MIN_CLASSES
+
+
+def _dtype(cls):
+    return np.float64 if cls.__name__.endswith("Fp64") else np.float32
+
+
+def _is_sum(cls):
+    return cls.__name__.startswith("Sum")
+
+
+class Model:
+    """The reference: leaves in a float64 array, reductions by numpy."""
+
+    def __init__(self, cls, size):
+        self.is_sum = _is_sum(cls)
+        self.identity = 0.0 if self.is_sum else float(np.finfo(_dtype(cls)).max)
+        self.leaves = np.full(size, self.identity, dtype=np.float64)
+
+    def update(self, index, value):
+        for i, v in zip(np.ravel(index), np.broadcast_to(value, np.shape(index)).ravel()):
+            self.leaves[i] = v  # sequential: a repeated index keeps its last value
+
+    def query(self, l, r):
+        l, r = max(l, 0), min(r, self.leaves.size)
+        if l >= r:
+            return self.identity
+        part = self.leaves[l:r]
+        return part.sum() if self.is_sum else part.min()
+
+    def scan(self, v):
+        total = self.leaves.sum()
+        if v <= 0:
+            return 0
+        if v > total:
+            return self.leaves.size
+        return int(np.searchsorted(np.cumsum(self.leaves), v, side="left"))
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+class TestBasics:
+    def test_attributes(self, cls):
+        tree = cls(10)
+        assert tree.size == 10 and len(tree) == 10
+        assert tree.capacity == 16  # smallest power of two strictly greater than size
+        assert cls(16).capacity == 32 and cls(1).capacity == 2
+        expected = 0.0 if _is_sum(cls) else float(np.finfo(_dtype(cls)).max)
+        assert tree.identity_element == expected
+        assert tree.at(3) == expected and tree.query(0, 10) == expected
+        assert repr(tree) == f"{cls.__name__}(size=10)"
+
+    def test_index_kinds_and_shapes(self, cls):
+        tree = cls(50)
+        values = np.arange(50, dtype=np.float64)
+        tree[np.arange(50)] = values
+        assert tree[7] == 7.0 and tree.at(np.int32(8)) == 8.0
+        out = tree[np.array([[1, 2], [3, 4]], dtype=np.uint16)]
+        assert isinstance(out, np.ndarray) and out.shape == (2, 2) and out.dtype == _dtype(cls)
+        np.testing.assert_array_equal(out, [[1, 2], [3, 4]])
+        strided = np.arange(0, 40, dtype=np.int64)[::7]
+        np.testing.assert_array_equal(tree[strided], strided)
+        t = tree[torch.tensor([5, 6], dtype=torch.int32)]
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.from_numpy(np.zeros(1, _dtype(cls))).dtype
+        assert t.tolist() == [5.0, 6.0]
+        assert tree[torch.tensor(9)].shape == ()
+        np.testing.assert_array_equal(tree[[1, 2]], [1, 2])
+        assert tree[np.array([], dtype=np.int64)].shape == (0,)
+
+    def test_value_kinds(self, cls):
+        tree = cls(8)
+        tree[np.array([0, 1])] = np.array([1, 2], dtype=np.float16)
+        tree[torch.tensor([2, 3])] = torch.tensor([3.0, 4.0], dtype=torch.float64)
+        tree[np.array([4, 5])] = 6  # scalar broadcast
+        tree.update(6, np.float32(7.0))
+        tree[7] = torch.tensor(8.0)
+        np.testing.assert_array_equal(tree.values(), [1, 2, 3, 4, 6, 6, 7, 8])
+        tree[np.array([], dtype=np.int64)] = np.array([])  # empty batch: nothing happens
+        np.testing.assert_array_equal(tree.values(), [1, 2, 3, 4, 6, 6, 7, 8])
+
+    def test_query_arrays(self, cls):
+        tree = cls(20)
+        tree[np.arange(20)] = np.arange(20)
+        model = Model(cls, 20)
+        model.update(np.arange(20), np.arange(20))
+        lo, hi = np.array([0, 3, 5, -4, 19]), np.array([20, 9, 5, 30, 7])
+        out = tree.query(lo, hi)
+        assert out.dtype == _dtype(cls)
+        np.testing.assert_allclose(out, [model.query(a, b) for a, b in zip(lo, hi)])
+        out_t = tree.query(torch.tensor([1, 2]), 10)  # broadcast against a scalar
+        assert isinstance(out_t, torch.Tensor)
+        np.testing.assert_allclose(out_t.numpy(), [model.query(1, 10), model.query(2, 10)])
+
+    def test_size_zero(self, cls):
+        tree = cls(0)
+        assert len(tree) == 0 and tree.query(0, 10) == tree.identity_element
+        with pytest.raises(IndexError, match="out of range for size 0"):
+            tree[0] = 1.0
+
+    def test_pickle_and_deepcopy(self, cls):
+        tree = cls(100)
+        rng = np.random.default_rng(0)
+        tree[np.arange(100)] = rng.random(100)
+        for clone in (pickle.loads(pickle.dumps(tree)), copy.deepcopy(tree)):
+            assert type(clone) is cls and clone.size == 100
+            np.testing.assert_array_equal(clone.values(), tree.values())
+            assert clone.query(3, 77) == tree.query(3, 77)
+            clone[0] = 5.0
+            assert tree[0] != 5.0  # independent copies
+
+    def test_setstate_checks(self, cls):
+        tree = cls(4)
+        with pytest.raises(TypeError, match="must have dtype"):
+            tree.__setstate__(np.zeros(4, dtype=np.int64))
+        with pytest.raises(ValueError, match=r"must have shape \(4,\), got \(5,\)"):
+            tree.__setstate__(np.zeros(5, dtype=_dtype(cls)))
+        with pytest.raises(TypeError, match="must be a numpy array"):
+            tree.__setstate__([0.0] * 4)
+        bad = np.zeros(4, dtype=_dtype(cls))
+        bad[2] = np.nan
+        with pytest.raises(ValueError, match="position 2"):
+            tree.__setstate__(bad)
+        assert np.all(tree.values() == tree.identity_element)
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+class TestBadInput:
+    def _filled(self, cls, size=30):
+        tree = cls(size)
+        tree[np.arange(size)] = np.arange(1, size + 1)
+        return tree
+
+    def test_out_of_range_index(self, cls):
+        tree = self._filled(cls)
+        before = tree.values()
+        with pytest.raises(IndexError, match="index 30 is out of range for size 30"):
+            tree[30] = 1.0
+        with pytest.raises(IndexError, match="index -1 is out of range"):
+            tree.update(-1, 1.0)
+        with pytest.raises(IndexError, match="index 1000003 at position 2 is out of range for size 30"):
+            tree[np.array([0, 1, 1000003, 4])] = np.array([9.0, 9.0, 9.0, 9.0])
+        with pytest.raises(IndexError, match="index -5 at position 1"):
+            tree[torch.tensor([3, -5])] = 2.0
+        with pytest.raises(IndexError, match="index 31 at position 0"):
+            tree[np.array([31])]
+        with pytest.raises(IndexError, match="index 30 is out of range"):
+            tree.at(30)
+        with pytest.raises(IndexError, match="does not fit in int64"):
+            tree[np.array([2**64 - 1], dtype=np.uint64)]
+        np.testing.assert_array_equal(tree.values(), before)  # batch rejected whole
+
+    def test_nan_and_bad_values(self, cls):
+        tree = self._filled(cls)
+        before = tree.values()
+        with pytest.raises(ValueError, match="value nan at position 1"):
+            tree[np.array([0, 1, 2])] = np.array([5.0, np.nan, 5.0])
+        if _is_sum(cls):
+            with pytest.raises(ValueError, match="value -1.0 at position 0 .*finite and non-negative"):
+                tree[np.array([4, 5])] = np.array([-1.0, 2.0])
+            with pytest.raises(ValueError, match="value inf at position 1"):
+                tree[torch.tensor([4, 5])] = torch.tensor([1.0, float("inf")])
+            if _dtype(cls) == np.float32:
+                with pytest.raises(ValueError, match="value 1e\\+300 at position 0"):
+                    tree[np.array([4])] = np.array([1e300])  # overflows to inf in fp32
+        else:
+            tree[np.array([4, 5])] = np.array([-1.0, np.inf])  # a min tree takes both
+            assert tree.query(0, 30) == -1.0
+            tree[np.array([4, 5])] = before[4:6]
+        np.testing.assert_array_equal(tree.values(), before)
+
+    def test_type_and_shape_errors(self, cls):
+        tree = self._filled(cls)
+        with pytest.raises(TypeError, match="index must hold integers, got an array of dtype float64"):
+            tree[np.array([1.0, 2.0])]
+        with pytest.raises(TypeError, match="dtype bool"):
+            tree[torch.tensor([True, False])] = 1.0
+        with pytest.raises(TypeError, match="must hold real numbers"):
+            tree[np.array([1])] = np.array(["a"])
+        with pytest.raises(ValueError, match=r"shape \(3,\) and index of shape \(2,\)"):
+            tree[np.array([1, 2])] = np.array([1.0, 2.0, 3.0])
+        with pytest.raises(TypeError, match="size must be an int"):
+            cls(3.5)
+        with pytest.raises(ValueError, match="size must be non-negative, got size=-2"):
+            cls(-2)
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("update"), st.lists(st.integers(0, 99), min_size=0, max_size=40),
+                  st.integers(0, 1000)),
+        st.tuples(st.just("scalar"), st.integers(0, 99), st.integers(0, 1000)),
+        st.tuples(st.just("query"), st.integers(-5, 105), st.integers(-5, 105)),
+        st.tuples(st.just("scan"), st.floats(-10, 200_000, allow_nan=False), st.just(0)),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+@settings(max_examples=60, deadline=None)
+@given(size=st.integers(1, 100), ops=OPS, seed=st.integers(0, 2**32 - 1))
+def test_random_operation_sequences(cls, size, ops, seed):
+    """Integer-valued leaves keep every sum exact, so results must match the model exactly."""
+    rng = np.random.default_rng(seed)
+    tree, model = cls(size), Model(cls, size)
+    for op, a, b in ops:
+        if op == "update":
+            index = np.array([i % size for i in a], dtype=np.int64)
+            values = rng.integers(0, 1000, index.size).astype(np.float64)
+            tree[index] = values
+            model.update(index, values)
+        elif op == "scalar":
+            tree[a % size] = float(b)
+            model.update(np.array([a % size]), float(b))
+        elif op == "query":
+            assert tree.query(a, b) == pytest.approx(model.query(a, b), rel=0, abs=0)
+        elif op == "scan" and _is_sum(cls):
+            assert tree.scan_lower_bound(a) == model.scan(np.float32(a) if _dtype(cls) == np.float32 else a)
+    np.testing.assert_array_equal(tree.values(), model.leaves.astype(_dtype(cls)))
+    assert tree.query(0, size) == model.query(0, size)
+    if _is_sum(cls):
+        masses = rng.uniform(-1, model.leaves.sum() + 2, 64).astype(_dtype(cls))
+        np.testing.assert_array_equal(tree.scan_lower_bound(masses), [model.scan(v) for v in masses])
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+@pytest.mark.parametrize("size", [1, 15, 16, 17, 255, 256, 4097, 70_000])
+def test_dense_build_matches_incremental(cls, size):
+    """Setting every leaf at once (the O(size) rebuild) equals setting them one batch at a time."""
+    rng = np.random.default_rng(size)
+    values = rng.integers(0, 100, size).astype(np.float64)
+    dense, sparse = cls(size), cls(size)
+    dense[np.arange(size)] = values
+    for chunk in np.array_split(rng.permutation(size), max(1, size // 7)):
+        sparse[chunk] = values[chunk]
+    for level in range(8):
+        try:
+            np.testing.assert_array_equal(dense._py_level(level), sparse._py_level(level))
+        except IndexError:
+            break
+    ref = values.sum() if _is_sum(cls) else values.min()
+    assert dense.query(0, size) == ref
+    lo = rng.integers(0, size, 50)
+    hi = rng.integers(0, size + 1, 50)
+    model = Model(cls, size)
+    model.leaves[:] = values
+    np.testing.assert_array_equal(dense.query(lo, hi), [model.query(a, b) for a, b in zip(lo, hi)])
+
+
+@pytest.mark.slow
+def test_fp32_sums_do_not_drift():
+    size = 2**16
+    tree = replay.SumSegmentTreeFp32(size)
+    rng = np.random.default_rng(0)
+    for _ in range(1000):  # 10^6 random updates in batches of 1000
+        tree[rng.integers(0, size, 1000)] = rng.random(1000).astype(np.float32) * 10
+    leaves = tree.values().astype(np.float64)
+    assert tree.query(0, size) == pytest.approx(leaves.sum(), rel=1e-5)
+    assert tree.query(100, 60_000) == pytest.approx(leaves[100:60_000].sum(), rel=1e-5)
+
+
+@pytest.mark.parametrize("cls", SUM_CLASSES)
+def test_scan_never_returns_zero_leaf_or_size(cls):
+    """Sparse, badly scaled leaves: rounding of the internal sums must not push a descent onto
+    a zero-valued leaf nor past the end."""
+    size = 2**17 + 3
+    rng = np.random.default_rng(1)
+    values = np.zeros(size)
+    positive = rng.choice(size, 5000, replace=False)
+    values[positive] = 10.0 ** rng.uniform(-6, 4, positive.size)
+    values[size - 1] = 0.0
+    tree = cls(size)
+    tree[np.arange(size)] = values
+    total = tree.query(0, size)
+    masses = np.concatenate([
+        rng.uniform(0, total, 100_000),
+        [np.nextafter(total, 0), total, np.finfo(np.float64).tiny, 1e-30],
+        np.nextafter(np.cumsum(values.astype(_dtype(cls)))[positive], np.inf),
+    ]).astype(_dtype(cls))
+    masses = masses[(masses > 0) & (masses <= total)]
+    index = tree.scan_lower_bound(masses)
+    assert index.max() < size
+    assert np.all(tree[index] > 0)
+
+
+class TestSamplePrioritized:
+    def _tree(self, cls, values):
+        tree = cls(len(values))
+        tree[np.arange(len(values))] = np.asarray(values, dtype=np.float64)
+        return tree
+
+    def _model(self, values, num_valid, uniform):
+        values = np.asarray(values, dtype=np.float64)
+        cumsum = np.cumsum(values[:num_valid])
+        out = []
+        for u in uniform:
+            mass = max(u * cumsum[-1], 5e-324)
+            i = min(int(np.searchsorted(cumsum, mass, side="left")), num_valid - 1)
+            if values[i] == 0:
+                left = np.nonzero(values[: i + 1] > 0)[0]
+                i = left[-1] if left.size else np.nonzero(values[i:num_valid] > 0)[0][0] + i
+            out.append(i)
+        return np.array(out)
+
+    @pytest.mark.parametrize("cls", SUM_CLASSES)
+    @settings(max_examples=50, deadline=None)
+    @given(values=st.lists(st.integers(0, 50), min_size=1, max_size=80), data=st.data())
+    def test_matches_model(self, cls, values, data):
+        num_valid = data.draw(st.integers(1, len(values)))
+        if sum(values[:num_valid]) == 0:
+            values[data.draw(st.integers(0, num_valid - 1))] = 3
+        uniform = np.array(data.draw(st.lists(st.floats(0, 1), min_size=0, max_size=40)))
+        tree = self._tree(cls, values)
+        index, priority, weight = tree.sample_prioritized(num_valid, uniform, p_min=1.0, beta=0.7)
+        np.testing.assert_array_equal(index, self._model(values, num_valid, uniform))
+        np.testing.assert_array_equal(priority, np.asarray(values, dtype=np.float64)[index])
+        np.testing.assert_allclose(weight, (priority.astype(np.float64) / 1.0) ** -0.7, rtol=1e-12)
+        assert np.all(priority > 0)
+
+    def test_zero_draw_and_zero_first_leaf(self):
+        # torchrl raises "Failed to find a suitable index" here; a zero draw lands on leaf 2.
+        tree = self._tree(replay.SumSegmentTreeFp32, [0, 0, 5, 1])
+        index, priority, _ = tree.sample_prioritized(4, np.array([0.0, 1.0]))
+        assert index.tolist() == [2, 3] and priority.tolist() == [5.0, 1.0]
+
+    def test_clamps_to_num_valid(self):
+        tree = self._tree(replay.SumSegmentTreeFp64, [1, 0, 0, 7, 7])
+        index, _, _ = tree.sample_prioritized(3, np.linspace(0, 1, 11))
+        assert set(index.tolist()) == {0}
+
+    def test_tensor_in_tensor_out_and_seed(self):
+        tree = self._tree(replay.SumSegmentTreeFp32, np.arange(1, 101))
+        index, priority, weight = tree.sample_prioritized(100, torch.rand(16))
+        assert isinstance(index, torch.Tensor) and index.dtype == torch.int64 and weight is None
+        a = tree.sample_prioritized(100, batch_size=64, seed=123)
+        b = tree.sample_prioritized(100, batch_size=64, seed=123)
+        c = tree.sample_prioritized(100, batch_size=64, seed=124)
+        np.testing.assert_array_equal(a[0], b[0])
+        assert not np.array_equal(a[0], c[0])
+
+    def test_frequencies_chi_square(self):
+        values = np.array([1.0, 2.0, 3.0, 4.0, 0.0, 10.0])
+        tree = self._tree(replay.SumSegmentTreeFp32, values)
+        draws = 60_000
+        index, _, _ = tree.sample_prioritized(6, batch_size=draws, seed=7)
+        counts = np.bincount(index, minlength=6)
+        assert counts[4] == 0
+        expected = values / values.sum() * draws
+        keep = expected > 0
+        chi2 = (((counts[keep] - expected[keep]) ** 2) / expected[keep]).sum()
+        assert chi2 < 20.5  # 99.9% quantile of chi-square with 4 degrees of freedom
+
+    def test_errors(self):
+        tree = self._tree(replay.SumSegmentTreeFp32, [0, 0, 1])
+        with pytest.raises(RuntimeError, match="no positive priority among the first 2 leaves"):
+            tree.sample_prioritized(2, np.array([0.5]))
+        with pytest.raises(IndexError, match=r"num_valid=4 is out of range \[1, 3\]"):
+            tree.sample_prioritized(4, np.array([0.5]))
+        with pytest.raises(IndexError, match="num_valid=0"):
+            tree.sample_prioritized(0, np.array([0.5]))
+        with pytest.raises(ValueError, match="uniform draw 1.5 at position 1"):
+            tree.sample_prioritized(3, np.array([0.1, 1.5]))
+        with pytest.raises(ValueError, match="p_min is required"):
+            tree.sample_prioritized(3, np.array([0.1]), beta=0.5)
+        with pytest.raises(ValueError, match="batch_size must be"):
+            tree.sample_prioritized(3)
+        assert tree.values().tolist() == [0, 0, 1]
+
+
+def test_scan_errors_and_kinds():
+    tree = replay.SumSegmentTreeFp32(10)
+    tree[np.arange(10)] = 1.0
+    with pytest.raises(ValueError, match="value nan at position 1"):
+        tree.scan_lower_bound(np.array([1.0, np.nan]))
+    assert tree.scan_lower_bound(3.0) == 2 and isinstance(tree.scan_lower_bound(3.0), int)
+    out = tree.scan_lower_bound(torch.tensor([[0.5, 11.0]]))
+    assert out.dtype == torch.int64 and out.tolist() == [[0, 10]]
+    assert tree.scan_lower_bound(np.array([], dtype=np.float32)).shape == (0,)
+
+
+def test_threads_never_corrupt_the_tree():
+    size = 5000
+    tree = replay.SumSegmentTreeFp64(size)
+    errors = []
+
+    def worker(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(200):
+                tree[rng.integers(0, size, 300)] = rng.integers(0, 100, 300).astype(np.float64)
+                total = tree.query(0, size)
+                if total > 0:
+                    index = tree.scan_lower_bound(rng.uniform(0, total, 100))
+                    assert index.max() <= size
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    leaves = tree.values()
+    assert tree.query(0, size) == leaves.sum()  # integer values: exact
+    level1 = tree._py_level(1)
+    padded = np.zeros(level1.size * 16)[: -(-size // 16) * 16]
+    padded[:size] = leaves
+    np.testing.assert_array_equal(level1[: padded.size // 16], padded.reshape(-1, 16).sum(1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_give_cuda_results():
+    tree = replay.SumSegmentTreeFp32(100)
+    tree[torch.arange(100, device="cuda")] = torch.ones(100, device="cuda")
+    out = tree.scan_lower_bound(torch.tensor([3.0, 50.0], device="cuda"))
+    assert out.device.type == "cuda" and out.tolist() == [2, 49]
+    assert tree[torch.tensor([1], device="cuda")].device.type == "cuda"
