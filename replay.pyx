@@ -238,6 +238,7 @@ def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None)
     cdef Py_ssize_t nd
     cdef int rc
     cdef const uint8_t[:, ::1] flags_view
+    cdef uint8_t[::1] block_view
     cdef int64_t[::1] count_view, scratch_view, lengths_view
     cdef int64_t[:, ::1] start_view, stop_view
     cdef const int64_t[:, ::1] coord_view
@@ -272,9 +273,11 @@ def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None)
     flags_view = flags
     counts = np.empty(groups, dtype=np.int64)
     count_view = counts
+    blocks = np.empty(rp_slice_block_count_size(length, groups), dtype=np.uint8)
+    block_view = blocks
     with nogil:
         rc = rp_slice_count_ends(&flags_view[0, 0], length, groups, c_cursor, not full,
-                                 &count_view[0], &total, &bad)
+                                 &block_view[0], &count_view[0], &total, &bad)
     if rc != RP_OK:
         _raise_slice_error(rc, bad, length)
 
@@ -292,7 +295,7 @@ def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None)
     scratch_view = scratch
     with nogil:
         rc = rp_slice_starts(&flags_view[0, 0], length, groups, c_cursor, not full,
-                             &count_view[0], nd, coord_ptr, &scratch_view[0], &start_view[0, 0],
+                             &block_view[0], &count_view[0], nd, coord_ptr, &scratch_view[0], &start_view[0, 0],
                              &stop_view[0, 0], &lengths_view[0], &bad)
     if rc != RP_OK:
         _raise_slice_error(rc, bad, length)
