@@ -96,6 +96,24 @@ cdef class _SumSegmentTree(_SegmentTree):
 # Slices
 # =====================================================================================
 # (slice declarations)
+from libc.stdint cimport uint8_t
+
+cdef extern from "ckernels/slices.h" nogil:
+    int rp_slice_ends_from_ids(const int64_t *ids, int64_t length, int64_t groups,
+                               bint at_capacity, uint8_t *end, int64_t *bad)
+    enum:
+        RP_SLICE_BLOCK
+    int64_t rp_slice_block_count_size(int64_t length, int64_t groups)
+    int rp_slice_count_ends(const uint8_t *end, int64_t length, int64_t groups, int64_t cursor,
+                            bint close_last, uint8_t *block_count, int64_t *group_count,
+                            int64_t *total, int64_t *bad)
+    int rp_slice_starts(const uint8_t *end, int64_t length, int64_t groups, int64_t cursor,
+                        bint close_last, const uint8_t *block_count, const int64_t *group_count,
+                        int64_t ndim, const int64_t *group_coord, int64_t *scratch,
+                        int64_t *start, int64_t *stop, int64_t *lengths, int64_t *bad)
+    int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim,
+                         const int64_t *seq_length, bint uniform, int64_t storage_length,
+                         int64_t *out, int64_t *bad)
 
 
 # =====================================================================================

@@ -1,2 +1,290 @@
-/* Trajectory slice starts and stops; see slices.h. */
+/* Trajectory slice starts and stops; see slices.h.
+ *
+ * The layout follows a counting sort: one pass counts the ends of every group, the caller
+ * sizes the outputs, and a second pass scatters each end to its group's next output row.
+ * Ends are sparse in replay buffers (one per episode), so the count pass, the only one that
+ * reads the whole signal (a vectorised byte count per 64-byte block), also leaves a count
+ * per block, and everything after it reads only the blocks that hold an end. */
 #include "slices.h"
+
+#include <string.h>
+
+/* Rows forced to be ends (the cursor row and, with close_last, the last row), sorted and
+ * without duplicates. Returns how many there are (0 to 2). */
+static int forced_rows(int64_t length, int64_t cursor, bool close_last, int64_t rows[2]) {
+    int n = 0;
+    if (cursor >= 0) rows[n++] = cursor;
+    if (close_last && cursor != length - 1) rows[n++] = length - 1;
+    return n;
+}
+
+static int check_signal(int64_t length, int64_t groups, int64_t cursor, int64_t *bad) {
+    if (length < 1 || groups < 1) {
+        *bad = length;
+        return RP_ERR_VALUE;
+    }
+    if (cursor < -1 || cursor >= length) {
+        *bad = cursor;
+        return RP_ERR_INDEX;
+    }
+    return RP_OK;
+}
+
+/* Number of nonzero bytes in a full block: a fixed trip count that -O3 vectorises. */
+static inline uint8_t block_nonzero(const uint8_t *restrict p) {
+    uint8_t c = 0;
+    for (int j = 0; j < RP_SLICE_BLOCK; ++j) c += (uint8_t)(p[j] != 0);
+    return c;
+}
+
+/* Position (in memory order) of the first nonzero byte of the 8 bytes loaded into *word with
+ * memcpy, which is then cleared. Precondition: *word != 0. Finding it without a branch per
+ * byte matters: ends sit at random places, so per-byte tests mispredict. */
+static inline int64_t pop_nonzero_byte(uint64_t *word) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const int k = __builtin_ctzll(*word) >> 3;
+    *word &= ~((uint64_t)0xFF << (8 * k));
+    return k;
+#else
+    unsigned char bytes[8];
+    memcpy(bytes, word, sizeof bytes);
+    int k = 0;
+    while (bytes[k] == 0) ++k;
+    bytes[k] = 0;
+    memcpy(word, bytes, sizeof bytes);
+    return k;
+#endif
+}
+
+/* Load up to 8 bytes (fewer at the end of an array) as one word, zero-padded. */
+static inline uint64_t load_word(const uint8_t *p, int64_t available) {
+    uint64_t word = 0;
+    memcpy(&word, p, (size_t)(available < 8 ? available : 8));
+    return word;
+}
+
+/* Visit every nonzero byte of end[lo..hi) (flat positions of the [length, groups] array) in
+ * order, reading only the blocks whose count is not zero (8 counts per word test) and
+ * within those only the nonzero words. For each, `VISIT` runs with `t` and `g` set (a macro
+ * rather than a callback so that the visit inlines). */
+#define RP_FOR_EACH_END(end, block_count, groups, lo, hi, VISIT)                              \
+    do {                                                                                      \
+        const int64_t rp_lo_ = (lo), rp_hi_ = (hi);                                           \
+        if (rp_lo_ < rp_hi_) {                                                                \
+            const int64_t rp_b_end_ = (rp_hi_ - 1) / RP_SLICE_BLOCK + 1;                      \
+            for (int64_t rp_win_ = rp_lo_ / RP_SLICE_BLOCK; rp_win_ < rp_b_end_; rp_win_ += 8) { \
+                uint64_t rp_c_ = load_word((block_count) + rp_win_, rp_b_end_ - rp_win_);     \
+                while (rp_c_ != 0) {                                                          \
+                    const int64_t rp_first_ =                                                 \
+                        (rp_win_ + pop_nonzero_byte(&rp_c_)) * RP_SLICE_BLOCK;                \
+                    for (int64_t rp_w_ = rp_first_;                                           \
+                         rp_w_ < rp_first_ + RP_SLICE_BLOCK && rp_w_ < rp_hi_; rp_w_ += 8) {  \
+                        uint64_t rp_word_ = load_word((end) + rp_w_, rp_hi_ - rp_w_);         \
+                        while (rp_word_ != 0) {                                               \
+                            const int64_t rp_i_ = rp_w_ + pop_nonzero_byte(&rp_word_);        \
+                            if (rp_i_ < rp_lo_) continue;                                     \
+                            const int64_t t = (groups) == 1 ? rp_i_ : rp_i_ / (groups);       \
+                            const int64_t g = rp_i_ - t * (groups);                           \
+                            VISIT;                                                            \
+                        }                                                                     \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
+int64_t rp_slice_block_count_size(int64_t length, int64_t groups) {
+    if (length < 1 || groups < 1) return 0;
+    return (length * groups + RP_SLICE_BLOCK - 1) / RP_SLICE_BLOCK;
+}
+
+int rp_slice_ends_from_ids(const int64_t *ids, int64_t length, int64_t groups, bool at_capacity,
+                           uint8_t *end, int64_t *bad) {
+    if (length < 1 || groups < 1) {
+        *bad = length;
+        return RP_ERR_VALUE;
+    }
+    const int64_t inner = (length - 1) * groups;
+    const int64_t *restrict next = ids + groups;
+    const int64_t *restrict here = ids;
+    uint8_t *restrict out = end;
+    for (int64_t i = 0; i < inner; ++i) out[i] = (uint8_t)(here[i] != next[i]);
+    for (int64_t g = 0; g < groups; ++g) {
+        out[inner + g] = at_capacity ? (uint8_t)(here[inner + g] != here[g]) : (uint8_t)1;
+    }
+    return RP_OK;
+}
+
+int rp_slice_count_ends(const uint8_t *end, int64_t length, int64_t groups, int64_t cursor,
+                        bool close_last, uint8_t *block_count, int64_t *group_count,
+                        int64_t *total, int64_t *bad) {
+    int rc = check_signal(length, groups, cursor, bad);
+    if (rc != RP_OK) return rc;
+    const int64_t n = length * groups;
+    const int64_t full_blocks = n / RP_SLICE_BLOCK;
+    for (int64_t b = 0; b < full_blocks; ++b) block_count[b] = block_nonzero(end + b * RP_SLICE_BLOCK);
+    if (full_blocks * RP_SLICE_BLOCK < n) {
+        uint8_t c = 0;
+        for (int64_t i = full_blocks * RP_SLICE_BLOCK; i < n; ++i) c += (uint8_t)(end[i] != 0);
+        block_count[full_blocks] = c;
+    }
+
+    int64_t rows[2];
+    const int nforced = forced_rows(length, cursor, close_last, rows);
+    if (groups == 1) {
+        /* The block counts already sum to the answer, bar forced rows that hold no end. */
+        int64_t sum = 0;
+        for (int64_t b = 0; b < rp_slice_block_count_size(length, 1); ++b) sum += block_count[b];
+        for (int f = 0; f < nforced; ++f) sum += end[rows[f]] == 0;
+        group_count[0] = *total = sum > 0 ? sum : 1;
+        return RP_OK;
+    }
+    memset(group_count, 0, (size_t)groups * sizeof *group_count);
+    int64_t t0 = 0;
+    for (int f = 0; f <= nforced; ++f) {
+        const int64_t until = f < nforced ? rows[f] : length;
+        RP_FOR_EACH_END(end, block_count, groups, t0 * groups, until * groups,
+                        (void)t; group_count[g] += 1);
+        if (f < nforced) {
+            for (int64_t g = 0; g < groups; ++g) group_count[g] += 1;
+            t0 = until + 1;
+        }
+    }
+    int64_t sum = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+        /* A group without any end holds a single trajectory that ends at the last row. */
+        if (group_count[g] == 0) group_count[g] = 1;
+        sum += group_count[g];
+    }
+    *total = sum;
+    return RP_OK;
+}
+
+int rp_slice_starts(const uint8_t *end, int64_t length, int64_t groups, int64_t cursor,
+                    bool close_last, const uint8_t *block_count, const int64_t *group_count,
+                    int64_t ndim, const int64_t *group_coord, int64_t *scratch, int64_t *start,
+                    int64_t *stop, int64_t *lengths, int64_t *bad) {
+    int rc = check_signal(length, groups, cursor, bad);
+    if (rc != RP_OK) return rc;
+    if (ndim < 1 || (group_coord == NULL && ndim > 2) || (ndim == 1 && groups != 1)) {
+        *bad = ndim;
+        return RP_ERR_VALUE;
+    }
+    int64_t *next = scratch;
+    int64_t *limit = scratch + groups;
+    int64_t offset = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+        next[g] = offset;
+        offset += group_count[g];
+        limit[g] = offset;
+    }
+
+    int64_t rows[2];
+    const int nforced = forced_rows(length, cursor, close_last, rows);
+    int64_t t0 = 0;
+    int64_t overflow = -1;
+    for (int f = 0; f <= nforced && overflow < 0; ++f) {
+        const int64_t until = f < nforced ? rows[f] : length;
+        /* Each write is bounds-checked: the signal may have changed since it was counted. */
+#define RP_SCATTER_STOP                \
+    {                                  \
+        if (next[g] >= limit[g]) {     \
+            overflow = g;              \
+            break;                     \
+        }                              \
+        stop[next[g]++ * ndim] = t;    \
+    }
+        if (groups == 1) { /* a literal 1: no division per end */
+            RP_FOR_EACH_END(end, block_count, 1, t0, until, RP_SCATTER_STOP);
+        } else {
+            RP_FOR_EACH_END(end, block_count, groups, t0 * groups, until * groups, RP_SCATTER_STOP);
+        }
+#undef RP_SCATTER_STOP
+        if (overflow < 0 && f < nforced) {
+            for (int64_t g = 0; g < groups; ++g) {
+                if (next[g] >= limit[g]) {
+                    overflow = g;
+                    break;
+                }
+                stop[next[g]++ * ndim] = until;
+            }
+            t0 = until + 1;
+        }
+    }
+    if (overflow >= 0) {
+        *bad = overflow;
+        return RP_ERR_VALUE;
+    }
+
+    const int64_t ncoord = ndim - 1;
+    int64_t first = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+        const int64_t last = limit[g] - 1;
+        if (next[g] == first && group_count[g] == 1) {
+            stop[first * ndim] = length - 1; /* no end in this group: it ends at the last row */
+        } else if (next[g] != limit[g]) {
+            *bad = g;
+            return RP_ERR_VALUE;
+        }
+        /* The first trajectory of a group starts after the group's last end (wrapping). */
+        int64_t previous = stop[last * ndim];
+        for (int64_t k = first; k <= last; ++k) {
+            const int64_t stop_t = stop[k * ndim];
+            const int64_t start_t = previous + 1 == length ? 0 : previous + 1;
+            int64_t span = stop_t - start_t + 1;
+            if (span <= 0) span += length;
+            start[k * ndim] = start_t;
+            lengths[k] = span;
+            previous = stop_t;
+            if (ncoord == 1 && group_coord == NULL) {
+                start[k * ndim + 1] = g;
+                stop[k * ndim + 1] = g;
+            } else {
+                for (int64_t c = 0; c < ncoord; ++c) {
+                    const int64_t value = group_coord[g * ncoord + c];
+                    start[k * ndim + 1 + c] = value;
+                    stop[k * ndim + 1 + c] = value;
+                }
+            }
+        }
+        first = limit[g];
+    }
+    return RP_OK;
+}
+
+int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim, const int64_t *seq_length,
+                     bool uniform, int64_t storage_length, int64_t *out, int64_t *bad) {
+    if (storage_length < 1 || ndim < 1) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    for (int64_t k = 0; k < (uniform ? (n > 0 ? 1 : 0) : n); ++k) {
+        if (seq_length[k] < 0) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    int64_t row = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        const int64_t steps = uniform ? seq_length[0] : seq_length[k];
+        const int64_t *first = start + k * ndim;
+        /* Floor modulo, so that negative starts wrap like torch's `%`. */
+        int64_t t = first[0] % storage_length;
+        if (t < 0) t += storage_length;
+        int64_t *dst = out + row * ndim;
+        if (ndim == 1) {
+            for (int64_t i = 0; i < steps; ++i) {
+                dst[i] = t;
+                if (++t == storage_length) t = 0;
+            }
+        } else {
+            for (int64_t i = 0; i < steps; ++i) {
+                dst[i * ndim] = t;
+                memcpy(dst + i * ndim + 1, first + 1, (size_t)(ndim - 1) * sizeof *first);
+                if (++t == storage_length) t = 0;
+            }
+        }
+        row += steps;
+    }
+    return RP_OK;
+}

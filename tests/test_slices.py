@@ -1,0 +1,388 @@
+"""Trajectory starts / stops and slice indices, against torchrl 0.11's SliceSampler code."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torchrl.data.replay_buffers.samplers import SliceSampler
+
+import replay
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _load_torch_ops():
+    # Loaded from its path: the torchrl_compat package itself is not needed for these ops.
+    path = os.path.join(ROOT, "torchrl_compat", "_slices_torch.py")
+    spec = importlib.util.spec_from_file_location("_slices_torch_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TORCH_OPS = _load_torch_ops()
+SAMPLER = SliceSampler(num_slices=1)
+IMPLEMENTATIONS = {
+    "replay": replay.find_start_stop_traj,
+    "torch-ops": TORCH_OPS.find_start_stop_traj_torch,
+}
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _outcome(fn, **kwargs):
+    try:
+        return "ok", fn(**kwargs)
+    except Exception as err:  # the reference's exception is part of the expected result
+        return "error", err
+
+
+def _assert_same(expected, actual):
+    assert len(actual) == 3
+    for want, got in zip(expected, actual):
+        assert isinstance(got, torch.Tensor)
+        assert got.dtype == want.dtype == torch.int64
+        assert got.shape == want.shape
+        assert torch.equal(got, want), (want, got)
+
+
+def _check_all(**kwargs):
+    """Every implementation gives torchrl's result, or an exception of its type and text."""
+    kind, expected = _outcome(SAMPLER._find_start_stop_traj, **kwargs)
+    for name, fn in IMPLEMENTATIONS.items():
+        if kind == "ok":
+            _assert_same(expected, fn(**kwargs))
+        else:
+            with pytest.raises(type(expected)) as info:
+                fn(**kwargs)
+            assert str(info.value) == str(expected), name
+    return kind, expected
+
+
+@st.composite
+def _shapes(draw, max_length=12):
+    length = draw(st.integers(1, max_length))
+    batch = draw(st.lists(st.integers(1, 4), min_size=0, max_size=3))
+    return (length, *batch)
+
+
+@st.composite
+def _cursors(draw, length):
+    kind = draw(st.sampled_from(["none", "int", "negative", "tensor", "range", "numpy"]))
+    if kind == "none":
+        return None
+    last = draw(st.integers(0, length - 1))
+    if kind == "int":
+        return last
+    if kind == "negative":
+        return last - length
+    if kind == "tensor":
+        return torch.tensor(draw(st.lists(st.integers(0, length - 1), max_size=3)) + [last])
+    if kind == "range":
+        first = draw(st.integers(0, last))
+        return range(first, last + 1)
+    return np.int64(last)
+
+
+@st.composite
+def _end_cases(draw):
+    shape = draw(_shapes())
+    density = draw(st.sampled_from([0.0, 0.05, 0.3, 0.7, 1.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    end = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < density
+    at_capacity = draw(st.booleans())
+    return dict(end=end, at_capacity=at_capacity, cursor=draw(_cursors(shape[0])))
+
+
+@st.composite
+def _trajectory_cases(draw):
+    shape = draw(_shapes())
+    density = draw(st.sampled_from([0.0, 0.1, 0.4, 1.0]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    changes = torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < density
+    trajectory = changes.long().cumsum(0) % draw(st.integers(1, 4))
+    if draw(st.booleans()):
+        # A trajectory running from the end of the buffer into its start: same id there.
+        trajectory[-1] = trajectory[0]
+    at_capacity = draw(st.booleans())
+    return dict(trajectory=trajectory, at_capacity=at_capacity, cursor=draw(_cursors(shape[0])))
+
+
+@SETTINGS
+@given(_end_cases())
+def test_end_signal_matches_torchrl(case):
+    kind, expected = _check_all(**case)
+    assert kind == "ok", expected
+    start, stop, lengths = expected
+    assert start.shape == stop.shape == (lengths.shape[0], case["end"].ndim)
+
+
+@SETTINGS
+@given(_trajectory_cases())
+def test_trajectory_ids_match_torchrl(case):
+    kind, expected = _check_all(**case)
+    assert kind == "ok", expected
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (1, 3), (5, 3), (4, 2, 3), (3, 2, 1, 2)])
+@pytest.mark.parametrize("at_capacity", [True, False])
+def test_no_end_at_all(shape, at_capacity):
+    end = torch.zeros(shape, dtype=torch.bool)
+    _, (start, stop, lengths) = _check_all(end=end, at_capacity=at_capacity)
+    groups = int(np.prod(shape[1:]))
+    # One trajectory per column, spanning the whole buffer.
+    assert lengths.tolist() == [shape[0]] * groups
+    assert (stop[:, 0] == shape[0] - 1).all() and (start[:, 0] == 0).all()
+    _check_all(trajectory=torch.zeros(shape, dtype=torch.long), at_capacity=at_capacity)
+
+
+def test_wrap_around_1d():
+    end = torch.tensor([False, True, False, False, True, False, False])
+    start, stop, lengths = replay.find_start_stop_traj(end=end, at_capacity=True)
+    # The last trajectory runs from step 5 through the end of the buffer into steps 0-1.
+    assert start.flatten().tolist() == [5, 2]
+    assert stop.flatten().tolist() == [1, 4]
+    assert lengths.tolist() == [4, 3]
+    _check_all(end=end, at_capacity=True)
+    _check_all(end=end, at_capacity=True, cursor=3)
+    _check_all(end=end, at_capacity=False)
+
+
+@pytest.mark.parametrize("shape", [(4096,), (1024, 3), (300, 2, 5), (64, 3, 2, 4)])
+@pytest.mark.parametrize("density", [0.0005, 0.01, 0.5])
+def test_large_signals_match_torchrl(shape, density):
+    # Long enough for the kernels' 32-byte zero-skipping and multi-block counting.
+    gen = torch.Generator().manual_seed(int(density * 1e4) + len(shape))
+    end = torch.rand(shape, generator=gen) < density
+    _check_all(end=end, at_capacity=True, cursor=shape[0] // 3)
+    _check_all(end=end, at_capacity=True)
+    _check_all(end=end, at_capacity=False)
+    trajectory = end.long().cumsum(0)
+    _check_all(trajectory=trajectory, at_capacity=True, cursor=range(0, shape[0] - 5))
+    _check_all(trajectory=trajectory, at_capacity=False)
+
+
+@pytest.mark.parametrize(
+    "shape, at_capacity, from_ids",
+    [((0,), True, False), ((0,), True, True), ((0,), False, True), ((0, 3), True, False),
+     ((3, 0), True, False), ((3, 0), False, False), ((2, 0, 4), False, True),
+     ((1,), False, True), ((1, 3), False, True), ((1,), True, True), ((1,), False, False)],
+)
+def test_empty_and_single_step(shape, at_capacity, from_ids):
+    signal = torch.zeros(shape, dtype=torch.long if from_ids else torch.bool)
+    key = "trajectory" if from_ids else "end"
+    kind, expected = _check_all(**{key: signal, "at_capacity": at_capacity})
+    assert kind == "ok"
+    if from_ids and shape[0] == 1 and not at_capacity:
+        # torchrl's quirk, kept: one-step ids in a storage that is not full give nothing.
+        assert expected[2].numel() == 0
+
+
+def test_empty_end_not_at_capacity_raises():
+    kind, _ = _check_all(end=torch.zeros(0, dtype=torch.bool), at_capacity=False)
+    assert kind == "error"
+    for fn in IMPLEMENTATIONS.values():
+        with pytest.raises(IndexError, match="index -1 is out of bounds for dimension 0 with size 0"):
+            fn(end=torch.zeros(0, dtype=torch.bool), at_capacity=False)
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize("key", ["end", "trajectory"])
+def test_zero_dim_signal(name, key):
+    fn = IMPLEMENTATIONS[name]
+    for error in (RuntimeError, IndexError):
+        with pytest.raises(error, match="at least 1-dimensional"):
+            fn(**{key: torch.tensor(1), "at_capacity": True})
+    # torchrl reaches an IndexError before its own RuntimeError: ours is both.
+    with pytest.raises(IndexError):
+        SAMPLER._find_start_stop_traj(**{key: torch.tensor(1), "at_capacity": True})
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+@pytest.mark.parametrize(
+    "cursor", [3.0, "a", np.array([3]), torch.tensor([3.0]), [1, 2], object()],
+)
+def test_bad_cursor(name, cursor):
+    end = torch.tensor([False, False, True, False, False])
+    with pytest.raises(RuntimeError, match="cursor should be an integer or a 1d tensor or a range."):
+        IMPLEMENTATIONS[name](end=end, at_capacity=True, cursor=cursor)
+    with pytest.raises(RuntimeError, match="cursor should be an integer"):
+        SAMPLER._find_start_stop_traj(end=end, at_capacity=True, cursor=cursor)
+    # torchrl ignores the cursor of a storage that is not full.
+    _check_all(end=end, at_capacity=False, cursor=cursor)
+
+
+@pytest.mark.parametrize(
+    "cursor, error, message",
+    [(5, IndexError, "index 5 is out of bounds for dimension 0 with size 5"),
+     (-6, IndexError, "index -6 is out of bounds for dimension 0 with size 5"),
+     (range(0), IndexError, "range object index out of range"),
+     (torch.tensor([], dtype=torch.long), IndexError, "index -1 is out of bounds"),
+     (torch.tensor(3), IndexError, "index -1 is out of bounds"),
+     (torch.tensor([[1, 3]]), RuntimeError, "a Tensor with 2 elements cannot be converted")],
+)
+def test_cursor_errors_match_torchrl(cursor, error, message):
+    end = torch.tensor([False, False, True, False, False])
+    kind, expected = _check_all(end=end, at_capacity=True, cursor=cursor)
+    assert kind == "error" and isinstance(expected, error)
+    for fn in IMPLEMENTATIONS.values():
+        with pytest.raises(error, match=message):
+            fn(end=end, at_capacity=True, cursor=cursor)
+
+
+@pytest.mark.parametrize(
+    "cursor", [True, np.array(3), torch.tensor([True]), torch.tensor([[1], [3]]), -1, range(1, 4)],
+)
+def test_unusual_cursors_match_torchrl(cursor):
+    end = torch.tensor([False, False, True, False, False])
+    kind, _ = _check_all(end=end, at_capacity=True, cursor=cursor)
+    assert kind == "ok"
+
+
+def test_missing_signal():
+    for fn in IMPLEMENTATIONS.values():
+        with pytest.raises(TypeError, match="needs one of trajectory or end"):
+            fn(at_capacity=True)
+
+
+def test_trajectory_takes_precedence_over_end():
+    trajectory = torch.tensor([0, 0, 1, 1, 1, 2])
+    end = torch.ones(6, dtype=torch.bool)
+    _, expected = _check_all(trajectory=trajectory, end=end, at_capacity=False)
+    assert expected[2].tolist() == [2, 3, 1]
+
+
+@pytest.mark.parametrize(
+    "trajectory",
+    [torch.tensor([3, 3, 1, 1, 3], dtype=torch.int32), torch.tensor([3, 3, 1, 1, 3], dtype=torch.uint8),
+     torch.tensor([0.5, 0.5, float("nan"), 1.0, 0.5]), torch.tensor([True, True, False, True]),
+     torch.tensor([1.0, 1.0, 2.0, 2.0], dtype=torch.bfloat16),
+     torch.tensor([[2**62, 5], [2**62, 5], [-1, 5]], dtype=torch.int64)],
+)
+@pytest.mark.parametrize("at_capacity", [True, False])
+def test_trajectory_dtypes(trajectory, at_capacity):
+    kind, _ = _check_all(trajectory=trajectory, at_capacity=at_capacity)
+    assert kind == "ok"
+
+
+@pytest.mark.parametrize("at_capacity", [True, False])
+def test_non_bool_and_non_contiguous_end(at_capacity):
+    _check_all(end=torch.tensor([0, 0, 2, 0, 1]), at_capacity=at_capacity)
+    _check_all(end=torch.tensor([0.0, 0.5, 0.0, 0.0]), at_capacity=False)
+    wide = torch.rand(6, 4, 3, generator=torch.Generator().manual_seed(1)) < 0.3
+    _check_all(end=wide.transpose(0, 1), at_capacity=at_capacity, cursor=2)
+    _check_all(end=wide[::2, :, 1], at_capacity=at_capacity)
+    _check_all(trajectory=wide.long().cumsum(0).permute(1, 0, 2), at_capacity=at_capacity)
+
+
+def test_non_bool_end_without_end_in_a_column():
+    # torchrl fails here (masked_fill_ needs a bool mask); ours treats nonzero as an end.
+    end = torch.tensor([[0, 0], [0, 3], [0, 0]])
+    with pytest.raises(RuntimeError, match="boolean masks"):
+        SAMPLER._find_start_stop_traj(end=end, at_capacity=True)
+    expected = SAMPLER._find_start_stop_traj(end=end.bool(), at_capacity=True)
+    for fn in IMPLEMENTATIONS.values():
+        _assert_same(expected, fn(end=end, at_capacity=True))
+
+
+def test_numpy_signal_gives_numpy():
+    end = np.array([False, True, False, True])
+    start, stop, lengths = replay.find_start_stop_traj(end=end, at_capacity=True)
+    assert isinstance(start, np.ndarray) and start.dtype == np.int64
+    expected = SAMPLER._find_start_stop_traj(end=torch.from_numpy(end), at_capacity=True)
+    assert np.array_equal(start, expected[0].numpy())
+    assert np.array_equal(stop, expected[1].numpy())
+    assert np.array_equal(lengths, expected[2].numpy())
+
+
+def test_replay_and_torch_ops_agree_on_big_nd_ids():
+    gen = torch.Generator().manual_seed(3)
+    trajectory = (torch.rand(500, 3, 4, generator=gen) < 0.02).long().cumsum(0)
+    for cursor in (None, 17, torch.tensor([4, 499])):
+        got = replay.find_start_stop_traj(trajectory=trajectory, at_capacity=True, cursor=cursor)
+        _assert_same(got, TORCH_OPS.find_start_stop_traj_torch(
+            trajectory=trajectory, at_capacity=True, cursor=cursor))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("from_ids", [False, True])
+def test_cuda_signal(from_ids):
+    gen = torch.Generator().manual_seed(4)
+    end = torch.rand(2000, 3, generator=gen) < 0.01
+    signal = end.long().cumsum(0) if from_ids else end
+    key = "trajectory" if from_ids else "end"
+    expected = SAMPLER._find_start_stop_traj(**{key: signal, "at_capacity": True, "cursor": 100})
+    for cursor in (100, torch.tensor([100]), torch.tensor([100], device="cuda")):
+        for fn in IMPLEMENTATIONS.values():
+            got = fn(**{key: signal.cuda(), "at_capacity": True, "cursor": cursor})
+            assert all(x.device.type == "cuda" for x in got)
+            _assert_same(expected, tuple(x.cpu() for x in got))
+
+
+# ------------------------------------------------------------------------------------------
+# slice_indices
+# ------------------------------------------------------------------------------------------
+
+SLICE_IMPLEMENTATIONS = {
+    "replay": replay.slice_indices,
+    "torch-ops": TORCH_OPS.slice_indices_torch,
+}
+
+
+@SETTINGS
+@given(
+    num_slices=st.integers(1, 6),
+    ndim=st.integers(1, 3),
+    storage_length=st.integers(1, 20),
+    uniform=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_slice_indices_match_torchrl(num_slices, ndim, storage_length, uniform, seed):
+    gen = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, storage_length, (num_slices, ndim), generator=gen)
+    if uniform:
+        seq_length = int(torch.randint(0, 2 * storage_length, (1,), generator=gen))
+    else:
+        seq_length = torch.randint(0, 2 * storage_length, (num_slices,), generator=gen)
+    expected = SAMPLER._tensor_slices_from_startend(seq_length, start, storage_length)
+    for fn in SLICE_IMPLEMENTATIONS.values():
+        got = fn(start, seq_length, storage_length)
+        assert got.dtype == torch.int64 and got.shape == expected.shape
+        assert torch.equal(got, expected)
+        # Wrap-around keeps the time column inside the storage.
+        assert got.numel() == 0 or (0 <= got[:, 0].min() and got[:, 0].max() < storage_length)
+
+
+@pytest.mark.parametrize("name", SLICE_IMPLEMENTATIONS)
+def test_slice_indices_edge_cases(name):
+    fn = SLICE_IMPLEMENTATIONS[name]
+    start_1d = torch.tensor([3, 0])
+    expected = SAMPLER._tensor_slices_from_startend(2, start_1d, 4)
+    assert torch.equal(fn(start_1d, 2, 4), expected)  # 1-D starts give [N, 1]
+    expected = SAMPLER._tensor_slices_from_startend(torch.tensor([1, 3]), start_1d, 4)
+    assert torch.equal(fn(start_1d, torch.tensor([1, 3]), 4), expected)
+    assert fn(torch.empty(0, 2, dtype=torch.long), 3, 5).shape == (0, 2)
+    assert fn(torch.empty(0, 2, dtype=torch.long), torch.empty(0, dtype=torch.long), 5).shape == (0, 2)
+    assert fn(torch.tensor([[1, 2]]), 0, 5).shape == (0, 2)
+    # Negative starts wrap like torch's floor `%`.
+    assert fn(torch.tensor([[-1, 2]]), 3, 5).tolist() == [[4, 2], [0, 2], [1, 2]]
+
+
+@pytest.mark.parametrize("name", SLICE_IMPLEMENTATIONS)
+def test_slice_indices_errors(name):
+    fn = SLICE_IMPLEMENTATIONS[name]
+    start = torch.tensor([[1, 0], [2, 1]])
+    with pytest.raises(ValueError, match="got -2 at position 1"):
+        fn(start, torch.tensor([3, -2]), 5)
+    with pytest.raises(ValueError, match="seq_length=-1"):
+        fn(start, -1, 5)
+    with pytest.raises(ValueError, match=r"shape \(2,\).*got shape \(3,\)"):
+        fn(start, torch.tensor([1, 2, 3]), 5)
+    with pytest.raises(ValueError, match="storage_length=0"):
+        fn(start, 2, 0)
+    with pytest.raises(TypeError, match="start must hold integers"):
+        fn(start.float(), 2, 5)
+    with pytest.raises(ValueError, match=r"got shape \(2, 2, 1\)"):
+        fn(start.unsqueeze(-1), 2, 5)

@@ -1,0 +1,226 @@
+"""Torch-op implementations of the slice helpers of ``replay``, for tensors on any device.
+
+These run where the signal lives (the CUDA path of ``SliceSampler``) and give the same
+results as ``replay.find_start_stop_traj`` and ``replay.slice_indices``. Their only host
+synchronisation is the one a data-dependent output size needs: ``nonzero`` for the
+trajectories, the total length for per-slice lengths.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+_CURSOR_ERROR = "cursor should be an integer or a 1d tensor or a range."
+_SIGNAL_NDIM_ERROR = "Expected the end-of-trajectory signal to be at least 1-dimensional."
+
+
+class _SignalDimError(IndexError, RuntimeError):
+    """A 0-dim end-of-trajectory signal.
+
+    torchrl's ``_find_start_stop_traj`` means to raise a RuntimeError here but reaches an
+    IndexError first (``end.shape[0]``), so this error is both.
+    """
+
+
+def _is_int_cursor(cursor) -> bool:
+    # torchrl's ``_is_int``: Python / numpy integers (bool included) or 0-dim arrays.
+    if isinstance(cursor, (int, np.integer)):
+        return True
+    if isinstance(cursor, (np.ndarray, torch.Tensor)):
+        return cursor.ndim == 0
+    return False
+
+
+def _mark_cursor(end: torch.Tensor, cursor) -> None:
+    """Sets the cursor row of ``end`` (owned, modified in place) to ``True``."""
+    if isinstance(cursor, torch.Tensor):
+        last = cursor[-1]
+        if last.device.type != "cpu" and last.numel() == 1 and not (
+            last.is_floating_point() or last.is_complex()
+        ):
+            # A device cursor stays on its device: no host round trip. An out-of-range
+            # value is then a device-side error instead of an IndexError.
+            index = last.reshape(1).to(device=end.device, dtype=torch.long)
+            end.index_fill_(0, index, True)
+            return
+        cursor = last.item()
+    elif isinstance(cursor, range):
+        cursor = cursor[-1]
+    if not _is_int_cursor(cursor):
+        raise RuntimeError(_CURSOR_ERROR)
+    # Basic indexing wraps negative rows and raises torchrl's IndexError for the others.
+    end[int(cursor)] = True
+
+
+def _empty_result(ndim: int, device):
+    empty = torch.empty((0, ndim), dtype=torch.long, device=device)
+    return empty, empty.clone(), torch.empty((0,), dtype=torch.long, device=device)
+
+
+def find_start_stop_traj_torch(*, trajectory=None, end=None, at_capacity, cursor=None):
+    """Start, stop and length of every trajectory, with torch ops on the signal's device.
+
+    Same arguments, results and errors as ``replay.find_start_stop_traj`` (and torchrl's
+    ``SliceSampler._find_start_stop_traj``).
+
+    Keyword Args:
+        trajectory (torch.Tensor, optional): trajectory ids of shape ``[T, ...]``. Takes
+            precedence over ``end``.
+        end (torch.Tensor, optional): end-of-trajectory signal of shape ``[T, ...]``.
+        at_capacity (bool): whether the storage is full.
+        cursor (int, torch.Tensor or range, optional): the last written position of a full
+            storage. Ignored when ``at_capacity`` is ``False``.
+
+    Returns:
+        a tuple ``(start_idx, stop_idx, lengths)`` of int64 tensors on the signal's device.
+
+    Examples:
+        >>> import torch
+        >>> end = torch.tensor([False, True, False, False, True, False])
+        >>> start, stop, lengths = find_start_stop_traj_torch(end=end, at_capacity=True)
+        >>> start.flatten().tolist(), stop.flatten().tolist(), lengths.tolist()
+        ([5, 2], [1, 4], [3, 3])
+
+    .. note:: torchrl synchronises with the host for the cursor (``.item()``), for the
+        "is there a column without an end" test and for its boolean-mask shifts; here only
+        ``nonzero`` does (and ``.item()`` of a CPU cursor, which costs no device sync).
+    """
+    from_ids = trajectory is not None
+    signal = trajectory if from_ids else end
+    if signal is None:
+        raise TypeError("find_start_stop_traj() needs one of trajectory or end")
+    if signal.ndim == 0:
+        raise _SignalDimError(_SIGNAL_NDIM_ERROR)
+    full = bool(at_capacity)
+    length = signal.shape[0]
+    ndim = signal.ndim
+    device = signal.device
+
+    if from_ids:
+        flags = signal[:-1] != signal[1:]
+        if full:
+            last = signal[-1:] != signal[:1]
+        else:
+            # As torchrl: empty for a single step, which then holds no trajectory.
+            last = torch.ones_like(flags[:1])
+        flags = torch.cat([flags, last], 0)
+    else:
+        if length == 0 and not full:
+            raise IndexError("index -1 is out of bounds for dimension 0 with size 0")
+        flags = signal.clone() if signal.dtype == torch.bool else signal != 0
+        if not full:
+            flags[length - 1] = True
+    if full:
+        if cursor is not None:
+            _mark_cursor(flags, cursor)
+        if flags.shape[0]:
+            # A column without any end holds one trajectory ending at the last row. Done
+            # unconditionally: testing first would cost a host sync.
+            flags[-1] |= ~flags.any(0)
+    if flags.shape[0] == 0 or flags.numel() == 0:
+        return _empty_result(ndim, device)
+
+    rows = flags.shape[0]
+    groups = math.prod(flags.shape[1:])
+    if ndim >= 3:
+        # The column order of torchrl's ``end.transpose(0, -1).nonzero()``: last dim slowest.
+        flags = flags.permute(0, ndim - 1, *range(1, ndim - 1))
+    group_shape = flags.shape[1:]
+    group, stop_t = flags.reshape(rows, groups).t().nonzero().unbind(1)
+
+    # Every group has at least one end: the first trajectory of a group starts after its
+    # last end, the others one step after the previous end.
+    first = torch.ones_like(group, dtype=torch.bool)
+    first[1:] = group[1:] != group[:-1]
+    last_stop = torch.full((groups,), -1, dtype=torch.long, device=device)
+    last_stop.scatter_reduce_(0, group, stop_t, reduce="amax")
+    previous = torch.where(first, last_stop[group], stop_t.roll(1))
+    start_t = previous + 1
+    start_t = torch.where(start_t == length, torch.zeros_like(start_t), start_t)
+    lengths = stop_t - start_t + 1
+    lengths = torch.where(lengths <= 0, lengths + length, lengths)
+
+    if ndim == 1:
+        coords = []
+    elif ndim == 2:
+        coords = [group]
+    else:
+        unravelled = torch.unravel_index(group, tuple(group_shape))
+        coords = list(unravelled[1:]) + [unravelled[0]]
+    stop_idx = torch.stack([stop_t, *coords], 1)
+    start_idx = torch.stack([start_t, *coords], 1)
+    return start_idx, stop_idx, lengths
+
+
+def slice_indices_torch(start, seq_length, storage_length):
+    """Storage indices of slices given their starts and lengths, with torch ops.
+
+    Same arguments and results as ``replay.slice_indices`` (torchrl's
+    ``SliceSampler._tensor_slices_from_startend``).
+
+    Args:
+        start (torch.Tensor): ``[num_slices, ndim]`` (or ``[num_slices]``) integer starts.
+        seq_length (int or torch.Tensor): the length of every slice, or ``[num_slices]``
+            per-slice lengths.
+        storage_length (int): the length of the storage's time dimension.
+
+    Returns:
+        an int64 ``[total_length, ndim]`` tensor on ``start``'s device.
+
+    Examples:
+        >>> import torch
+        >>> slice_indices_torch(torch.tensor([[3, 0], [0, 1]]), 2, 4).tolist()
+        [[3, 0], [0, 0], [0, 1], [1, 1]]
+    """
+    if start.is_floating_point() or start.is_complex() or start.dtype == torch.bool:
+        raise TypeError(f"start must hold integers, got a tensor of dtype {start.dtype}")
+    if start.ndim == 1:
+        start = start.unsqueeze(-1)
+    elif start.ndim != 2:
+        raise ValueError(f"start must have shape [num_slices, ndim], got shape {tuple(start.shape)}")
+    start = start.to(torch.long)
+    if isinstance(storage_length, (torch.Tensor, np.ndarray)):
+        storage_length = storage_length.item()
+    if storage_length < 1:
+        raise ValueError(f"storage_length must be at least 1, got storage_length={storage_length}")
+    num_slices = start.shape[0]
+    if isinstance(seq_length, (int, np.integer)) or (
+        isinstance(seq_length, (torch.Tensor, np.ndarray)) and seq_length.ndim == 0
+    ):
+        steps = int(seq_length)
+        if steps < 0:
+            raise ValueError(f"seq_length must be non-negative, got seq_length={steps}")
+        offset = torch.arange(steps, device=start.device)
+        result = start.unsqueeze(1).repeat(1, steps, 1)
+        result[..., 0] += offset
+        result = result.flatten(0, 1)
+    else:
+        seq_length = torch.as_tensor(seq_length, device=start.device)
+        if seq_length.is_floating_point() or seq_length.is_complex() or seq_length.dtype == torch.bool:
+            raise TypeError(
+                f"seq_length must hold integers, got an array of dtype {seq_length.dtype}"
+            )
+        if tuple(seq_length.shape) != (num_slices,):
+            raise ValueError(
+                f"seq_length must have shape ({num_slices},) to match start of shape "
+                f"{tuple(start.shape)}, got shape {tuple(seq_length.shape)}"
+            )
+        seq_length = seq_length.to(torch.long)
+        negative = (seq_length < 0).nonzero()
+        if negative.numel():
+            bad = int(negative[0, 0])
+            raise ValueError(
+                f"seq_length must be non-negative, got {int(seq_length[bad])} at position {bad}"
+            )
+        total = int(seq_length.sum())
+        slice_of_row = torch.repeat_interleave(
+            torch.arange(num_slices, device=start.device), seq_length, output_size=total
+        )
+        first_row = seq_length.cumsum(0) - seq_length
+        offset = torch.arange(total, device=start.device) - first_row[slice_of_row]
+        result = start[slice_of_row]
+        result[:, 0] += offset
+    result[:, 0] %= storage_length
+    return result
