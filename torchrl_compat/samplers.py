@@ -1348,6 +1348,9 @@ class SliceSampler(Sampler):
         storage,
     ) -> tuple[torch.Tensor, dict]:
         traj_lengths = lengths[traj_idx]
+        # With strict_length=False seq_length is a tensor clamped by the trajectory lengths,
+        # where torchrl fails on an integer span: check the span against the requested length.
+        requested = seq_length if isinstance(seq_length, int) else int(seq_length.max())
         # end_point is one past the last possible start of a slice
         if not self.span[1]:
             end_point = traj_lengths - seq_length + 1
@@ -1355,7 +1358,7 @@ class SliceSampler(Sampler):
             end_point = traj_lengths + 1
         else:
             span_left = self.span[1]
-            if span_left >= seq_length:
+            if span_left >= requested:
                 raise ValueError(
                     "The right and left span must be strictly lower than the sequence length"
                 )
@@ -1367,7 +1370,7 @@ class SliceSampler(Sampler):
             start_point = -seq_length + 1
         else:
             span_right = self.span[0]
-            if span_right >= seq_length:
+            if span_right >= requested:
                 raise ValueError(
                     "The right and left span must be strictly lower than the sequence length"
                 )
@@ -1377,7 +1380,9 @@ class SliceSampler(Sampler):
             _rand(num_slices, lengths.device, self._rng) * (end_point - start_point)
         ).floor().to(start_idx.dtype) + start_point
         # float32 rounding can reach end_point itself for very long trajectories
-        relative_starts = torch.minimum(relative_starts, end_point - 1)
+        relative_starts = torch.minimum(
+            relative_starts, torch.as_tensor(end_point - 1).clamp_min(start_point)
+        )
 
         if self.span[0]:
             out_of_traj = relative_starts < 0
