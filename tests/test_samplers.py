@@ -648,3 +648,10 @@ def test_list_storage_random_and_without_replacement():
     s.update_priority(torch.arange(6), torch.ones(6))
     index, _ = s.sample(storage, 50)
     assert index.max() < 6
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    result = doctest.testmod(ours, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 10 and result.failed == 0
