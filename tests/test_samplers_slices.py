@@ -1,0 +1,531 @@
+"""Slice samplers of torchrl_compat against torchrl 0.11's Python samplers and plain models."""
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torchrl.data.replay_buffers.samplers as trl
+from tensordict import TensorDict
+from torchrl.data.replay_buffers import LazyTensorStorage
+
+import torchrl_compat.samplers as ours
+from torchrl_compat import _torch_slices
+from torchrl_compat._torch_sumtree import (
+    TorchMinSegmentTreeFp32,
+    TorchMinSegmentTreeFp64,
+    TorchSumSegmentTreeFp32,
+    TorchSumSegmentTreeFp64,
+)
+
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    ),
+]
+
+
+@pytest.fixture
+def torchrl_trees(monkeypatch):
+    # torchrl's compiled trees do not load on this torch: run its Python sampler on ours
+    # (the trees themselves are checked against a numpy model in test_samplers_trees.py).
+    monkeypatch.setattr(trl, "SumSegmentTreeFp32", TorchSumSegmentTreeFp32)
+    monkeypatch.setattr(trl, "SumSegmentTreeFp64", TorchSumSegmentTreeFp64)
+    monkeypatch.setattr(trl, "MinSegmentTreeFp32", TorchMinSegmentTreeFp32)
+    monkeypatch.setattr(trl, "MinSegmentTreeFp64", TorchMinSegmentTreeFp64)
+
+
+def generator(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def episodes_from_lengths(lengths):
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(lengths))
+
+
+def episode_data(episode, with_done=True, terminated=False):
+    n = episode.shape[0]
+    fields = {"episode": episode, "step": torch.arange(n)}
+    if with_done:
+        done = torch.ones(n, dtype=torch.bool)
+        done[:-1] = episode[1:] != episode[:-1]
+        fields[("next", "done")] = done.unsqueeze(-1)
+        if terminated:
+            fields[("next", "terminated")] = done.unsqueeze(-1).clone()
+    return TensorDict(fields, [n])
+
+
+def episode_storage(lengths, capacity=None, **kwargs):
+    episode = episodes_from_lengths(lengths)
+    capacity = capacity or episode.shape[0]
+    storage = LazyTensorStorage(capacity)
+    storage.set(torch.arange(episode.shape[0]), episode_data(episode, **kwargs))
+    return storage
+
+
+def wrapped_storage(capacity=60, seed=0, device="cpu"):
+    """A full storage written past its end: its last write wraps around (cursor set)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, 12, 30)
+    episode = episodes_from_lengths(lengths)[: capacity + capacity // 2]
+    storage = LazyTensorStorage(capacity, device=device)
+    data = episode_data(episode)
+    data["next", "done"][-1] = False  # the last trajectory is still running
+    written = 0
+    for size in (capacity // 2, capacity // 2, capacity // 2):
+        index = torch.arange(written, written + size) % capacity
+        storage.set(index, data[written : written + size])
+        written += size
+    return storage
+
+
+def equal_outputs(a, b):
+    (ia, infoa), (ib, infob) = a, b
+    assert isinstance(ia, tuple) and isinstance(ib, tuple) and len(ia) == len(ib)
+    for x, y in zip(ia, ib):
+        assert x.dtype == y.dtype and torch.equal(x, y)
+    assert set(infoa) == set(infob)
+    for key in infoa:
+        torch.testing.assert_close(infoa[key], infob[key])
+
+
+def run_both(make, storage, batch_size, calls=3, seed=0, torchrl_make=None):
+    outputs = []
+    for module in (trl, ours):
+        sampler = (torchrl_make or make)(module) if module is trl else make(module)
+        sampler._rng = generator(seed)
+        outputs.append([sampler.sample(storage, batch_size) for _ in range(calls)])
+    for a, b in zip(*outputs):
+        equal_outputs(a, b)
+    return outputs[1]
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _random_end(rng, shape, p):
+    end = torch.as_tensor(rng.random(shape) < p)
+    return end
+
+
+@pytest.mark.parametrize("shape", [(1,), (2,), (17,), (40,), (12, 3), (9, 2, 3)])
+def test_find_start_stop_traj_matches_torchrl(shape):
+    rng = np.random.default_rng(sum(shape))
+    ref = trl.SliceSampler(num_slices=1)
+    cursors = [None, 0, shape[0] - 1, torch.tensor([1, 2])[: min(2, shape[0])] % shape[0], range(0, shape[0])]
+    for p in (0.0, 0.1, 0.5, 1.0):
+        for at_capacity in (False, True):
+            for cursor in cursors if at_capacity else [None]:
+                end = _random_end(rng, shape, p)
+                expected = ref._find_start_stop_traj(end=end, at_capacity=at_capacity, cursor=cursor)
+                got = _torch_slices.find_start_stop_traj(end=end, at_capacity=at_capacity, cursor=cursor)
+                for e, g in zip(expected, got):
+                    assert e.dtype == g.dtype == torch.long and torch.equal(e, g), (end, cursor)
+                if shape[0] < 2:
+                    continue  # torchrl loses the only end of a 1-step trajectory signal
+                traj = torch.as_tensor(rng.integers(0, 3, shape)).cumsum(0)
+                expected = ref._find_start_stop_traj(trajectory=traj, at_capacity=at_capacity, cursor=cursor)
+                got = _torch_slices.find_start_stop_traj(trajectory=traj, at_capacity=at_capacity, cursor=cursor)
+                for e, g in zip(expected, got):
+                    assert torch.equal(e, g)
+
+
+def test_find_start_stop_traj_errors():
+    with pytest.raises(RuntimeError, match="at least 1-dimensional"):
+        _torch_slices.find_start_stop_traj(end=torch.tensor(True), at_capacity=False)
+    with pytest.raises(RuntimeError, match="cursor should be an integer or a 1d tensor or a range."):
+        _torch_slices.find_start_stop_traj(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5)
+
+
+def test_slices_from_starts_matches_torchrl():
+    ref = trl.SliceSampler(num_slices=1)
+    rng = np.random.default_rng(0)
+    for ndim in (1, 2, 3):
+        start = torch.as_tensor(rng.integers(0, 20, (6, ndim)))
+        for seq in (1, 4, torch.as_tensor(rng.integers(1, 6, 6)), torch.tensor([0, 1, 0, 3, 2, 1])):
+            expected = ref._tensor_slices_from_startend(seq, start, 15)
+            got = _torch_slices.slices_from_starts(seq, start, 15)
+            assert got.dtype == expected.dtype and torch.equal(got, expected)
+    start = torch.tensor([3, 14, 0])
+    for seq in (3, torch.tensor([2, 3, 1])):
+        assert torch.equal(
+            _torch_slices.slices_from_starts(seq, start, 15), ref._tensor_slices_from_startend(seq, start, 15)
+        )
+
+
+class _ShapeStorage:
+    def __init__(self, n):
+        self.shape = torch.Size([n])
+        self._is_full = False
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("strict_length", [True, False])
+@pytest.mark.parametrize("span", [False, True, 1, 2])
+def test_excluded_start_positions_match_torchrl(strict_length, span):
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        lengths = torch.as_tensor(rng.integers(1, 9, int(rng.integers(1, 8))))
+        storage = _ShapeStorage(int(lengths.sum()))
+        for seq in (2, 3, 5):
+            if not isinstance(span, bool) and span >= seq - 1:
+                continue  # torchrl excludes nonsense there (nothing needs excluding)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref = trl.PrioritizedSliceSampler(
+                    storage.shape[0], 1.0, 1.0, slice_len=seq, strict_length=strict_length, span=span
+                )
+            expected = ref._preceding_stop_idx(storage, lengths, seq, None)
+            got = _torch_slices.excluded_start_positions(lengths, seq, ref.span[1], strict_length)
+            assert torch.equal(got, expected)
+    assert _torch_slices.excluded_start_positions(torch.tensor([3, 4]), 1, 0, True).numel() == 0
+
+
+@pytest.mark.parametrize("shape", [(30,), (25, 3)])
+def test_stops_after_starts_against_walk(shape):
+    rng = np.random.default_rng(2)
+    for _ in range(5):
+        end = _random_end(rng, shape, 0.15)
+        start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(end=end, at_capacity=True)
+        full_end = torch.zeros(shape, dtype=torch.bool)
+        full_end[tuple(stop_idx.unbind(-1))] = True
+        starts = torch.stack([torch.as_tensor(rng.integers(0, s, 40)) for s in shape], -1)
+        got = _torch_slices.stops_after_starts(starts, start_idx, stop_idx, shape[0])
+        for row, stop in zip(starts.tolist(), got.tolist()):
+            t = row[0]
+            while not full_end[(t % shape[0], *row[1:])]:
+                t += 1
+            assert stop == t
+
+
+# --------------------------------------------------------------------------- SliceSampler
+
+
+CONFIGS = [
+    dict(num_slices=4),
+    dict(slice_len=5),
+    dict(slice_len=10, strict_length=False),
+    dict(num_slices=2, strict_length=False),
+    dict(slice_len=5, span=(True, False)),
+    dict(slice_len=5, span=(2, 0)),
+    dict(slice_len=4, truncated_key=None),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=str)
+@pytest.mark.parametrize("key", ["traj_key", "end_key"])
+def test_slice_sampler_matches_torchrl(config, key):
+    lengths = [7, 3, 12, 1, 9, 20, 6]
+    storage = episode_storage(lengths, capacity=80)
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    run_both(lambda m: m.SliceSampler(**kwargs, **config), storage, 20)
+
+
+@pytest.mark.parametrize("cache_values", [False, True])
+def test_slice_sampler_at_capacity_with_cursor(cache_values):
+    storage = wrapped_storage()
+    assert storage._is_full and storage._last_cursor is not None
+    out = run_both(
+        lambda m: m.SliceSampler(slice_len=4, end_key=("next", "done"), cache_values=cache_values),
+        storage,
+        40,
+    )
+    episode = storage[:]["episode"]
+    for (index,), _ in out:
+        ep = episode[index].view(10, 4)
+        assert (ep == ep[:, :1]).all()  # never across a boundary, wrap-around included
+
+
+def test_slice_sampler_ends_and_trajectories_arguments():
+    lengths = [5, 8, 3, 9]
+    episode = episodes_from_lengths(lengths)
+    storage = episode_storage(lengths)
+    done = storage[:]["next", "done"].squeeze(-1)
+    run_both(lambda m: m.SliceSampler(num_slices=3, ends=done, cache_values=True), storage, 9)
+    run_both(lambda m: m.SliceSampler(num_slices=3, trajectories=episode, cache_values=True), storage, 9)
+    for kwargs, message in [
+        (dict(trajectories=episode, traj_key="episode", cache_values=True), "`trajectories` and `end_key` or `traj_key` are exclusive arguments."),
+        (dict(trajectories=episode, ends=done, cache_values=True), "trajectories and ends are exclusive arguments."),
+        (dict(trajectories=episode), "To be used, trajectories requires `cache_values` to be set to `True`."),
+        (dict(ends=done, end_key="done", cache_values=True), "`ends` and `end_key` or `traj_key` are exclusive arguments."),
+        (dict(ends=done), "To be used, ends requires `cache_values` to be set to `True`."),
+    ]:
+        for module in (trl, ours):
+            with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+                module.SliceSampler(num_slices=3, **kwargs)
+    for kwargs in (dict(), dict(num_slices=2, slice_len=3)):
+        with pytest.raises(TypeError, match="Either num_slices or slice_len must be not None, and not both."):
+            ours.SliceSampler(**kwargs)
+
+
+def test_slice_sampler_truncated_done_terminated():
+    storage = episode_storage([6, 6, 6, 6], terminated=True)
+    out = run_both(lambda m: m.SliceSampler(slice_len=3, traj_key="episode"), storage, 12)
+    for _, info in out:
+        assert info[("next", "truncated")].view(4, 3)[:, -1].all()
+        assert not info[("next", "truncated")].view(4, 3)[:, :-1].any()
+        assert (info[("next", "done")] >= info[("next", "truncated")]).all()
+        assert ("next", "terminated") in info
+    storage = episode_storage([6, 6], with_done=False)
+    out = run_both(lambda m: m.SliceSampler(slice_len=3, traj_key="episode", truncated_key=("nxt", "trunc")), storage, 6)
+    _, info = out[0]
+    assert set(info) == {("nxt", "trunc"), ("nxt", "done"), ("nxt", "terminated")}
+    assert torch.equal(info[("nxt", "done")], info[("nxt", "trunc")]) and not info[("nxt", "terminated")].any()
+
+
+def test_slice_sampler_ndim2():
+    # storage of shape [T, B]: trajectories run along dim 0 in each column
+    T, B = 20, 3
+    episode = torch.stack([episodes_from_lengths([5, 5, 10]), episodes_from_lengths([3, 17]), episodes_from_lengths([20])], -1)
+    done = torch.ones(T, B, dtype=torch.bool)
+    done[:-1] = episode[1:] != episode[:-1]
+    storage = LazyTensorStorage(T * B, ndim=2)
+    storage.set(torch.arange(T), TensorDict({"episode": episode, ("next", "done"): done.unsqueeze(-1)}, [T, B]))
+    for kwargs in (dict(slice_len=3), dict(num_slices=4, strict_length=False), dict(slice_len=4, traj_key="episode")):
+        out = run_both(lambda m: m.SliceSampler(**kwargs), storage, 12)
+        for (rows, cols), _ in out:
+            ep = episode[rows, cols]
+            slices = ep.view(-1, 3 if kwargs.get("slice_len") == 3 else 4) if "slice_len" in kwargs else None
+            if slices is not None:
+                assert (slices == slices[:, :1]).all() and (cols.view(slices.shape) == cols.view(slices.shape)[:, :1]).all()
+
+
+def test_slice_sampler_span_right_against_model():
+    # torchrl 0.11 fails here (torch.minimum on an int): checked against the definition
+    lengths = [7, 3, 12, 2, 9]
+    storage = episode_storage(lengths)
+    episode, step = storage[:]["episode"], storage[:]["step"]
+    # As torchrl implements it, a right span of i lets a slice start up to i + 1 steps
+    # from its trajectory's end (its docstring says slice_len - i); a left span of i
+    # keeps at least slice_len - i steps.
+    for span, minimum in ((True, 1), (2, 3), ((0, 1), 2), ((1, 0), 4)):
+        sampler = ours.SliceSampler(slice_len=5, traj_key="episode", span=span)
+        sampler._rng = generator(1)
+        for _ in range(20):
+            (index,), info = sampler.sample(storage, 25)
+            truncated = info[("next", "truncated")].squeeze(-1)
+            cuts = truncated.nonzero().squeeze(-1).tolist()
+            first = 0
+            for last in cuts:
+                sl = index[first : last + 1]
+                first = last + 1
+                assert (episode[sl] == episode[sl[0]]).all() and (torch.diff(step[sl]) == 1).all()
+                assert lengths[episode[sl[0]]] >= 5  # strict_length drops shorter ones
+                assert minimum <= len(sl) <= 5
+            assert first == index.numel()
+    with pytest.raises(ValueError, match="The right and left span must be strictly lower than the sequence length"):
+        ours.SliceSampler(slice_len=3, traj_key="episode", span=3).sample(storage, 6)
+
+
+def test_slice_sampler_never_crosses_boundaries():
+    rng = np.random.default_rng(3)
+    for trial in range(6):
+        lengths = rng.integers(1, 15, 12).tolist()
+        storage = episode_storage(lengths)
+        episode, step = storage[:]["episode"], storage[:]["step"]
+        sampler = ours.SliceSampler(slice_len=4, traj_key="episode", strict_length=bool(trial % 2), truncated_key=None)
+        if trial % 2 and max(lengths) < 4:
+            continue
+        (index,), _ = sampler.sample(storage, 40)
+        if trial % 2:
+            sl = index.view(10, 4)
+            assert (episode[sl] == episode[sl[:, :1]]).all() and (torch.diff(step[sl], dim=1) == 1).all()
+            assert all(lengths[e] >= 4 for e in episode[sl[:, 0]].tolist())
+
+
+def test_slice_sampler_errors_leave_it_usable():
+    storage = episode_storage([4, 4, 4])
+    sampler = ours.SliceSampler(num_slices=3, traj_key="episode")
+    with pytest.raises(RuntimeError, match="The batch-size must be divisible by the number of slices, got batch_size=7 and num_slices=3."):
+        sampler.sample(storage, 7)
+    with pytest.raises(RuntimeError, match=r"Did not find a single trajectory with sufficient length \(length range: 4 - 4 / required=5\)\)\."):
+        sampler.sample(storage, 15)
+    assert sampler.sample(storage, 6)[0][0].shape == (6,)
+    sampler = ours.SliceSampler(slice_len=4, traj_key="episode")
+    with pytest.raises(RuntimeError, match="The batch-size must be divisible by the slice length, got batch_size=6 and slice_len=4."):
+        sampler.sample(storage, 6)
+    with pytest.raises(RuntimeError, match="Could not get a tensordict out of the storage"):
+        ours.SliceSampler(num_slices=1, traj_key="nope", end_key="nope2").sample(storage, 2)
+    storage2 = LazyTensorStorage(24, ndim=2)
+    storage2.set(torch.arange(8), TensorDict({"episode": torch.zeros(8, 3)}, [8, 3]))
+    with pytest.raises(RuntimeError, match="Expected the end-of-trajectory signal to be 2-dimensional. Got a tensor with shape\\[1\\]=1"):
+        ours.SliceSampler(num_slices=1, ends=torch.zeros(8, dtype=torch.bool), cache_values=True).sample(storage2, 2)
+
+
+def test_slice_sampler_cache_values():
+    storage = episode_storage([4, 4, 4], capacity=20)
+    sampler = ours.SliceSampler(num_slices=2, traj_key="episode", cache_values=True)
+    sampler.sample(storage, 4)
+    assert "stop-and-length" in sampler._cache
+    cached = sampler._cache["stop-and-length"]
+    assert sampler._get_stop_and_length(storage) is cached
+    sampler.extend(torch.arange(12, 16))  # the buffer erases the cache on every write
+    assert sampler._cache == {}
+    sampler.sample(storage, 4)
+    sampler.add(3)
+    assert sampler._cache == {}
+    uncached = ours.SliceSampler(num_slices=2, traj_key="episode")
+    uncached.sample(storage, 4)
+    assert uncached._cache == {}
+    assert uncached.state_dict() == {} and sampler.__getstate__()["_cache"] == {}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slice_sampler_device_matches_cpu(device):
+    lengths = [7, 3, 12, 1, 9, 20, 6]
+    outs = []
+    for dev in ("cpu", device):
+        episode = episodes_from_lengths(lengths)
+        storage = LazyTensorStorage(80, device=dev)
+        storage.set(torch.arange(episode.shape[0]), episode_data(episode))
+        sampler = ours.SliceSampler(slice_len=4, end_key=("next", "done"), strict_length=False, use_gpu=dev != "cpu")
+        sampler._rng = generator(0)
+        outs.append(sampler.sample(storage, 20))
+    (i0, _), (i1, info1) = outs
+    assert i1[0].device.type == torch.device(device).type
+    assert torch.equal(i0[0], i1[0].cpu())
+
+
+# --------------------------------------------------------------------------- without replacement
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_slice_without_replacement_matches_torchrl(drop_last):
+    lengths = [7, 3, 12, 5, 9, 20, 6, 8]
+    storage = episode_storage(lengths)
+    run_both(
+        lambda m: m.SliceSamplerWithoutReplacement(num_slices=3, traj_key="episode", drop_last=drop_last, strict_length=False),
+        storage,
+        9,
+        calls=5,
+    )
+
+
+def test_slice_without_replacement_epoch_covers_each_trajectory_once():
+    lengths = [7, 5, 12, 5, 9, 20, 6, 8, 10]
+    storage = episode_storage(lengths)
+    episode = storage[:]["episode"]
+    sampler = ours.SliceSamplerWithoutReplacement(slice_len=5, traj_key="episode")
+    seen = []
+    while True:
+        (index,), _ = sampler.sample(storage, 15)
+        seen += episode[index.view(-1, 5)[:, 0]].tolist()
+        if sampler.ran_out:
+            break
+    assert sorted(seen) == list(range(len(lengths)))
+    sd = sampler.state_dict()
+    assert list(sd) == ["len_storage", "_sample_list", "drop_last", "_ran_out"] and sd["len_storage"] == 9
+    assert "sampled" in repr(sampler)
+
+
+# --------------------------------------------------------------------------- prioritized slices
+
+
+def _prioritized_pair(n, priority, **kwargs):
+    samplers = []
+    for module in (trl, ours):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s = module.PrioritizedSliceSampler(n, 0.8, 0.6, **kwargs)
+        s.update_priority(torch.arange(n), priority)
+        s._rng = generator(4)
+        samplers.append(s)
+    return samplers
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_slices=4),
+        dict(slice_len=5, strict_length=False),
+        dict(slice_len=4, span=(True, 0)),
+        dict(slice_len=4, cache_values=True, truncated_key=None),
+    ],
+    ids=str,
+)
+def test_prioritized_slice_matches_torchrl(config):
+    lengths = [7, 3, 12, 2, 9, 20, 6]
+    storage = episode_storage(lengths, capacity=59)
+    n = 59
+    priority = torch.rand(n, generator=generator(2)) * 3
+    ref, mine = _prioritized_pair(n, priority, traj_key="episode", **config)
+    for _ in range(3):
+        equal_outputs(ref.sample(storage, 20), mine.sample(storage, 20))
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+def test_prioritized_slice_at_capacity_matches_torchrl():
+    storage = wrapped_storage(seed=5)
+    priority = torch.rand(60, generator=generator(3)) + 0.1
+    ref, mine = _prioritized_pair(60, priority, slice_len=3, end_key=("next", "done"))
+    for _ in range(3):
+        equal_outputs(ref.sample(storage, 30), mine.sample(storage, 30))
+
+
+def test_prioritized_slice_starts_fit_and_trees_untouched():
+    lengths = [7, 3, 12, 2, 9, 20, 6]
+    storage = episode_storage(lengths)
+    n = sum(lengths)
+    episode, step = storage[:]["episode"], storage[:]["step"]
+    sampler = ours.PrioritizedSliceSampler(n, 1.0, 0.5, slice_len=5, traj_key="episode")
+    sampler.update_priority(torch.arange(n), torch.arange(n) % 4 + 1.0)
+    writes = []
+    for tree in (sampler._sum_tree, sampler._min_tree):
+        original = type(tree).__setitem__
+        tree.__class__ = type("Spy", (type(tree),), {"__setitem__": lambda self, i, v, o=original: (writes.append(i), o(self, i, v))})
+    before = sampler._sum_tree[np.arange(n)].copy()
+    sampler._rng = generator(6)
+    for _ in range(30):
+        (index,), info = sampler.sample(storage, 40)
+        sl = index.view(8, 5)
+        assert (episode[sl] == episode[sl[:, :1]]).all() and (torch.diff(step[sl], dim=1) == 1).all()
+        p = (sampler._sum_tree[sl[:, 0]])
+        expected = torch.pow(torch.as_tensor(p) / sampler._min_tree.query(0, n), -0.5)
+        assert torch.equal(info["priority_weight"], expected.repeat_interleave(5))
+    assert writes == []
+    np.testing.assert_array_equal(sampler._sum_tree[np.arange(n)], before)
+
+
+def test_prioritized_slice_frequencies():
+    lengths = [6, 6, 6]
+    storage = episode_storage(lengths)
+    priority = torch.tensor([1.0, 2, 3, 4, 5, 6] * 3)
+    sampler = ours.PrioritizedSliceSampler(18, 1.0, 1.0, eps=0.0, slice_len=3, traj_key="episode", truncated_key=None)
+    sampler.update_priority(torch.arange(18), priority)
+    sampler._rng = generator(8)
+    (index,), _ = sampler.sample(storage, 3 * 30_000)
+    starts = index.view(-1, 3)[:, 0]
+    counts = torch.bincount(starts, minlength=18).double()
+    allowed = torch.tensor([True] * 4 + [False] * 2).repeat(3)
+    assert counts[~allowed].sum() == 0
+    p = priority * allowed
+    expected = p / p.sum() * starts.numel()
+    chi2 = float((((counts - expected) ** 2) / expected)[allowed].sum())
+    assert chi2 < 32.9  # chi-square with 11 degrees of freedom, p = 0.9995
+
+
+def test_prioritized_slice_len_one():
+    # torchrl excludes every leaf for slices of length 1 and fails with "non-positive p_sum"
+    storage = episode_storage([3, 4])
+    sampler = ours.PrioritizedSliceSampler(7, 1.0, 1.0, slice_len=1, traj_key="episode")
+    sampler.update_priority(torch.arange(7), torch.ones(7))
+    (index,), _ = sampler.sample(storage, 50)
+    assert set(index.tolist()) == set(range(7))
+
+
+def test_prioritized_slice_state_and_left_span_warning(tmp_path):
+    with pytest.warns(UserWarning, match="Left spanning is disabled for PrioritizedSliceSampler"):
+        sampler = ours.PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2, span=True)
+    assert sampler.span == (0, True)
+    sampler.update_priority(torch.arange(10), torch.arange(10.0))
+    sd = sampler.state_dict()
+    assert set(sd) == {"_alpha", "_beta", "_eps", "_max_priority", "_sum_tree", "_min_tree"}
+    sampler.dumps(tmp_path)
+    other = ours.PrioritizedSliceSampler(10, 0.5, 0.5, slice_len=2)
+    other.loads(tmp_path)
+    np.testing.assert_array_equal(other._sum_tree[np.arange(10)], sampler._sum_tree[np.arange(10)])
+    assert other._alpha == 1.0
+    other.mark_update(torch.tensor([0]))
+    assert other._sum_tree[0] == pytest.approx(float(other.default_priority))

@@ -1,0 +1,2119 @@
+"""Samplers for composable replay buffers: a drop-in for ``torchrl.data.replay_buffers.samplers``.
+
+The classes have torchrl 0.11's names, signatures, defaults, properties, info dictionaries,
+``state_dict`` / ``dumps`` / ``loads`` formats and error messages, and work with any
+storage that follows torchrl's storage API (duck typing, as torchrl's samplers do).
+
+The index computations run as torch ops on the storage's device (:mod:`._torch_slices`),
+and :class:`PrioritizedSampler` keeps its priorities in segment trees chosen by device:
+``replay``'s compiled trees on CPU when they are available, tensor trees made of torch ops
+(:mod:`._torch_sumtree`) on accelerators or when ``replay`` is missing.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+import warnings
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from copy import copy, deepcopy
+from multiprocessing.context import get_spawning_popen
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import MemoryMappedTensor, TensorDict
+from tensordict.utils import NestedKey
+
+from . import _torch_slices
+from ._sampler_deps import (
+    _auto_device,
+    _is_int,
+    _replace_last,
+    logger,
+    Storage,
+    StorageEnsemble,
+    TensorStorage,
+    unravel_index,
+)
+from ._torch_sumtree import (
+    _TorchSegmentTree,
+    _TorchSumSegmentTree,
+    sample_prioritized_leaves,
+    TorchMinSegmentTreeFp32,
+    TorchMinSegmentTreeFp64,
+    TorchSumSegmentTreeFp32,
+    TorchSumSegmentTreeFp64,
+)
+
+__all__ = [
+    "PrioritizedSampler",
+    "PrioritizedSliceSampler",
+    "RandomSampler",
+    "Sampler",
+    "SamplerEnsemble",
+    "SamplerWithoutReplacement",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+]
+
+_EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+
+# ---------------------------------------------------------------------------- trees
+
+_TORCH_TREES = {
+    torch.float32: (TorchSumSegmentTreeFp32, TorchMinSegmentTreeFp32),
+    torch.float64: (TorchSumSegmentTreeFp64, TorchMinSegmentTreeFp64),
+}
+
+
+def _replay_trees():
+    """``replay``'s compiled trees by dtype, or ``None`` when they cannot be imported."""
+    try:
+        import replay
+    except ImportError:
+        return None
+    names = ("SumSegmentTreeFp32", "MinSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp64")
+    if not all(hasattr(replay, name) for name in names):
+        return None
+    return {
+        torch.float32: (replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32),
+        torch.float64: (replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64),
+    }
+
+
+_REPLAY_TREES = _replay_trees()
+
+# The classes a PrioritizedSampler uses on CPU, under torchrl's module-level names.
+SumSegmentTreeFp32, MinSegmentTreeFp32 = (_REPLAY_TREES or _TORCH_TREES)[torch.float32]
+SumSegmentTreeFp64, MinSegmentTreeFp64 = (_REPLAY_TREES or _TORCH_TREES)[torch.float64]
+
+
+def _tree_dtype(dtype) -> torch.dtype:
+    if dtype in (torch.float, torch.FloatType, torch.float32):
+        return torch.float32
+    if dtype in (torch.double, torch.DoubleTensor, torch.float64):
+        return torch.float64
+    raise NotImplementedError(f"dtype {dtype} not supported by PrioritizedSampler")
+
+
+def _make_trees(size: int, dtype: torch.dtype, backend: str, device: torch.device | None):
+    if backend == "replay":
+        if _REPLAY_TREES is None:
+            raise RuntimeError("the replay extension's segment trees are not available")
+        sum_cls, min_cls = _REPLAY_TREES[dtype]
+        return sum_cls(size), min_cls(size)
+    sum_cls, min_cls = _TORCH_TREES[dtype]
+    return sum_cls(size, device=device), min_cls(size, device=device)
+
+
+def _read_leaves(tree, size: int) -> torch.Tensor:
+    """The first ``size`` leaves of any tree following torchrl's tree API, as a tensor."""
+    if isinstance(tree, _TorchSegmentTree):
+        return tree.leaves[:size]
+    return torch.as_tensor(tree[np.arange(size, dtype=np.int64)])
+
+
+def _write_leaves(tree, values: torch.Tensor) -> None:
+    """Set every leaf of ``tree`` (``values`` holds ``tree.size`` elements)."""
+    if isinstance(tree, _TorchSegmentTree):
+        tree._set_all(values)
+    elif values.numel():
+        tree[np.arange(values.numel(), dtype=np.int64)] = values.detach().cpu().numpy()
+
+
+def _tree_device(tree) -> torch.device:
+    if isinstance(tree, _TorchSegmentTree):
+        return tree.device
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------- random draws
+# Draws are made on the generator's own device (a CPU generator cannot fill a CUDA tensor)
+# and moved afterwards, so a seeded buffer repeats its samples whatever the storage device.
+
+
+def _gen_device(generator, device):
+    return generator.device if generator is not None else device
+
+
+def _rand(num: int, device, generator) -> torch.Tensor:
+    out = torch.rand(num, generator=generator, device=_gen_device(generator, device))
+    return out.to(device) if device is not None else out
+
+
+def _randint(high: int, num: int, device, generator) -> torch.Tensor:
+    out = torch.randint(high, (num,), generator=generator, device=_gen_device(generator, device))
+    return out.to(device) if device is not None else out
+
+
+def _randperm(num: int, device, generator) -> torch.Tensor:
+    out = torch.randperm(num, generator=generator, device=_gen_device(generator, device))
+    return out.to(device) if device is not None else out
+
+
+def _storage_device(storage) -> torch.device | None:
+    device = getattr(storage, "device", None)
+    if device is None or isinstance(device, str) and device == "auto":
+        return None
+    try:
+        return torch.device(device)
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _ravel(coords, shape, device=None) -> torch.Tensor:
+    """``np.ravel_multi_index`` in torch ops (coordinates are trusted to be in range)."""
+    flat = None
+    stride = 1
+    for coord, size in zip(reversed(tuple(coords)), reversed(tuple(shape))):
+        coord = torch.as_tensor(coord, device=device)
+        term = coord * stride
+        flat = term if flat is None else flat + term
+        stride *= int(size)
+    return flat
+
+
+class Sampler(ABC):
+    """A generic sampler base class for composable Replay Buffers."""
+
+    # Some samplers - mainly those without replacement -
+    # need to keep track of the number of remaining batches
+    _remaining_batches = int(torch.iinfo(torch.int64).max)
+
+    # The RNG is set by the replay buffer
+    _rng: torch.Generator | None = None
+
+    @abstractmethod
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
+        ...
+
+    def add(self, index: int) -> None:
+        return
+
+    def extend(self, index: torch.Tensor) -> None:
+        return
+
+    def update_priority(
+        self,
+        index: int | torch.Tensor,
+        priority: float | torch.Tensor,
+        *,
+        storage: Storage | None = None,
+    ) -> dict | None:
+        warnings.warn(
+            f"Calling update_priority() on a sampler {type(self).__name__} that is not prioritized. Make sure this is the indented behavior."
+        )
+        return
+
+    def mark_update(
+        self, index: int | torch.Tensor, *, storage: Storage | None = None
+    ) -> None:
+        return
+
+    @property
+    def default_priority(self) -> float:
+        return 1.0
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+    @abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ...
+
+    @property
+    def ran_out(self) -> bool:
+        # by default, samplers never run out
+        return False
+
+    @abstractmethod
+    def _empty(self):
+        ...
+
+    @abstractmethod
+    def dumps(self, path):
+        ...
+
+    @abstractmethod
+    def loads(self, path):
+        ...
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}()"
+
+    def __getstate__(self):
+        # A generator cannot be pickled; the buffer sets it again after loading.
+        state = copy(self.__dict__)
+        state["_rng"] = None
+        return state
+
+
+class RandomSampler(Sampler):
+    """A uniformly random sampler for composable replay buffers.
+
+    Indices are drawn by the storage (``storage._rand_given_ndim``), uniformly over its
+    filled part, on the storage's device, with the buffer's generator when one is set.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(5), torch.arange(5))
+        >>> index, info = RandomSampler().sample(storage, 4)
+        >>> bool(((index >= 0) & (index < 5)).all()), info
+        (True, {})
+    """
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if len(storage) == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        index = storage._rand_given_ndim(batch_size)
+        return index, {}
+
+    def _empty(self):
+        pass
+
+    def dumps(self, path):
+        # Nothing to save: the sampler has no state.
+        ...
+
+    def loads(self, path):
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+
+class SamplerWithoutReplacement(Sampler):
+    """A data-consuming sampler that ensures that the same sample is not present in consecutive batches.
+
+    Each epoch visits a fresh permutation of the storage's indices (or the indices in
+    order when ``shuffle=False``), drawn on the storage's device.
+
+    Args:
+        drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
+            If ``False``, this last sample will be kept and (unlike with torch dataloaders)
+            completed with other samples from a fresh indices permutation.
+            Defaults to ``False``.
+        shuffle (bool, optional): if ``False``, the items are not randomly
+            permuted. This enables to iterate over the replay buffer in the
+            order the data was collected. Defaults to ``True``.
+
+    *Caution*: If the size of the storage changes in between two calls, the samples will be re-shuffled
+    (as we can't generally keep track of which samples have been sampled before and which haven't).
+
+    Similarly, it is expected that the storage content remains the same in between two calls,
+    but this is not enforced.
+
+    When the sampler reaches the end of the list of available indices, a new sample order
+    will be generated and the resulting indices will be completed with this new draw, which
+    can lead to duplicated indices, unless the :obj:`drop_last` argument is set to ``True``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(6)
+        >>> storage.set(torch.arange(6), torch.arange(6))
+        >>> sampler = SamplerWithoutReplacement(drop_last=True)
+        >>> first, _ = sampler.sample(storage, 3)
+        >>> second, _ = sampler.sample(storage, 3)
+        >>> sorted(torch.cat([first, second]).tolist()), sampler.ran_out
+        ([0, 1, 2, 3, 4, 5], True)
+    """
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True):
+        self._sample_list = None
+        self.len_storage = 0
+        self.drop_last = drop_last
+        self._ran_out = False
+        self.shuffle = shuffle
+
+    def dumps(self, path):
+        path = Path(path)
+        path.mkdir(exist_ok=True)
+        TensorDict(self.state_dict()).memmap(path)
+
+    def loads(self, path):
+        sd = TensorDict.load_memmap(path).to_dict()
+        self.load_state_dict(sd)
+
+    def _get_sample_list(self, storage: Storage, len_storage: int, batch_size: int):
+        if storage is None:
+            device = self._sample_list.device
+        else:
+            device = _storage_device(storage)
+        if self.shuffle:
+            _sample_list = _randperm(len_storage, device, self._rng)
+        else:
+            _sample_list = torch.arange(len_storage, device=device)
+        self._sample_list = _sample_list
+        self._remaining_batches = self._count_batches(self._sample_list.numel(), batch_size)
+
+    def _count_batches(self, remaining: int, batch_size: int) -> int:
+        if self.drop_last:
+            return remaining // batch_size
+        return -(remaining // -batch_size)
+
+    def _single_sample(self, len_storage, batch_size):
+        index = self._sample_list[:batch_size]
+        self._sample_list = self._sample_list[batch_size:]
+        self._remaining_batches = self._count_batches(self._sample_list.numel(), batch_size)
+        # Whether one more batch of the same size can be drawn from this epoch: the
+        # buffer reads ``ran_out`` to stop its iterator.
+        if self._sample_list.shape[0] == 0 or (
+            self.drop_last and len(self._sample_list) < batch_size
+        ):
+            self.ran_out = True
+            self._get_sample_list(
+                storage=None, len_storage=len_storage, batch_size=batch_size
+            )
+        else:
+            self.ran_out = False
+        return index
+
+    def _storage_len(self, storage):
+        return len(storage)
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:  # noqa: F811
+        len_storage = self._storage_len(storage)
+        if len_storage == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        if self.len_storage != len_storage or self._sample_list is None:
+            self._get_sample_list(storage, len_storage, batch_size=batch_size)
+        if len_storage < batch_size and self.drop_last:
+            raise ValueError(
+                f"The batch size ({batch_size}) is greater than the storage capacity ({len_storage}). "
+                "This makes it impossible to return a sample without repeating indices. "
+                "Consider changing the sampler class or turn the 'drop_last' argument to False."
+            )
+        self.len_storage = len_storage
+        index = self._single_sample(len_storage, batch_size)
+        if storage.ndim > 1:
+            index = unravel_index(index, storage.shape)
+        # The indices are always returned: drop_last only makes ``ran_out`` turn True
+        # whenever the next sample would be too short.
+        return index, {}
+
+    @property
+    def ran_out(self):
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value):
+        self._ran_out = value
+
+    def _empty(self):
+        self._sample_list = None
+        self.len_storage = 0
+        self._ran_out = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return OrderedDict(
+            len_storage=self.len_storage,
+            _sample_list=self._sample_list,
+            drop_last=self.drop_last,
+            _ran_out=self._ran_out,
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.len_storage = state_dict["len_storage"]
+        self._sample_list = state_dict["_sample_list"]
+        self.drop_last = state_dict["drop_last"]
+        self._ran_out = state_dict["_ran_out"]
+
+    def __repr__(self):
+        if self._sample_list is not None:
+            perc = len(self._sample_list) / self.len_storage * 100
+        else:
+            perc = 0.0
+        return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
+
+
+class PrioritizedSampler(Sampler):
+    r"""Prioritized sampler for replay buffer.
+
+    This sampler implements Prioritized Experience Replay (PER) as presented in
+    "Schaul, T.; Quan, J.; Antonoglou, I.; and Silver, D. 2015. Prioritized experience replay."
+    (https://arxiv.org/abs/1511.05952)
+
+    Item :math:`i` is drawn with probability :math:`P(i) = \frac{p_i^\alpha}{\sum_j p_j^\alpha}`
+    (where :math:`p_i` is its priority plus ``eps``) and comes with the importance weight
+    :math:`w_i = (p_i^\alpha / \min_j p_j^\alpha)^{-\beta}`, returned under
+    ``"priority_weight"`` in the info dictionary.
+
+    Args:
+        max_capacity (int): maximum capacity of the buffer.
+        alpha (:obj:`float`): exponent :math:`\alpha` determines how much prioritization is used,
+            with :math:`\alpha = 0` corresponding to the uniform case.
+        beta (:obj:`float`): importance sampling negative exponent :math:`\beta`.
+        eps (:obj:`float`, optional): small constant added to priorities to ensure
+            no experience has zero priority. Defaults to 1e-8.
+        dtype (torch.dtype, optional): the precision of the priority trees,
+            ``torch.float`` or ``torch.double``. Defaults to ``torch.float``.
+        reduction (str, optional): the reduction method for multidimensional
+            tensordicts (ie stored trajectory). Can be one of "max", "min",
+            "median" or "mean". Defaults to ``"max"``.
+        max_priority_within_buffer (bool, optional): if ``True``, the max-priority
+            is tracked within the buffer. When ``False``, the max-priority tracks
+            the maximum value since the instantiation of the sampler. Defaults to ``False``.
+
+    .. note:: On CPU, priorities live in ``replay``'s compiled segment trees when that
+        extension is available (so prioritized replay works on any torch release, where
+        torchrl 0.11 needs its trees compiled for torch 2.9), otherwise in tensor trees made
+        of torch ops. When the sampler first meets a storage on an accelerator, the
+        priorities move to tensor trees on that device, and sampling and updates then run
+        there with torch ops; each sample and each update synchronises with the host once
+        (to check the priorities and indices).
+
+    .. note:: Unlike torchrl's, indices outside ``[0, max_capacity)`` and NaN, negative or
+        infinite priorities raise an exception before anything changes (torchrl writes
+        outside its tree or corrupts sampling), and the max priority is rebuilt with one
+        reduction rather than a Python loop over the capacity.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(2), torch.arange(2))
+        >>> sampler = PrioritizedSampler(max_capacity=10, alpha=1.0, beta=1.0)
+        >>> sampler.update_priority(torch.tensor([0, 1]), torch.tensor([0.0, 1000.0]))
+        >>> index, info = sampler.sample(storage, 10)
+        >>> index.tolist()
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+        >>> sorted(info)
+        ['priority_weight']
+    """
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+    ) -> None:
+        if alpha < 0:
+            raise ValueError(
+                f"alpha must be greater or equal than 0, got alpha={alpha}"
+            )
+        if beta < 0:
+            raise ValueError(f"beta must be greater or equal to 0, got beta={beta}")
+
+        self._max_capacity = max_capacity
+        self._alpha = alpha
+        self._beta = beta
+        self._eps = eps
+        self.reduction = reduction
+        self.dtype = dtype
+        self._max_priority_within_buffer = max_priority_within_buffer
+        self._init()
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}(alpha={self._alpha}, beta={self._beta}, eps={self._eps}, reduction={self.reduction})"
+
+    @property
+    def max_size(self):
+        return self._max_capacity
+
+    @property
+    def alpha(self):
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value):
+        self._alpha = value
+
+    @property
+    def beta(self):
+        return self._beta
+
+    @beta.setter
+    def beta(self, value):
+        self._beta = value
+
+    def __getstate__(self):
+        if get_spawning_popen() is not None:
+            raise RuntimeError(
+                f"Samplers of type {type(self)} cannot be shared between processes."
+            )
+        return super().__getstate__()
+
+    # ------------------------------------------------------------------ trees
+    @property
+    def _tree_backend(self) -> str:
+        return self.__dict__.get("_tree_backend_value") or (
+            "replay" if _REPLAY_TREES is not None else "torch"
+        )
+
+    def _init(self) -> None:
+        dtype = _tree_dtype(self.dtype)
+        backend = self._tree_backend
+        device = self.__dict__.get("_tree_device_value")
+        self._sum_tree, self._min_tree = _make_trees(self._max_capacity, dtype, backend, device)
+        self._max_priority = None
+
+    def _use_trees(self, backend: str | None = None, device=None) -> None:
+        """Move the priorities to trees of ``backend`` ("replay" or "torch") on ``device``."""
+        device = torch.device("cpu") if device is None else torch.device(device)
+        if backend is None:
+            backend = "replay" if device.type == "cpu" and _REPLAY_TREES is not None else "torch"
+        if backend == "replay" and device.type != "cpu":
+            raise ValueError(f"replay's trees live on the CPU, got device={device}")
+        size = self._sum_tree.size
+        sum_values = _read_leaves(self._sum_tree, size)
+        min_values = _read_leaves(self._min_tree, size)
+        sum_tree, min_tree = _make_trees(size, _tree_dtype(self.dtype), backend, device)
+        _write_leaves(sum_tree, sum_values)
+        _write_leaves(min_tree, min_values)
+        self._sum_tree, self._min_tree = sum_tree, min_tree
+        self.__dict__["_tree_backend_value"] = backend
+        self.__dict__["_tree_device_value"] = device
+
+    def _follow_storage(self, storage) -> None:
+        # Priorities live where the data lives, so a CUDA storage is sampled on CUDA.
+        device = _storage_device(storage) if storage is not None else None
+        if device is not None and device.type != "cpu" and device != _tree_device(self._sum_tree):
+            self._use_trees("torch", device)
+
+    @property
+    def _device(self) -> torch.device:
+        return _tree_device(self._sum_tree)
+
+    def _empty(self) -> None:
+        self._init()
+
+    @property
+    def _max_priority(self) -> tuple[float | None, int | None]:
+        max_priority_index = self.__dict__.get("_max_priority")
+        if max_priority_index is None:
+            return (None, None)
+        return max_priority_index
+
+    @_max_priority.setter
+    def _max_priority(self, value: tuple[float | None, int | None]) -> None:
+        self.__dict__["_max_priority"] = value
+
+    def _maybe_erase_max_priority(
+        self, index: torch.Tensor | int | slice | tuple
+    ) -> None:
+        if not self._max_priority_within_buffer:
+            return
+        max_priority_index = self._max_priority[1]
+        if max_priority_index is None:
+            return
+
+        def check_index(index=index, max_priority_index=max_priority_index):
+            if isinstance(index, torch.Tensor):
+                mpi = torch.as_tensor(max_priority_index, device=index.device)
+                # index can be 1d or 2d
+                if index.ndim == 1:
+                    is_overwritten = (index == mpi).any()
+                else:
+                    is_overwritten = (index == mpi).all(-1).any()
+            elif isinstance(index, int):
+                is_overwritten = index == max_priority_index
+            elif isinstance(index, slice):
+                is_overwritten = int(max_priority_index) in range(
+                    *index.indices(self._max_capacity)
+                )
+            elif isinstance(index, tuple):
+                is_overwritten = isinstance(max_priority_index, tuple)
+                if is_overwritten:
+                    for idx, mpi in zip(index, max_priority_index):
+                        is_overwritten &= check_index(idx, mpi)
+            else:
+                raise TypeError(f"index of type {type(index)} is not recognized.")
+            return is_overwritten
+
+        if check_index():
+            self._max_priority = None
+
+    @property
+    def default_priority(self) -> float:
+        mp = self._max_priority[0]
+        if mp is None:
+            mp = 1
+        return (mp + self._eps) ** self._alpha
+
+    # ------------------------------------------------------------------ sampling
+    def _sample_tree(self, num_valid: int, batch_size: int, exclude=None):
+        """``(index, priority)`` of ``batch_size`` prioritized draws among the first ``num_valid`` leaves."""
+        device = self._device
+        uniform = _rand(batch_size, device, self._rng)
+        sum_tree = self._sum_tree
+        if isinstance(sum_tree, _TorchSumSegmentTree):
+            index, priority, _ = sum_tree.sample_prioritized(uniform, num_valid, exclude=exclude)
+        else:
+            # Any tree with torchrl's API: sample over a copy of its leaves.
+            leaves = _read_leaves(sum_tree, num_valid)
+            index, priority, _ = sample_prioritized_leaves(leaves, uniform, exclude=exclude)
+        return index, priority
+
+    def _prioritized_sample(self, storage, batch_size: int, exclude=None):
+        if len(storage) == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        self._follow_storage(storage)
+        num_valid = len(storage)
+        index, priority = self._sample_tree(num_valid, batch_size, exclude=exclude)
+        p_min = self._min_tree.query(0, num_valid)
+        if not p_min > 0:
+            raise RuntimeError(
+                f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
+            )
+        # Importance sampling weight, normalised by the largest weight (that of p_min):
+        #   w_i = (N * P(i)) ** -beta / (N * P_min) ** -beta = (p_i / p_min) ** -beta
+        weight = torch.pow(priority / p_min, -self._beta)
+        if storage.ndim > 1:
+            index = unravel_index(index, storage.shape)
+        return index, {"priority_weight": weight}
+
+    def sample(self, storage: Storage, batch_size: int) -> torch.Tensor:
+        return self._prioritized_sample(storage, batch_size)
+
+    def add(self, index: torch.Tensor | int) -> None:
+        super().add(index)
+        self._maybe_erase_max_priority(index)
+
+    def extend(self, index: torch.Tensor | tuple) -> None:
+        super().extend(index)
+        self._maybe_erase_max_priority(index)
+
+    @torch.no_grad()
+    def update_priority(
+        self,
+        index: int | torch.Tensor,
+        priority: float | torch.Tensor,
+        *,
+        storage: TensorStorage | None = None,
+    ) -> None:  # noqa: D417
+        """Updates the priority of the data pointed by the index.
+
+        Args:
+            index (int or torch.Tensor): indexes of the priorities to be
+                updated. Negative indices (``-1`` marks items a writer skipped) are ignored.
+            priority (Number or torch.Tensor): new priorities of the
+                indexed elements.
+
+        Keyword Args:
+            storage (Storage, optional): a storage used to map the Nd index size to
+                the 1d size of the sum_tree and min_tree. Only required whenever
+                ``index.ndim > 2``.
+
+        .. note:: Bad input (an index past ``max_capacity``, a NaN, negative or infinite
+            priority, mismatched shapes) raises before the sampler changes.
+        """
+        self._follow_storage(storage)
+        device = self._device
+        if isinstance(index, tuple):
+            index = torch.stack([torch.as_tensor(i) for i in index], -1)
+        priority = torch.as_tensor(priority, device=device).detach()
+        index = torch.as_tensor(index, dtype=torch.long, device=device)
+        # we need to reshape priority if it has more than one element or if it has
+        # a different shape than index
+        if priority.numel() > 1 and priority.shape != index.shape:
+            try:
+                priority = priority.reshape(index.shape[:1])
+            except Exception as err:
+                raise RuntimeError(
+                    "priority should be a number or an iterable of the same "
+                    f"length as index. Got priority of shape {priority.shape} and index "
+                    f"{index.shape}."
+                ) from err
+        elif priority.numel() <= 1:
+            priority = priority.squeeze()
+
+        # MaxValueWriter sets -1 for the items of the data that must not be updated, so
+        # only the non-negative indices are kept.
+        if _is_int(index):
+            if index == -1:
+                return
+        else:
+            if index.ndim > 1:
+                if storage is None:
+                    raise RuntimeError(
+                        "storage should be provided to Sampler.update_priority when the storage has more "
+                        "than one dimension."
+                    )
+                try:
+                    shape = storage.shape
+                except AttributeError:
+                    raise AttributeError(
+                        "Could not retrieve the storage shape. If your storage is not a TensorStorage subclass "
+                        "or its shape isn't accessible via the shape attribute, submit an issue on GitHub."
+                    )
+                index = self._ravel_index(index, shape)
+            valid_index = index >= 0
+            if not valid_index.any():
+                return
+            if not valid_index.all():
+                index = index[valid_index]
+                if priority.ndim:
+                    priority = priority[valid_index]
+        self._check_update(index, priority)
+
+        max_p, max_p_idx = priority.max(dim=0)
+        cur_max_priority, cur_max_priority_index = self._max_priority
+        if cur_max_priority is None or max_p > cur_max_priority:
+            cur_max_priority, cur_max_priority_index = self._max_priority = (
+                max_p,
+                index[max_p_idx] if index.ndim else index,
+            )
+        priority = torch.pow(priority + self._eps, self._alpha)
+        self._sum_tree[index] = priority
+        self._min_tree[index] = priority
+        if (
+            self._max_priority_within_buffer
+            and cur_max_priority_index is not None
+            and (index == cur_max_priority_index).any()
+        ):
+            # As torchrl does, the max is taken over the stored values p ** alpha.
+            leaves = _read_leaves(self._sum_tree, self._sum_tree.size)
+            maxval, maxidx = leaves.to(torch.get_default_dtype()).max(0)
+            self._max_priority = (maxval, maxidx)
+
+    @staticmethod
+    def _ravel_index(index: torch.Tensor, shape) -> torch.Tensor:
+        # Rows holding a negative coordinate stay negative, so they are ignored like -1.
+        if index.shape[-1] != len(shape):
+            raise IndexError(
+                f"index rows must have {len(shape)} coordinates for a storage of shape "
+                f"{tuple(shape)}, got an index of shape {tuple(index.shape)}"
+            )
+        negative = (index < 0).any(-1)
+        sizes = torch.as_tensor(tuple(shape), device=index.device)
+        outside = (index >= sizes).any(-1) & ~negative
+        if outside.any():
+            pos = int(outside.nonzero()[0, 0])
+            raise IndexError(
+                f"index {index[pos].tolist()} at position {pos} is out of range for a "
+                f"storage of shape {tuple(shape)}"
+            )
+        flat = _ravel(index.unbind(-1), shape)
+        return torch.where(negative, -1, flat)
+
+    def _check_update(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        flat_index = index.reshape(-1)
+        outside = (flat_index >= self._max_capacity) | (flat_index < 0)
+        if outside.any():
+            pos = int(outside.nonzero()[0, 0])
+            raise IndexError(
+                f"index {int(flat_index[pos])} at position {pos} is out of range for "
+                f"max_capacity={self._max_capacity}"
+            )
+        if priority.is_complex() or priority.dtype == torch.bool:
+            raise TypeError(f"priority must hold real numbers, got dtype {priority.dtype}")
+        flat = priority.reshape(-1)
+        if flat.is_floating_point():
+            bad = ~torch.isfinite(flat) | (flat < 0)
+        else:
+            bad = flat < 0
+        if bad.any():
+            pos = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"priority must be finite and non-negative, got priority={float(flat[pos])} "
+                f"at position {pos}"
+            )
+
+    def mark_update(
+        self, index: int | torch.Tensor, *, storage: Storage | None = None
+    ) -> None:
+        self.update_priority(index, self.default_priority, storage=storage)
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_alpha": self._alpha,
+            "_beta": self._beta,
+            "_eps": self._eps,
+            "_max_priority": self._max_priority,
+            "_sum_tree": deepcopy(self._sum_tree),
+            "_min_tree": deepcopy(self._min_tree),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sum_tree = state_dict["_sum_tree"]
+        min_tree = state_dict["_min_tree"]
+        for tree in (sum_tree, min_tree):
+            if len(tree) != self._max_capacity:
+                raise RuntimeError(
+                    f"max capacity of loaded trees ({len(tree)}) differs from self._max_capacity ({self._max_capacity})."
+                )
+        self._alpha = state_dict["_alpha"]
+        self._beta = state_dict["_beta"]
+        self._eps = state_dict["_eps"]
+        self._max_priority = state_dict["_max_priority"]
+        state_dict.pop("_sum_tree")
+        state_dict.pop("_min_tree")
+        # Trees of any class following torchrl's API are accepted (a state dict written by
+        # torchrl holds its own); the values move into this sampler's backend.
+        self._copy_leaves_from(sum_tree, min_tree)
+
+    def _copy_leaves_from(self, sum_tree, min_tree) -> None:
+        same_kind = (
+            type(sum_tree) is type(self._sum_tree)
+            and type(min_tree) is type(self._min_tree)
+            and _tree_device(sum_tree) == self._device
+        )
+        if same_kind:
+            self._sum_tree, self._min_tree = sum_tree, min_tree
+            return
+        _write_leaves(self._sum_tree, _read_leaves(sum_tree, self._max_capacity))
+        _write_leaves(self._min_tree, _read_leaves(min_tree, self._max_capacity))
+
+    def dumps(self, path):
+        path = Path(path).absolute()
+        path.mkdir(exist_ok=True)
+        capacity = self._max_capacity
+        files = {}
+        for name in ("sumtree", "mintree"):
+            filename = path / f"{name}.memmap"
+            try:
+                files[name] = MemoryMappedTensor.from_filename(
+                    shape=(capacity,), dtype=torch.float64, filename=filename
+                )
+            except FileNotFoundError:
+                files[name] = MemoryMappedTensor.empty(
+                    (capacity,), dtype=torch.float64, filename=filename
+                )
+        files["sumtree"].copy_(_read_leaves(self._sum_tree, capacity).to(torch.float64).cpu())
+        files["mintree"].copy_(_read_leaves(self._min_tree, capacity).to(torch.float64).cpu())
+
+        def to_float(value):
+            if value is None:
+                return None
+            if isinstance(value, (tuple, list)):
+                return [to_float(v) for v in value]
+            return float(value)
+
+        with open(path / "sampler_metadata.json", "w") as file:
+            json.dump(
+                {
+                    "_alpha": float(self._alpha),
+                    "_beta": float(self._beta),
+                    "_eps": float(self._eps),
+                    "_max_priority": to_float(tuple(self._max_priority)),
+                    "_max_capacity": float(self._max_capacity),
+                },
+                file,
+            )
+
+    def loads(self, path):
+        path = Path(path).absolute()
+        with open(path / "sampler_metadata.json") as file:
+            metadata = json.load(file)
+        _max_capacity = metadata["_max_capacity"]
+        if _max_capacity != self._max_capacity:
+            raise RuntimeError(
+                f"max capacity of loaded metadata ({_max_capacity}) differs from self._max_capacity ({self._max_capacity})."
+            )
+        leaves = {
+            name: MemoryMappedTensor.from_filename(
+                shape=(self._max_capacity,), dtype=torch.float64, filename=path / f"{name}.memmap"
+            )
+            for name in ("sumtree", "mintree")
+        }
+        self._alpha = metadata["_alpha"]
+        self._beta = metadata["_beta"]
+        self._eps = metadata["_eps"]
+        current = tuple(self._max_priority)
+        loaded = tuple(metadata["_max_priority"])
+        if all(x is None for x in current):
+            self._max_priority = loaded
+        else:
+            # Existing tensors are updated in place, as torchrl does.
+            for dest, orig in zip(current, loaded):
+                if dest is not None and orig is not None:
+                    dest.copy_(torch.as_tensor(orig))
+        for tree, name in ((self._sum_tree, "sumtree"), (self._min_tree, "mintree")):
+            _write_leaves(tree, leaves[name].as_subclass(torch.Tensor).clone())
+
+
+class SliceSampler(Sampler):
+    """Samples slices of data along the first dimension, given start and stop signals.
+
+    This class samples sub-trajectories with replacement. For a version without
+    replacement, see :class:`~torchrl_compat.samplers.SliceSamplerWithoutReplacement`.
+
+    Keyword Args:
+        num_slices (int): the number of slices to be sampled. The batch-size
+            must be greater or equal to the ``num_slices`` argument. Exclusive
+            with ``slice_len``.
+        slice_len (int): the length of the slices to be sampled. The batch-size
+            must be greater or equal to the ``slice_len`` argument and divisible
+            by it. Exclusive with ``num_slices``.
+        end_key (NestedKey, optional): the key indicating the end of a
+            trajectory (or episode). Defaults to ``("next", "done")``.
+        traj_key (NestedKey, optional): the key indicating the trajectories.
+            Defaults to ``"episode"`` (commonly used across datasets in TorchRL).
+        ends (torch.Tensor, optional): a 1d boolean tensor containing the end of run signals.
+            Must be used with ``cache_values=True`` and cannot be used in conjunction with
+            ``end_key`` or ``traj_key``. If provided, it is assumed that the storage is at
+            capacity and that if the last element of the ``ends`` tensor is ``False``,
+            the same trajectory spans across end and beginning.
+        trajectories (torch.Tensor, optional): a 1d integer tensor containing the run ids.
+            Must be used with ``cache_values=True`` and cannot be used in conjunction with
+            ``end_key`` or ``traj_key``. If provided, it is assumed that the storage is at
+            capacity and that if the last element of the trajectory tensor is identical to
+            the first, the same trajectory spans across end and beginning.
+        cache_values (bool, optional): to be used with static datasets.
+            Will cache the start and end signal of the trajectory. This can be safely used even
+            if the trajectory indices change during calls to :meth:`extend`
+            as this operation will erase the cache. Defaults to ``False``.
+        truncated_key (NestedKey, optional): If not ``None``, this argument
+            indicates where a truncated signal should be written in the output
+            data. Defaults to ``("next", "truncated")``.
+        strict_length (bool, optional): if ``False``, trajectories of length
+            shorter than `slice_len` (or `batch_size // num_slices`) will be
+            allowed to appear in the batch. If ``True``, trajectories shorted
+            than required will be filtered out. Defaults to ``True``.
+        compile (bool or dict of kwargs, optional): if ``True``, the bottleneck of
+            the :meth:`~sample` method will be compiled with :func:`~torch.compile`.
+            Keyword arguments can also be passed to torch.compile with this arg.
+            Defaults to ``False``.
+        span (bool, int, Tuple[bool | int, bool | int], optional): if provided, the sampled
+            trajectory will span across the left and/or the right. A boolean value means
+            that at least one element will be sampled per trajectory. An integer `i` means
+            that at least `slice_len - i` samples will be gathered for each sampled trajectory.
+            Using tuples allows a fine grained control over the span on the left and on
+            the right. Defaults to ``False``.
+        use_gpu (bool or torch.device): if ``True`` (or is a device is passed), an accelerator
+            will be used to retrieve the indices of the trajectory starts.
+            Defaults to ``False``.
+
+    .. note:: To recover the trajectory splits in the storage, the sampler first
+        attempts to find the ``traj_key`` entry in the storage. If it cannot be
+        found, the ``end_key`` is used to reconstruct the episodes.
+
+    .. note:: Trajectory starts and stops and slice indices are computed with a few
+        vectorised torch ops on the device of the end signal (or of ``use_gpu``); only the
+        checks that can raise synchronise with the host.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(12)
+        >>> episode = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+        >>> storage.set(torch.arange(12), TensorDict({"episode": episode}, [12]))
+        >>> sampler = SliceSampler(num_slices=3, traj_key="episode", truncated_key=None)
+        >>> (index,), info = sampler.sample(storage, 6)
+        >>> [len(set(episode[index[k:k + 2]].tolist())) for k in range(0, 6, 2)]
+        [1, 1, 1]
+    """
+
+    # We use this whenever we need to sample N times too many transitions to then select only a 1/N fraction of them
+    _batch_size_multiplier: int | None = 1
+
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        compile: bool | dict = False,
+        span: bool | int | tuple[bool | int, bool | int] = False,
+        use_gpu: torch.device | bool = False,
+    ):
+        self.num_slices = num_slices
+        self.slice_len = slice_len
+        self.end_key = end_key
+        self.traj_key = traj_key
+        self.truncated_key = truncated_key
+        self.cache_values = cache_values
+        self._fetch_traj = True
+        self.strict_length = strict_length
+        self._cache = {}
+        self.use_gpu = bool(use_gpu)
+        if not self.use_gpu:
+            self._gpu_device = None
+        elif isinstance(use_gpu, bool):
+            self._gpu_device = _auto_device()
+        else:
+            self._gpu_device = torch.device(use_gpu)
+
+        if isinstance(span, (bool, int)):
+            span = (span, span)
+        self.span = span
+
+        if trajectories is not None:
+            if traj_key is not None or end_key:
+                raise RuntimeError(
+                    "`trajectories` and `end_key` or `traj_key` are exclusive arguments."
+                )
+            if ends is not None:
+                raise RuntimeError("trajectories and ends are exclusive arguments.")
+            if not cache_values:
+                raise RuntimeError(
+                    "To be used, trajectories requires `cache_values` to be set to `True`."
+                )
+            vals = self._find_start_stop_traj(trajectory=trajectories, at_capacity=True)
+            self._cache["stop-and-length"] = vals
+
+        elif ends is not None:
+            if traj_key is not None or end_key:
+                raise RuntimeError(
+                    "`ends` and `end_key` or `traj_key` are exclusive arguments."
+                )
+            if trajectories is not None:
+                raise RuntimeError("trajectories and ends are exclusive arguments.")
+            if not cache_values:
+                raise RuntimeError(
+                    "To be used, ends requires `cache_values` to be set to `True`."
+                )
+            vals = self._find_start_stop_traj(end=ends, at_capacity=True)
+            self._cache["stop-and-length"] = vals
+
+        else:
+            if traj_key is not None:
+                self._fetch_traj = True
+            elif end_key is not None:
+                self._fetch_traj = False
+            if end_key is None:
+                end_key = ("next", "done")
+            if traj_key is None:
+                traj_key = "episode"
+            self.end_key = end_key
+            self.traj_key = traj_key
+
+        if not ((num_slices is None) ^ (slice_len is None)):
+            raise TypeError(
+                "Either num_slices or slice_len must be not None, and not both. "
+                f"Got num_slices={num_slices} and slice_len={slice_len}."
+            )
+        self.compile = bool(compile)
+        if self.compile:
+            kwargs = compile if isinstance(compile, dict) else {}
+            self._get_index = torch.compile(self._get_index, **kwargs)
+
+    def __getstate__(self):
+        if get_spawning_popen() is not None and self.cache_values:
+            logger.warning(
+                f"It seems you are sharing a {type(self).__name__} across processes with "
+                f"cache_values=True. "
+                f"While this isn't forbidden and could perfectly work if your dataset "
+                f"is unaltered on both processes, remember that calling extend/add on "
+                f"one process will NOT erase the cache on another process's sampler, "
+                f"which will cause synchronization issues."
+            )
+        state = super().__getstate__()
+        state["_cache"] = {}
+        return state
+
+    def extend(self, index: torch.Tensor) -> None:
+        super().extend(index)
+        if self.cache_values:
+            self._cache.clear()
+
+    def add(self, index: torch.Tensor) -> None:
+        super().add(index)
+        if self.cache_values:
+            self._cache.clear()
+
+    def __repr__(self):
+        return (
+            f"{self.__class__.__name__}(num_slices={self.num_slices}, "
+            f"slice_len={self.slice_len}, "
+            f"end_key={self.end_key}, "
+            f"traj_key={self.traj_key}, "
+            f"truncated_key={self.truncated_key}, "
+            f"strict_length={self.strict_length})"
+        )
+
+    # ------------------------------------------------------------------ trajectories
+    def _find_start_stop_traj(
+        self, *, trajectory=None, end=None, at_capacity: bool, cursor=None
+    ):
+        signal = trajectory if trajectory is not None else end
+        device = None
+        if self.use_gpu and signal is not None and signal.device != self._gpu_device:
+            device = signal.device
+            if trajectory is not None:
+                trajectory = trajectory.to(self._gpu_device)
+            else:
+                end = end.to(self._gpu_device)
+        start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
+            trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+        )
+        if device is not None:
+            return start_idx.to(device), stop_idx.to(device), lengths.to(device)
+        return start_idx, stop_idx, lengths
+
+    def _end_to_start_stop(self, end, length):
+        device = None
+        if self.use_gpu and end.device != self._gpu_device:
+            device = end.device
+            end = end.to(self._gpu_device)
+        start_idx, stop_idx, lengths = _torch_slices.end_to_start_stop(end, length)
+        if device is not None:
+            return start_idx.to(device), stop_idx.to(device), lengths.to(device)
+        return start_idx, stop_idx, lengths
+
+    def _tensor_slices_from_startend(self, seq_length, start, storage_length):
+        return _torch_slices.slices_from_starts(seq_length, start, storage_length)
+
+    def _get_stop_and_length(self, storage, fallback=True):
+        if self.cache_values and "stop-and-length" in self._cache:
+            return self._cache.get("stop-and-length")
+
+        if self._fetch_traj:
+            # We first try with the traj_key
+            try:
+                if isinstance(storage, TensorStorage):
+                    trajectory = storage[:][self._used_traj_key]
+                else:
+                    try:
+                        trajectory = storage[:][self.traj_key]
+                    except Exception:
+                        raise RuntimeError(
+                            "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
+                        )
+                vals = self._find_start_stop_traj(
+                    trajectory=trajectory,
+                    at_capacity=storage._is_full,
+                    cursor=getattr(storage, "_last_cursor", None),
+                )
+                if self.cache_values:
+                    self._cache["stop-and-length"] = vals
+                return vals
+            except KeyError:
+                if fallback:
+                    self._fetch_traj = False
+                    return self._get_stop_and_length(storage, fallback=False)
+                raise
+
+        else:
+            try:
+                try:
+                    done = storage[:][self.end_key]
+                except Exception:
+                    raise RuntimeError(
+                        "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
+                    )
+                vals = self._find_start_stop_traj(
+                    end=done.squeeze()[: len(storage)],
+                    at_capacity=storage._is_full,
+                    cursor=getattr(storage, "_last_cursor", None),
+                )
+                if self.cache_values:
+                    self._cache["stop-and-length"] = vals
+                return vals
+            except KeyError:
+                if fallback:
+                    self._fetch_traj = True
+                    return self._get_stop_and_length(storage, fallback=False)
+                raise
+
+    def _adjusted_batch_size(self, batch_size):
+        if self.num_slices is not None:
+            if batch_size % self.num_slices != 0:
+                raise RuntimeError(
+                    f"The batch-size must be divisible by the number of slices, got "
+                    f"batch_size={batch_size} and num_slices={self.num_slices}."
+                )
+            seq_length = batch_size // self.num_slices
+            num_slices = self.num_slices
+        else:
+            if batch_size % self.slice_len != 0:
+                raise RuntimeError(
+                    f"The batch-size must be divisible by the slice length, got "
+                    f"batch_size={batch_size} and slice_len={self.slice_len}."
+                )
+            seq_length = self.slice_len
+            num_slices = batch_size // self.slice_len
+        return seq_length, num_slices
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if self._batch_size_multiplier is not None:
+            batch_size = batch_size * self._batch_size_multiplier
+        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        # The start / stop rows index the storage, so they need its number of dims.
+        if start_idx.shape[1] != storage.ndim:
+            raise RuntimeError(
+                f"Expected the end-of-trajectory signal to be "
+                f"{storage.ndim}-dimensional. Got a tensor with shape[1]={start_idx.shape[1]} "
+                "instead."
+            )
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        storage_length = storage.shape[0]
+        return self._sample_slices(
+            lengths,
+            start_idx,
+            stop_idx,
+            seq_length,
+            num_slices,
+            storage_length=storage_length,
+            storage=storage,
+        )
+
+    def _sample_slices(
+        self,
+        lengths: torch.Tensor,
+        start_idx: torch.Tensor,
+        stop_idx: torch.Tensor,
+        seq_length: int,
+        num_slices: int,
+        storage_length: int,
+        traj_idx: torch.Tensor | None = None,
+        *,
+        storage,
+    ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+        # start_idx and stop_idx are 2d tensors organized like a non-zero
+
+        def get_traj_idx(maxval):
+            return _randint(maxval, num_slices, lengths.device, self._rng)
+
+        if (lengths < seq_length).any():
+            if self.strict_length:
+                idx = lengths >= seq_length
+                if not idx.any():
+                    raise RuntimeError(
+                        f"Did not find a single trajectory with sufficient length (length range: {lengths.min()} - {lengths.max()} / required={seq_length}))."
+                    )
+                if (
+                    isinstance(seq_length, torch.Tensor)
+                    and seq_length.shape == lengths.shape
+                ):
+                    seq_length = seq_length[idx]
+                lengths_idx = lengths[idx]
+                start_idx = start_idx[idx]
+                stop_idx = stop_idx[idx]
+
+                if traj_idx is None:
+                    traj_idx = get_traj_idx(lengths_idx.shape[0])
+                else:
+                    # traj_idx points into the unfiltered trajectories: map it to the kept
+                    # ones through a mask (which may leave nothing to sample).
+                    idx_mask = torch.zeros_like(idx)
+                    idx_mask[traj_idx] = True
+                    traj_idx = idx_mask[idx].nonzero().squeeze(-1)
+                    if not traj_idx.numel():
+                        raise RuntimeError(
+                            "None of the provided indices pointed to a trajectory of "
+                            "sufficient length. Consider using strict_length=False for the "
+                            "sampler instead."
+                        )
+                    num_slices = traj_idx.shape[0]
+
+                del idx
+                lengths = lengths_idx
+            else:
+                if traj_idx is None:
+                    traj_idx = get_traj_idx(lengths.shape[0])
+                else:
+                    num_slices = traj_idx.shape[0]
+
+                # make seq_length a tensor with values clamped by lengths
+                seq_length = lengths[traj_idx].clamp_max(seq_length)
+        else:
+            if traj_idx is None:
+                traj_idx = get_traj_idx(lengths.shape[0])
+            else:
+                num_slices = traj_idx.shape[0]
+        return self._get_index(
+            lengths=lengths,
+            start_idx=start_idx,
+            stop_idx=stop_idx,
+            num_slices=num_slices,
+            seq_length=seq_length,
+            storage_length=storage_length,
+            traj_idx=traj_idx,
+            storage=storage,
+        )
+
+    def _get_index(
+        self,
+        lengths: torch.Tensor,
+        start_idx: torch.Tensor,
+        stop_idx: torch.Tensor,
+        seq_length: int,
+        num_slices: int,
+        storage_length: int,
+        traj_idx: torch.Tensor | None = None,
+        *,
+        storage,
+    ) -> tuple[torch.Tensor, dict]:
+        traj_lengths = lengths[traj_idx]
+        # With strict_length=False seq_length is a tensor clamped by the trajectory lengths,
+        # where torchrl fails on an integer span: check the span against the requested length.
+        requested = seq_length if isinstance(seq_length, int) else int(seq_length.max())
+        # end_point is one past the last possible start of a slice
+        if not self.span[1]:
+            end_point = traj_lengths - seq_length + 1
+        elif self.span[1] is True:
+            end_point = traj_lengths + 1
+        else:
+            span_left = self.span[1]
+            if span_left >= requested:
+                raise ValueError(
+                    "The right and left span must be strictly lower than the sequence length"
+                )
+            end_point = traj_lengths - span_left
+
+        if not self.span[0]:
+            start_point = 0
+        elif self.span[0] is True:
+            start_point = -seq_length + 1
+        else:
+            span_right = self.span[0]
+            if span_right >= requested:
+                raise ValueError(
+                    "The right and left span must be strictly lower than the sequence length"
+                )
+            start_point = -span_right
+
+        relative_starts = (
+            _rand(num_slices, lengths.device, self._rng) * (end_point - start_point)
+        ).floor().to(start_idx.dtype) + start_point
+        # float32 rounding can reach end_point itself for very long trajectories
+        relative_starts = torch.minimum(
+            relative_starts, torch.as_tensor(end_point - 1).clamp_min(start_point)
+        )
+
+        if self.span[0]:
+            out_of_traj = relative_starts < 0
+            if out_of_traj.any():
+                # a negative start means sampling fewer elements
+                seq_length = torch.where(
+                    ~out_of_traj, seq_length, seq_length + relative_starts
+                )
+                relative_starts = torch.where(~out_of_traj, relative_starts, 0)
+        if self.span[1]:
+            out_of_traj = relative_starts + seq_length > traj_lengths
+            if out_of_traj.any():
+                # a slice running past the trajectory's end is cut there (torchrl fails
+                # here with an int seq_length)
+                seq_length = torch.minimum(
+                    torch.as_tensor(seq_length, device=traj_lengths.device),
+                    traj_lengths - relative_starts,
+                )
+
+        starts = torch.cat(
+            [
+                (start_idx[traj_idx, 0] + relative_starts).unsqueeze(1),
+                start_idx[traj_idx, 1:],
+            ],
+            1,
+        )
+        index = self._tensor_slices_from_startend(seq_length, starts, storage_length)
+        if self.truncated_key is not None:
+            truncated_key = self.truncated_key
+            done_key = _replace_last(truncated_key, "done")
+            terminated_key = _replace_last(truncated_key, "terminated")
+
+            truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+            index = index.to(torch.long).unbind(-1)
+            st_index = storage[index]
+            done = st_index.get(done_key, default=None)
+            if done is None:
+                done = truncated.clone()
+            else:
+                done = done | truncated
+            terminated = st_index.get(terminated_key, default=None)
+            if terminated is None:
+                terminated = torch.zeros_like(truncated)
+            return index, {
+                truncated_key: truncated,
+                done_key: done,
+                terminated_key: terminated,
+            }
+        index = index.to(torch.long).unbind(-1)
+        return index, {}
+
+    @staticmethod
+    def _truncated(numel: int, seq_length, num_slices: int, device) -> torch.Tensor:
+        # The last step of every slice is marked truncated.
+        truncated = torch.zeros((numel, 1), dtype=torch.bool, device=device)
+        if isinstance(seq_length, int):
+            truncated.view(num_slices, -1)[:, -1] = 1
+        else:
+            truncated[seq_length.cumsum(0) - 1] = 1
+        return truncated
+
+    @property
+    def _used_traj_key(self):
+        return self.__dict__.get("__used_traj_key", self.traj_key)
+
+    @_used_traj_key.setter
+    def _used_traj_key(self, value):
+        self.__dict__["__used_traj_key"] = value
+
+    @property
+    def _used_end_key(self):
+        return self.__dict__.get("__used_end_key", self.end_key)
+
+    @_used_end_key.setter
+    def _used_end_key(self, value):
+        self.__dict__["__used_end_key"] = value
+
+    def _empty(self):
+        pass
+
+    def dumps(self, path):
+        # Nothing to save: the cache is rebuilt from the storage.
+        ...
+
+    def loads(self, path):
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ...
+
+
+class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
+    """Samples slices of data along the first dimension, given start and stop signals, without replacement.
+
+    In this context, ``without replacement`` means that the same element (NOT trajectory) will not be sampled twice
+    before the counter is automatically reset. Within a single sample, however, only one slice of a given trajectory
+    will appear. Each epoch draws every trajectory once.
+
+    This class is to be used with static replay buffers or in between two
+    replay buffer extensions. Extending the replay buffer will reset the
+    the sampler, and continuous sampling without replacement is currently not
+    allowed.
+
+    Keyword Args:
+        drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
+            If ``False``, this last sample will be kept. Defaults to ``False``.
+        num_slices (int): the number of slices to be sampled. The batch-size
+            must be greater or equal to the ``num_slices`` argument. Exclusive
+            with ``slice_len``.
+        slice_len (int): the length of the slices to be sampled. The batch-size
+            must be greater or equal to the ``slice_len`` argument and divisible
+            by it. Exclusive with ``num_slices``.
+        end_key (NestedKey, optional): the key indicating the end of a
+            trajectory (or episode). Defaults to ``("next", "done")``.
+        traj_key (NestedKey, optional): the key indicating the trajectories.
+            Defaults to ``"episode"``.
+        ends (torch.Tensor, optional): a 1d boolean tensor containing the end of run signals.
+            Cannot be used in conjunction with ``end_key`` or ``traj_key``.
+        trajectories (torch.Tensor, optional): a 1d integer tensor containing the run ids.
+            Cannot be used in conjunction with ``end_key`` or ``traj_key``.
+        truncated_key (NestedKey, optional): If not ``None``, this argument
+            indicates where a truncated signal should be written in the output
+            data. Defaults to ``("next", "truncated")``.
+        strict_length (bool, optional): if ``False``, trajectories of length
+            shorter than `slice_len` (or `batch_size // num_slices`) will be
+            allowed to appear in the batch. If ``True``, trajectories shorted
+            than required will be filtered out. Defaults to ``True``.
+        shuffle (bool, optional): if ``False``, the order of the trajectories
+            is not shuffled. Defaults to ``True``.
+        compile (bool or dict of kwargs, optional): if ``True``, the bottleneck of
+            the :meth:`~sample` method will be compiled with :func:`~torch.compile`.
+            Defaults to ``False``.
+        use_gpu (bool or torch.device): if ``True`` (or is a device is passed), an accelerator
+            will be used to retrieve the indices of the trajectory starts.
+            Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(12)
+        >>> episode = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+        >>> storage.set(torch.arange(12), TensorDict({"episode": episode}, [12]))
+        >>> sampler = SliceSamplerWithoutReplacement(num_slices=3, traj_key="episode")
+        >>> (index,), _ = sampler.sample(storage, 6)
+        >>> sorted(set(episode[index].tolist())), sampler.ran_out
+        ([0, 1, 2], True)
+    """
+
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        drop_last: bool = False,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        shuffle: bool = True,
+        compile: bool | dict = False,
+        use_gpu: bool | torch.device = False,
+    ):
+        SliceSampler.__init__(
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            traj_key=traj_key,
+            cache_values=True,
+            truncated_key=truncated_key,
+            strict_length=strict_length,
+            ends=ends,
+            trajectories=trajectories,
+            compile=compile,
+            use_gpu=use_gpu,
+        )
+        SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
+
+    def __repr__(self):
+        if self._sample_list is not None:
+            perc = len(self._sample_list) / self.len_storage * 100
+        else:
+            perc = 0
+        return (
+            f"{self.__class__.__name__}("
+            f"num_slices={self.num_slices}, "
+            f"slice_len={self.slice_len}, "
+            f"end_key={self.end_key}, "
+            f"traj_key={self.traj_key}, "
+            f"truncated_key={self.truncated_key}, "
+            f"strict_length={self.strict_length},"
+            f"{perc}% sampled)"
+        )
+
+    def _empty(self):
+        self._cache = {}
+        SamplerWithoutReplacement._empty(self)
+
+    def _storage_len(self, storage):
+        return self._storage_len_buffer
+
+    def sample(
+        self, storage: Storage, batch_size: int
+    ) -> tuple[tuple[torch.Tensor, ...], dict]:
+        if self._batch_size_multiplier is not None:
+            batch_size = batch_size * self._batch_size_multiplier
+        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        if start_idx.shape[1] != storage.ndim:
+            raise RuntimeError(
+                f"Expected the end-of-trajectory signal to be "
+                f"{storage.ndim}-dimensional. Got a {start_idx.shape[1]} tensor "
+                "instead."
+            )
+        # The permutation runs over trajectories, not items.
+        self._storage_len_buffer = len(start_idx)
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        indices, _ = SamplerWithoutReplacement.sample(self, storage, num_slices)
+        storage_length = storage.shape[0]
+
+        # For a storage with ndim > 1 the trajectory ids come back unravelled: ravel them.
+        if isinstance(indices, tuple):
+            indices = torch.arange(len(storage), device=lengths.device).view(
+                storage.shape
+            )[indices]
+
+        return self._sample_slices(
+            lengths,
+            start_idx,
+            stop_idx,
+            seq_length,
+            num_slices,
+            storage_length,
+            traj_idx=indices,
+            storage=storage,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return SamplerWithoutReplacement.state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return SamplerWithoutReplacement.load_state_dict(self, state_dict)
+
+
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
+    r"""Samples slices of data along the first dimension, given start and stop signals, using prioritized sampling.
+
+    Slice starts are drawn with :class:`PrioritizedSampler`'s rule among the positions
+    that can start a slice of the requested length (with ``span`` and
+    ``strict_length=False`` allowing shorter slices at the end of a trajectory), and every
+    step of a slice carries its start's importance weight.
+
+    Args:
+        max_capacity (int): maximum capacity of the buffer.
+        alpha (:obj:`float`): exponent :math:`\alpha` determines how much prioritization is used.
+        beta (:obj:`float`): importance sampling negative exponent :math:`\beta`.
+        eps (:obj:`float`, optional): small constant added to priorities to ensure
+            no transition has zero priority. Defaults to 1e-8.
+        dtype (torch.dtype, optional): the precision of the priority trees.
+            Defaults to ``torch.float``.
+        reduction (str, optional): the reduction method for multidimensional
+            tensordicts (i.e., stored trajectory). Can be one of "max", "min",
+            "median" or "mean". Defaults to ``"max"``.
+
+    Keyword Args:
+        num_slices (int): the number of slices to be sampled. Exclusive with ``slice_len``.
+        slice_len (int): the length of the slices to be sampled. Exclusive with ``num_slices``.
+        end_key (NestedKey, optional): the key indicating the end of a
+            trajectory (or episode). Defaults to ``("next", "done")``.
+        traj_key (NestedKey, optional): the key indicating the trajectories.
+            Defaults to ``"episode"``.
+        ends (torch.Tensor, optional): a 1d boolean tensor containing the end of run signals.
+            Must be used with ``cache_values=True``.
+        trajectories (torch.Tensor, optional): a 1d integer tensor containing the run ids.
+            Must be used with ``cache_values=True``.
+        cache_values (bool, optional): to be used with static datasets: caches the
+            trajectory starts and stops (erased by :meth:`extend`). Defaults to ``False``.
+        truncated_key (NestedKey, optional): where a truncated signal is written in the
+            output. Defaults to ``("next", "truncated")``.
+        strict_length (bool, optional): if ``False``, slices shorter than required may be
+            returned. Defaults to ``True``.
+        compile (bool or dict of kwargs, optional): accepted for compatibility.
+            Defaults to ``False``.
+        span (bool, int, Tuple[bool | int, bool | int], optional): right span of the
+            slices (left spanning is disabled, as in torchrl). Defaults to ``False``.
+        max_priority_within_buffer (bool, optional): if ``True``, the max-priority
+            is tracked within the buffer. Defaults to ``False``.
+
+    .. note:: torchrl zeroes the sum-tree leaves that cannot start a slice while it
+        samples, then restores them, which races with a concurrent :meth:`update_priority`
+        and needs an ``[M, N, ndim]`` tensor to find each slice's stop. Here the trees are
+        never modified while sampling (those leaves are excluded from a masked copy of the
+        priorities), the excluded positions take O(storage) memory and the stops are found
+        by binary search.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(9)
+        >>> episode = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+        >>> storage.set(torch.arange(9), TensorDict({"episode": episode}, [9]))
+        >>> sampler = PrioritizedSliceSampler(9, alpha=0.7, beta=0.9, num_slices=3, traj_key="episode")
+        >>> sampler.update_priority(torch.arange(9), torch.ones(9))
+        >>> (index,), info = sampler.sample(storage, 6)
+        >>> [len(set(episode[index[k:k + 2]].tolist())) for k in range(0, 6, 2)]
+        [1, 1, 1]
+        >>> info["priority_weight"].tolist()
+        [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    """
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        compile: bool | dict = False,
+        span: bool | int | tuple[bool | int, bool | int] = False,
+        max_priority_within_buffer: bool = False,
+    ):
+        SliceSampler.__init__(
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            traj_key=traj_key,
+            cache_values=cache_values,
+            truncated_key=truncated_key,
+            strict_length=strict_length,
+            ends=ends,
+            trajectories=trajectories,
+            compile=compile,
+            span=span,
+        )
+        PrioritizedSampler.__init__(
+            self,
+            max_capacity=max_capacity,
+            alpha=alpha,
+            beta=beta,
+            eps=eps,
+            dtype=dtype,
+            reduction=reduction,
+            max_priority_within_buffer=max_priority_within_buffer,
+        )
+        if self.span[0]:
+            # Starts are drawn by the prioritized rule, which knows nothing of
+            # trajectories, so 'negative' starts (left spanning) cannot be drawn.
+            warnings.warn(
+                f"Left spanning is disabled for {type(self).__name__} and will be automatically turned off. "
+                f"If this feature is required, please file an issue on torchrl GitHub repo."
+            )
+            self.span = (0, self.span[1])
+
+    def __repr__(self):
+        return (
+            f"{self.__class__.__name__}("
+            f"num_slices={self.num_slices}, "
+            f"slice_len={self.slice_len}, "
+            f"end_key={self.end_key}, "
+            f"traj_key={self.traj_key}, "
+            f"truncated_key={self.truncated_key}, "
+            f"strict_length={self.strict_length},"
+            f"alpha={self._alpha}, "
+            f"beta={self._beta}, "
+            f"eps={self._eps}"
+        )
+
+    def __getstate__(self):
+        state = SliceSampler.__getstate__(self)
+        state.update(PrioritizedSampler.__getstate__(self))
+        state["_cache"] = {}
+        return state
+
+    def mark_update(
+        self, index: int | torch.Tensor, *, storage: Storage | None = None
+    ) -> None:
+        return PrioritizedSampler.mark_update(self, index, storage=storage)
+
+    def _preceding_stop_idx(self, storage, lengths, seq_length, start_idx):
+        """Flat storage positions that cannot start a slice of ``seq_length`` (cached with ``cache_values``)."""
+        key = (seq_length, self.strict_length, self.span[1])
+        cached = self._cache.get("preceding_stop_idx")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        numel = storage.shape.numel()
+        if int(lengths.sum()) != numel:
+            raise RuntimeError("Wrong shapes / arange configuration")
+        preceding_stop_idx = _torch_slices.excluded_start_positions(
+            lengths, seq_length, self.span[1], self.strict_length
+        )
+        if storage._is_full:
+            # At capacity the first trajectory starts at start_idx[0], not at 0.
+            total_shape = storage._total_shape
+            offset = _ravel(start_idx[0].tolist(), total_shape)
+            preceding_stop_idx = (preceding_stop_idx + offset) % total_shape.numel()
+        if self.cache_values:
+            self._cache["preceding_stop_idx"] = (key, preceding_stop_idx)
+        return preceding_stop_idx
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+
+        preceding_stop_idx = self._preceding_stop_idx(
+            storage, lengths, seq_length, start_idx
+        )
+        if storage.ndim > 1:
+            # The positions follow the trajectory order (trailing dims first): map them to
+            # positions of the flat (not permuted) storage.
+            shape = storage.shape
+            coords = unravel_index(preceding_stop_idx, (shape[-1], *shape[:-1]))
+            coords = (coords[-1], *coords[:-1])
+            preceding_stop_idx = _ravel(coords, shape)
+
+        starts, info = self._prioritized_sample(
+            storage, batch_size // seq_length, exclude=preceding_stop_idx
+        )
+        # The slices are cut at the end of their trajectory with span[1] or strict_length=False.
+        if self.span[1] or not self.strict_length:
+            if not isinstance(starts, torch.Tensor):
+                starts_tensor = torch.stack(list(starts), dim=-1).to(stop_idx.device)
+            else:
+                starts_tensor = starts.unsqueeze(1).to(stop_idx.device)
+            stops = _torch_slices.stops_after_starts(
+                starts_tensor, start_idx, stop_idx, storage._len_along_dim0
+            )
+            seq_length = (stops - starts_tensor[:, 0] + 1).clamp_max(seq_length)
+            if (seq_length <= 0).any():
+                raise RuntimeError(
+                    "failed to compute seq_length, please report this bug"
+                )
+
+        if isinstance(starts, tuple):
+            starts = torch.stack(starts, -1)
+        info["priority_weight"] = torch.as_tensor(
+            info["priority_weight"], device=lengths.device
+        )
+        # every step of a slice, from its start
+        index = self._tensor_slices_from_startend(
+            seq_length, starts, storage_length=storage.shape[0]
+        )
+        # every step of a slice carries the weight of its start
+        if isinstance(seq_length, torch.Tensor):
+            seq_length = seq_length.to(lengths.device)
+        info["priority_weight"] = torch.repeat_interleave(
+            info["priority_weight"], seq_length
+        )
+
+        if self.truncated_key is not None:
+            truncated_key = self.truncated_key
+            done_key = _replace_last(truncated_key, "done")
+            terminated_key = _replace_last(truncated_key, "terminated")
+
+            truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+            index = index.to(torch.long).unbind(-1)
+            st_index = storage[index]
+            try:
+                done = st_index[done_key] | truncated
+            except KeyError:
+                done = truncated.clone()
+            try:
+                terminated = st_index[terminated_key]
+            except KeyError:
+                terminated = torch.zeros_like(truncated)
+            info.update(
+                {
+                    truncated_key: truncated,
+                    done_key: done,
+                    terminated_key: terminated,
+                }
+            )
+            return index, info
+        return index.to(torch.long).unbind(-1), info
+
+    def _empty(self):
+        PrioritizedSampler._empty(self)
+
+    def dumps(self, path):
+        PrioritizedSampler.dumps(self, path)
+
+    def loads(self, path):
+        return PrioritizedSampler.loads(self, path)
+
+    def state_dict(self):
+        return PrioritizedSampler.state_dict(self)
+
+    def add(self, index: torch.Tensor) -> None:
+        PrioritizedSampler.add(self, index)
+        return SliceSampler.add(self, index)
+
+    def extend(self, index: torch.Tensor) -> None:
+        PrioritizedSampler.extend(self, index)
+        return SliceSampler.extend(self, index)
+
+
+class SamplerEnsemble(Sampler):
+    """An ensemble of samplers.
+
+    This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
+    It contains the samplers as well as the sampling strategy hyperparameters.
+
+    Args:
+        samplers (sequence of Sampler): the samplers to make the composite sampler.
+
+    Keyword Args:
+        p (list or tensor of probabilities, optional): if provided, indicates the
+            weights of each dataset during sampling.
+        sample_from_all (bool, optional): if ``True``, each dataset will be sampled
+            from. This is not compatible with the ``p`` argument. Defaults to ``False``.
+        num_buffer_sampled (int, optional): the number of buffers to sample.
+            if ``sample_from_all=True``, this has no effect, as it defaults to the
+            number of buffers. If ``sample_from_all=False``, buffers will be
+            sampled according to the probabilities ``p``.
+
+    .. warning::
+      The indices provided in the info dictionary are placed in a :class:`~tensordict.TensorDict` with
+      keys ``index`` and ``buffer_ids`` that allow the upper :class:`~torchrl.data.ReplayBufferEnsemble`
+      and :class:`~torchrl.data.StorageEnsemble` objects to retrieve the data.
+      This format is different from with other samplers which usually return indices
+      as regular tensors.
+
+    .. note:: The buffers are drawn with the generator set by the buffer (``_rng``) also
+        when ``p`` is given (torchrl then uses the global generator), so seeded runs repeat.
+
+    Examples:
+        >>> ensemble = SamplerEnsemble(RandomSampler(), RandomSampler(), p=[1, 3])
+        >>> ensemble.p.tolist(), len(ensemble), type(ensemble[0]).__name__
+        ([0.25, 0.75], 2, 'RandomSampler')
+    """
+
+    def __init__(
+        self, *samplers, p=None, sample_from_all=False, num_buffer_sampled=None
+    ):
+        self._rng_private = None
+        self._samplers = samplers
+        self.sample_from_all = sample_from_all
+        if sample_from_all and p is not None:
+            raise RuntimeError(
+                "Cannot pass both `p` argument and `sample_from_all=True`."
+            )
+        self.p = p
+        self.num_buffer_sampled = num_buffer_sampled
+
+    @property
+    def _rng(self):
+        return self._rng_private
+
+    @_rng.setter
+    def _rng(self, value):
+        self._rng_private = value
+        for sampler in self._samplers:
+            sampler._rng = value
+
+    @property
+    def p(self):
+        return self._p
+
+    @p.setter
+    def p(self, value):
+        if not isinstance(value, torch.Tensor) and value is not None:
+            value = torch.tensor(value)
+        if value is not None:
+            value = value / value.sum().clamp_min(1e-6)
+        self._p = value
+
+    @property
+    def num_buffer_sampled(self):
+        value = self.__dict__.get("_num_buffer_sampled", None)
+        if value is None:
+            value = self.__dict__["_num_buffer_sampled"] = len(self._samplers)
+        return value
+
+    @num_buffer_sampled.setter
+    def num_buffer_sampled(self, value):
+        self.__dict__["_num_buffer_sampled"] = value
+
+    def sample(self, storage, batch_size):
+        if batch_size % self.num_buffer_sampled > 0:
+            raise ValueError(
+                f"The batch size must be divisible by the number of buffers sampled, got "
+                f"batch_size={batch_size} and num_buffer_sampled={self.num_buffer_sampled}."
+            )
+        if not isinstance(storage, StorageEnsemble):
+            raise TypeError(
+                f"SamplerEnsemble samples from a StorageEnsemble, got a storage of type "
+                f"{type(storage).__name__}."
+            )
+        sub_batch_size = batch_size // self.num_buffer_sampled
+        if self.sample_from_all:
+            samples, infos = zip(
+                *[
+                    sampler.sample(sub_storage, sub_batch_size)
+                    for sub_storage, sampler in zip(storage._storages, self._samplers)
+                ]
+            )
+            buffer_ids = torch.arange(len(samples))
+        else:
+            if self.p is None:
+                buffer_ids = _randint(
+                    len(self._samplers),
+                    self.num_buffer_sampled,
+                    getattr(storage, "device", None),
+                    self._rng,
+                )
+            else:
+                buffer_ids = torch.multinomial(
+                    self.p, self.num_buffer_sampled, True, generator=self._rng
+                )
+            samples, infos = zip(
+                *[
+                    self._samplers[i].sample(storage._storages[i], sub_batch_size)
+                    for i in buffer_ids.tolist()
+                ]
+            )
+        samples = [
+            sample if isinstance(sample, torch.Tensor) else torch.stack(sample, -1)
+            for sample in samples
+        ]
+        if all(samples[0].shape == sample.shape for sample in samples[1:]):
+            samples_stack = torch.stack(samples)
+        else:
+            samples_stack = torch.nested.nested_tensor(list(samples))
+
+        samples = TensorDict(
+            {
+                "index": samples_stack,
+                "buffer_ids": buffer_ids,
+            },
+            batch_size=[self.num_buffer_sampled],
+        )
+        infos = torch.stack(
+            [
+                TensorDict.from_dict(info, batch_dims=samples.ndim - 1)
+                if info
+                else TensorDict()
+                for info in infos
+            ]
+        )
+        return samples, infos
+
+    def dumps(self, path: Path):
+        path = Path(path).absolute()
+        for i, sampler in enumerate(self._samplers):
+            sampler.dumps(path / str(i))
+
+    def loads(self, path: Path):
+        path = Path(path).absolute()
+        for i, sampler in enumerate(self._samplers):
+            sampler.loads(path / str(i))
+
+    def state_dict(self) -> dict[str, Any]:
+        state_dict = OrderedDict()
+        for i, sampler in enumerate(self._samplers):
+            state_dict[str(i)] = sampler.state_dict()
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for i, sampler in enumerate(self._samplers):
+            sampler.load_state_dict(state_dict[str(i)])
+
+    def _empty(self):
+        raise NotImplementedError
+
+    _INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            if index[0] is Ellipsis:
+                index = (slice(None), index[1:])
+            result = self[index[0]]
+            if len(index) > 1:
+                raise IndexError(
+                    f"Tuple of length greater than 1 are not accepted to index samplers of type {type(self)}."
+                )
+            return result
+        if isinstance(index, slice) and index == slice(None):
+            return self
+        if isinstance(index, (list, range, np.ndarray)):
+            index = torch.as_tensor(index)
+        if isinstance(index, torch.Tensor):
+            if index.ndim > 1:
+                raise RuntimeError(
+                    f"Cannot index a {type(self)} with tensor indices that have more than one dimension."
+                )
+            if index.is_floating_point():
+                raise TypeError(
+                    "A floating point index was received when an integer dtype was expected."
+                )
+        if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
+            try:
+                index = int(index)
+            except Exception:
+                raise IndexError(self._INDEX_ERROR.format(type(index)))
+            try:
+                return self._samplers[index]
+            except IndexError:
+                raise IndexError(self._INDEX_ERROR.format(type(index)))
+        if isinstance(index, torch.Tensor):
+            index = index.tolist()
+            samplers = [self._samplers[i] for i in index]
+        else:
+            samplers = self._samplers[index]
+        p = self._p[index] if self._p is not None else None
+        return SamplerEnsemble(
+            *samplers,
+            p=p,
+            sample_from_all=self.sample_from_all,
+            num_buffer_sampled=self.num_buffer_sampled,
+        )
+
+    def __len__(self):
+        return len(self._samplers)
+
+    def __repr__(self):
+        samplers = textwrap.indent(f"samplers={self._samplers}", " " * 4)
+        return f"{self.__class__.__name__}(\n{samplers})"
