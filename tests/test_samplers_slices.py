@@ -472,9 +472,20 @@ def test_prioritized_slice_starts_fit_and_trees_untouched():
     sampler = ours.PrioritizedSliceSampler(n, 1.0, 0.5, slice_len=5, traj_key="episode")
     sampler.update_priority(torch.arange(n), torch.arange(n) % 4 + 1.0)
     writes = []
-    for tree in (sampler._sum_tree, sampler._min_tree):
-        original = type(tree).__setitem__
-        tree.__class__ = type("Spy", (type(tree),), {"__setitem__": lambda self, i, v, o=original: (writes.append(i), o(self, i, v))})
+    for name in ("_sum_tree", "_min_tree"):
+        tree = getattr(sampler, name)
+        cls = type(tree)
+        spy_cls = type("Spy", (cls,), {
+            "__setitem__": lambda self, i, v, c=cls: (writes.append(i), c.__setitem__(self, i, v)),
+            "update": lambda self, i, v, c=cls: (writes.append(i), c.update(self, i, v)),
+        })
+        try:
+            tree.__class__ = spy_cls
+        except TypeError:  # extension types (replay's trees): rebuild the tree as a spy
+            rebuild, args, state = tree.__reduce__()[:3]
+            spy = spy_cls(*args)
+            spy.__setstate__(state)
+            setattr(sampler, name, spy)
     before = sampler._sum_tree[np.arange(n)].copy()
     sampler._rng = generator(6)
     for _ in range(30):

@@ -1,12 +1,42 @@
-"""The names ``torchrl_compat.samplers`` takes from outside this package.
+"""The names ``torchrl_compat.samplers`` takes from the rest of the package.
 
-Storages and index helpers come from torchrl 0.11 for now, so the samplers run on
-torchrl's own storages (they only rely on duck typing, as torchrl's samplers do). This is
-the one place to point at ``torchrl_compat``'s own modules once they exist.
+The samplers work with ``torchrl_compat``'s storages and with torchrl 0.11's own (duck typing,
+as torchrl's samplers do): the storage classes used in ``isinstance`` checks are therefore
+tuples holding ours and, when torchrl is installed, torchrl's.
 """
-from torchrl._utils import _replace_last, logger
-from torchrl.data.replay_buffers.storages import Storage, StorageEnsemble, TensorStorage
-from torchrl.data.replay_buffers.utils import _auto_device, _is_int, unravel_index
+from torchrl_compat.storages import (
+    Storage as _Storage,
+    StorageEnsemble as _StorageEnsemble,
+    TensorStorage as _TensorStorage,
+    logger,
+)
+from torchrl_compat.utils import _auto_device, _is_int, unravel_index
+
+try:  # torchrl's storages, when torchrl is installed
+    from torchrl.data.replay_buffers import storages as _torchrl_storages
+except ImportError:  # pragma: no cover - torchrl is a test requirement
+    _torchrl_storages = None
+
+
+def _with_torchrl(ours, name):
+    theirs = getattr(_torchrl_storages, name, None) if _torchrl_storages is not None else None
+    if theirs is None:
+        return ours
+    # Ours derive from torchrl's when torchrl is installed: its class then covers both.
+    return theirs if issubclass(ours, theirs) else (ours, theirs)
+
+
+Storage = _with_torchrl(_Storage, "Storage")
+StorageEnsemble = _with_torchrl(_StorageEnsemble, "StorageEnsemble")
+TensorStorage = _with_torchrl(_TensorStorage, "TensorStorage")
+
+
+def _replace_last(key, new_ending):
+    """``key`` with its last element replaced (a string key is replaced whole)."""
+    if isinstance(key, str):
+        return new_ending
+    return key[:-1] + (new_ending,)
+
 
 __all__ = [
     "Storage",
