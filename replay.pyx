@@ -26,6 +26,11 @@ cdef inline bint _is_tensor(object x):
 
 cdef object _tensor_to_numpy(object tensor):
     """A numpy view of a CPU tensor (a host copy for other devices)."""
+    if tensor.is_cpu and not tensor.requires_grad:
+        try:  # the common case, without the detach / resolve round trips (~1 us each)
+            return tensor.numpy()
+        except (RuntimeError, TypeError):  # conjugate / negative bit set, or no numpy dtype
+            pass
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
@@ -61,7 +66,10 @@ cdef object _as_index_array(object x, str name):
         raise TypeError(f"{name} must hold integers, got an array of dtype {arr.dtype}")
     if kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > INT64_MAX:
         raise IndexError(f"{name} value {int(arr.max())} does not fit in int64")
-    return np.ascontiguousarray(arr.reshape(-1), dtype=np.int64)
+    arr = arr.reshape(-1)
+    if arr.dtype == np.int64 and arr.flags.c_contiguous:
+        return arr
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 cdef object _as_value_array(object x, object dtype, str name):
@@ -69,9 +77,12 @@ cdef object _as_value_array(object x, object dtype, str name):
     arr = _as_array(x)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{name} must hold real numbers, got an array of dtype {arr.dtype}")
+    arr = arr.reshape(-1)
+    if arr.dtype == dtype and arr.flags.c_contiguous:
+        return arr
     # An overflow to inf is reported by the kernel's value check, naming the caller's value.
     with np.errstate(over="ignore"):
-        return np.ascontiguousarray(arr.reshape(-1), dtype=dtype)
+        return np.ascontiguousarray(arr, dtype=dtype)
 
 
 # =====================================================================================

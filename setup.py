@@ -45,5 +45,8 @@ extensions = [
 ]
 
 setup(
-    ext_modules=cythonize(extensions, compiler_directives=DIRECTIVES),
+    # The debug build generates its C aside, so it never stands in for the release one.
+    ext_modules=cythonize(
+        extensions, compiler_directives=DIRECTIVES, build_dir="build/debug-c" if DEBUG else None
+    ),
 )

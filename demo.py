@@ -1,0 +1,103 @@
+"""A short tour of ``replay``: what it computes, and how fast against the reference paths that
+load in this environment (torchrl 0.11's compiled trees load only on torch 2.9.x; its Python
+slice code and torch.randperm load everywhere)."""
+import time
+
+import numpy as np
+import torch
+
+import replay
+
+SIZE = 2**20
+BATCH = 256
+
+
+def best_of(fn, repeat=50):
+    """Best wall time of ``fn`` in microseconds."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e6
+
+
+def reference_trees():
+    try:
+        from torchrl import _torchrl
+
+        return _torchrl.SumSegmentTreeFp32
+    except Exception:
+        return None
+
+
+def row(name, ours, reference, ref_name):
+    if reference is None:
+        print(f"  {name:<42} {ours:10.1f} us   ({ref_name}: not loadable here)")
+    else:
+        print(f"  {name:<42} {ours:10.1f} us   {ref_name} {reference:10.1f} us   x{reference / ours:5.1f}")
+
+
+def main():
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}; replay built against numpy only\n")
+
+    print("Segment trees (2^20 fp32 leaves):")
+    priorities = torch.rand(SIZE) + 0.01
+    tree = replay.SumSegmentTreeFp32(SIZE)
+    tree[torch.arange(SIZE)] = priorities
+    print(f"  total {tree.query(0, SIZE):.2f} (float64 sum {priorities.double().sum().item():.2f})")
+    masses = [torch.rand(BATCH) * tree.query(0, SIZE) for _ in range(32)]
+    updates = [(torch.randint(SIZE, (BATCH,)), torch.rand(BATCH)) for _ in range(32)]
+    it = iter(range(10**9))
+
+    ref_cls = reference_trees()
+    ref = None
+    if ref_cls is not None:
+        ref = ref_cls(SIZE)
+        ref[torch.arange(SIZE)] = priorities
+    ours = best_of(lambda: tree.scan_lower_bound(masses[next(it) % 32]))
+    theirs = None if ref is None else best_of(lambda: ref.scan_lower_bound(masses[next(it) % 32]))
+    row(f"scan_lower_bound B={BATCH}", ours, theirs, "torchrl")
+
+    def upd(t):
+        index, value = updates[next(it) % 32]
+        t[index] = value
+
+    row(f"update B={BATCH}", best_of(lambda: upd(tree)), None if ref is None else best_of(lambda: upd(ref)), "torchrl")
+    index = torch.arange(SIZE)
+    row("set all 2^20 leaves", best_of(lambda: tree.update(index, priorities), 10),
+        None if ref is None else best_of(lambda: ref.update(index, priorities), 10), "torchrl")
+    idx, prio, weight = tree.sample_prioritized(SIZE, torch.rand(BATCH), p_min=0.01, beta=0.5)
+    print(f"  fused prioritized sample: {tuple(idx.shape)} indices, priorities in [{prio.min():.3f}, {prio.max():.3f}]")
+    try:
+        tree[SIZE] = 1.0
+    except IndexError as err:
+        print(f"  out-of-range write -> IndexError: {err}")
+    try:
+        tree[torch.tensor([1, 2])] = torch.tensor([1.0, float("nan")])
+    except ValueError as err:
+        print(f"  NaN priority -> ValueError: {err}")
+
+    print("\nPermutations (n = 2^20):")
+    row("full permutation", best_of(lambda: replay.randperm(SIZE), 10), best_of(lambda: torch.randperm(SIZE), 10), "torch.randperm")
+    row("first batch of 256 of a lazy epoch", best_of(lambda: replay.PermutationEpoch(SIZE).next_batch(BATCH), 20),
+        best_of(lambda: torch.randperm(SIZE)[:BATCH], 10), "randperm[:256]")
+
+    print("\nTrajectory slice starts (2^20 steps, episodes of 1000):")
+    done = torch.zeros(SIZE, dtype=torch.bool)
+    done[999::1000] = True
+    from torchrl.data.replay_buffers.samplers import SliceSampler
+
+    reference = SliceSampler(num_slices=1)
+    start, stop, lengths = replay.find_start_stop_traj(end=done, at_capacity=True, cursor=SIZE - 1)
+    print(f"  {start.shape[0]} trajectories, lengths {lengths.min().item()}..{lengths.max().item()}")
+    row("find_start_stop_traj",
+        best_of(lambda: replay.find_start_stop_traj(end=done, at_capacity=True, cursor=SIZE - 1), 20),
+        best_of(lambda: reference._find_start_stop_traj(end=done, at_capacity=True, cursor=SIZE - 1), 20),
+        "torchrl")
+
+
+if __name__ == "__main__":
+    main()
