@@ -9,6 +9,7 @@ torchrl 0.11 so that checkpoints written by one can be read by the other.
 """
 from __future__ import annotations
 
+import math
 import os
 import typing
 from collections.abc import Callable
@@ -17,14 +18,20 @@ from typing import Any, Union
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor
+from tensordict import MemoryMappedTensor, NonTensorData, TensorDict, TensorDictBase, unravel_key
 from torch import Tensor
 from torch.utils import _pytree
 
 __all__ = [
+    "Flat2TED",
+    "H5Combine",
+    "H5Split",
     "INT_CLASSES",
     "INT_CLASSES_TYPING",
+    "Nested2TED",
     "SINGLE_TENSOR_BUFFER_NAME",
+    "TED2Flat",
+    "TED2Nested",
     "pin_memory_output",
     "tree_iter",
     "unravel_index",
@@ -308,3 +315,444 @@ def _make_ordinal_device(device) -> torch.device | None:
         if device.type == "mps":
             return torch.device("mps", index=0)
     return device
+
+
+# -----------------------------------------------------------------------------
+# TED checkpointing hooks
+#
+# A TED storage of shape ``[T, *batch]`` (time first) holds, for each step, the root
+# observation ``key`` and the next one ``("next", key)``. Within a trajectory
+# ``("next", key)[t]`` equals ``key[t + 1]``, so the flat layout keeps each trajectory's
+# observations once, followed by one extra slot for the observation that follows its last
+# (done) step. Batch columns are laid one after the other (column-major), each in time order,
+# and a wrapped storage is written oldest step first. Entries that have no such duplication
+# (actions, rewards, done states) are laid in the same column-major, oldest-first order.
+
+
+def _batch_cols(storage_shape) -> int:
+    return math.prod(int(s) for s in tuple(storage_shape)[1:])
+
+
+def _time_order(nsteps: int, shift, rolled: bool) -> Tensor:
+    """Position, in the oldest-first sequence, of each storage row."""
+    steps = torch.arange(nsteps)
+    if not rolled or not shift:
+        return steps
+    return (steps - int(shift)) % nsteps
+
+
+def _exclusive_cumsum(x: Tensor, dim: int) -> Tensor:
+    x = x.long()
+    return x.cumsum(dim) - x
+
+
+def _write(out: TensorDictBase, key, value: Tensor, add: bool = True) -> None:
+    dest = out.get(key, None)
+    if dest is not None:
+        dest.copy_(value)
+    elif add:
+        out.set(key, value)
+
+
+class TED2Flat:
+    """A storage saving hook to serialize TED data in a compact format.
+
+    Observations that appear both at the root and in ``"next"`` are written once per
+    trajectory, plus one slot per trajectory for the observation that follows its last step.
+    Done and reward entries are only kept from the ``"next"`` tensordict (root done states are
+    assumed to be ``False``). The result is a memory-mapped tensordict holding, besides the
+    data, the ``shift``, ``is_full`` and ``_storage_shape`` non-tensor entries needed by
+    :class:`~torchrl_compat.utils.Flat2TED` to rebuild the storage.
+
+    Args:
+        done_key (NestedKey, optional): the key where the done states should be read.
+            Defaults to ``("next", "done")``.
+        shift_key (NestedKey, optional): the key where the shift will be written.
+            Defaults to "shift".
+        is_full_key (NestedKey, optional): the key where the is_full attribute will be written.
+            Defaults to "is_full".
+        done_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the done entries.
+            Defaults to ("done", "truncated", "terminated")
+        reward_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the reward entries.
+            Defaults to ("reward",)
+
+    The ``shift`` (one past the last written row) and ``is_full`` attributes are set by the
+    checkpointer before each call.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat.utils import TED2Flat
+        >>> done = torch.tensor([False, True, False, False]).unsqueeze(-1)
+        >>> obs = torch.arange(4.0)
+        >>> next_obs = torch.tensor([1.0, 10.0, 3.0, 4.0])
+        >>> data = TensorDict(
+        ...     {"obs": obs, "next": {"obs": next_obs, "done": done}}, batch_size=[4]
+        ... )
+        >>> data["obs"][2] = 2.0  # a new trajectory starts after the done step
+        >>> hook = TED2Flat()
+        >>> hook.shift, hook.is_full = 4, False
+        >>> flat = hook(data)
+        >>> flat["obs"]
+        MemoryMappedTensor([ 0.,  1., 10.,  2.,  3.,  4.])
+
+    .. note:: Unlike torchrl 0.11, a full storage whose last write ended on its last row
+        (``shift`` equal to the number of rows) is saved; torchrl fails to load it back.
+    """
+
+    _shift: int | None = None
+    _is_full: bool | None = None
+
+    def __init__(
+        self,
+        done_key=("next", "done"),
+        shift_key="shift",
+        is_full_key="is_full",
+        done_keys=("done", "truncated", "terminated"),
+        reward_keys=("reward",),
+    ):
+        self.done_key = done_key
+        self.shift_key = shift_key
+        self.is_full_key = is_full_key
+        self.done_keys = {unravel_key(key) for key in done_keys}
+        self.reward_keys = {unravel_key(key) for key in reward_keys}
+
+    @property
+    def shift(self):
+        return self._shift
+
+    @shift.setter
+    def shift(self, value: int):
+        self._shift = value
+
+    @property
+    def is_full(self):
+        return self._is_full
+
+    @is_full.setter
+    def is_full(self, value: int):
+        self._is_full = value
+
+    def _ends(self, done: Tensor, shift, is_full) -> Tensor:
+        """Done states ``[T, cols]`` in storage order, with the last written row marked done.
+
+        The step written last ends a trajectory as far as the checkpoint is concerned: its next
+        observation must be kept even if the episode goes on.
+        """
+        ends = done.clone()
+        if ends.shape[0]:
+            last = int(shift or 0) - 1
+            ends[last % ends.shape[0] if is_full else last] = True
+        return ends
+
+    def __call__(self, data: TensorDictBase, path: Path = None):
+        shift = self.shift
+        is_full = self.is_full
+        output = TensorDict()
+        output.set_non_tensor(self.is_full_key, is_full)
+        output.set_non_tensor(self.shift_key, shift)
+        output.set_non_tensor("_storage_shape", tuple(data.shape))
+        output.memmap_(path)
+
+        nsteps, ncols = data.shape[0], _batch_cols(data.shape)
+        ends = self._ends(
+            data.get(self.done_key).squeeze(-1).reshape(nsteps, ncols), shift, is_full
+        )
+        order = _time_order(nsteps, shift, is_full)
+        # ends in flat (column-major, oldest-first) order
+        ends_flat = torch.zeros(ncols, nsteps, dtype=torch.bool)
+        ends_flat[:, order] = ends.T
+        slots = torch.arange(nsteps * ncols) + _exclusive_cumsum(ends_flat.reshape(-1), 0)
+        # flat slot of the root observation of each storage element, shape [T, cols]
+        root_slot = slots.view(ncols, nsteps)[:, order].T
+        next_slot = root_slot[ends] + 1
+        plain_slot = (torch.arange(ncols) * nsteps).unsqueeze(0) + order.unsqueeze(1)
+
+        next_td = data.get("next")
+        special = self.done_keys | self.reward_keys
+        next_keys = set(next_td.keys(True, True))
+        to_expand = next_keys - special
+        all_keys = set(data.exclude("next").keys(True, True)) | next_keys
+        n_expanded = nsteps * ncols + int(ends.sum())
+        for key in all_keys:
+            entry = data.get(("next",) + _as_tuple(key)) if key in special else data.get(key)
+            feature = entry.shape[data.ndim :]
+            entry = entry.reshape(nsteps, ncols, *feature)
+            if key in to_expand:
+                dest = output.make_memmap(key, shape=[n_expanded, *feature], dtype=entry.dtype)
+                dest[root_slot] = entry
+                following = next_td.get(key).reshape(nsteps, ncols, *feature)
+                dest[next_slot] = following[ends]
+            else:
+                dest = output.make_memmap(key, shape=[nsteps * ncols, *feature], dtype=entry.dtype)
+                dest[plain_slot] = entry
+        return output
+
+
+def _as_tuple(key) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+class Flat2TED:
+    """A storage loading hook to deserialize flattened TED data to TED format.
+
+    Inverse of :class:`~torchrl_compat.utils.TED2Flat`: each root and ``"next"`` entry is read
+    back from the shared observation slots, done and reward entries are restored in ``"next"``
+    and the root done states are set to ``False`` (when ``out`` does not hold them already).
+
+    Args:
+        done_key (NestedKey, optional): the key where the done states should be read in the
+            flat data, where they sit at the root. Defaults to ``"done"``.
+        shift_key (NestedKey, optional): the key where the shift will be read.
+            Defaults to "shift".
+        is_full_key (NestedKey, optional): the key where the is_full attribute will be read.
+            Defaults to "is_full".
+        done_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the done entries.
+            Defaults to ("done", "truncated", "terminated")
+        reward_keys (Tuple[NestedKey], optional): a tuple of nested keys indicating the reward entries.
+            Defaults to ("reward",)
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat.utils import Flat2TED, TED2Flat
+        >>> done = torch.tensor([False, True, False, False]).unsqueeze(-1)
+        >>> data = TensorDict(
+        ...     {
+        ...         "obs": torch.tensor([0.0, 1.0, 2.0, 3.0]),
+        ...         "next": {"obs": torch.tensor([1.0, 10.0, 3.0, 4.0]), "done": done},
+        ...     },
+        ...     batch_size=[4],
+        ... )
+        >>> save = TED2Flat()
+        >>> save.shift, save.is_full = 4, True
+        >>> restored = Flat2TED()(save(data))
+        >>> restored["next", "obs"]
+        tensor([ 1., 10.,  3.,  4.])
+        >>> bool((restored == data.set("done", torch.zeros_like(done))).all())
+        True
+
+    .. note:: torchrl 0.11 fails on a full storage whose last write ended on its last row,
+        on a storage of a single row that is not full, on storages with more than two
+        dimensions, and when a locked ``out`` (an initialized storage) lacks a root done entry;
+        all are restored here, the missing root done entries being left out as torchrl does
+        for two-dimensional storages.
+
+    .. note:: As in torchrl, rows past the last written one in a storage that is not full hold
+        no data and are not restored faithfully, and the last row of each ``("next", key)``
+        observation is left untouched (zeros when ``out`` is ``None``).
+    """
+
+    def __init__(
+        self,
+        done_key="done",
+        shift_key="shift",
+        is_full_key="is_full",
+        done_keys=("done", "truncated", "terminated"),
+        reward_keys=("reward",),
+    ):
+        self.done_key = done_key
+        self.shift_key = shift_key
+        self.is_full_key = is_full_key
+        self.done_keys = {unravel_key(key) for key in done_keys}
+        self.reward_keys = {unravel_key(key) for key in reward_keys}
+
+    def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
+        done = data.get(self.done_key)
+        storage_shape = data.get_non_tensor("_storage_shape", default=None)
+        if storage_shape is None:
+            storage_shape = (done.shape[0],)
+        elif isinstance(storage_shape, int):
+            storage_shape = (storage_shape,)
+        storage_shape = torch.Size(storage_shape)
+        shift = data.get_non_tensor(self.shift_key, default=None)
+        is_full = data.get_non_tensor(self.is_full_key, default=None)
+        nsteps, ncols = storage_shape[0], _batch_cols(storage_shape)
+        # torchrl fills a given multi-dimensional ``out`` through per-column views, so entries
+        # that ``out`` lacks are dropped there; a one-dimensional ``out`` gains them, unless it
+        # is locked (a storage's content), where torchrl fails.
+        add = out is None or (len(storage_shape) == 1 and not out.is_locked)
+        if out is None:
+            out = TensorDict(batch_size=storage_shape)
+
+        # saved done states, [cols, T] in flat order
+        saved = done.reshape(ncols, nsteps).bool()
+        ends = saved.clone()
+        if nsteps:
+            ends[:, int(shift or 0) - 1 if not is_full else -1] = True
+        # Each column takes T slots plus one per trajectory end (the marked one included).
+        col_start = torch.arange(ncols) * nsteps + _exclusive_cumsum(ends.sum(1), 0)
+        # Within a column, slots are counted from the saved done states, as torchrl does:
+        # they differ from ``ends`` only after the last written row, which holds no data.
+        root_flat = (
+            col_start.unsqueeze(1) + torch.arange(nsteps) + _exclusive_cumsum(saved, 1)
+        )
+        order = _time_order(nsteps, shift, bool(is_full) and shift is not None)
+        root_slot = root_flat[:, order].T  # [T, cols], storage order
+        plain_slot = (torch.arange(ncols) * nsteps).unsqueeze(0) + order.unsqueeze(1)
+        # next slots of the last row may run past the data when the storage is not full
+        next_rows = slice(None) if is_full else slice(0, max(nsteps - 1, 0))
+
+        special = self.done_keys | self.reward_keys
+        existing = set(out.keys(True, True))
+        for key, entry in data.items(True, True):
+            feature = entry.shape[1:]
+            if entry.shape[0] == nsteps * ncols:
+                value = entry[plain_slot].reshape(*storage_shape, *feature)
+                if key in special:
+                    if key != "reward" and key not in existing and add:
+                        out.set(key, torch.zeros_like(value))
+                    _write(out, ("next",) + _as_tuple(key), value, add)
+                else:
+                    _write(out, key, value, add)
+                continue
+            following = entry[root_slot[next_rows] + 1].reshape(-1, *storage_shape[1:], *feature)
+            next_key = ("next",) + _as_tuple(key)
+            dest = out.get(next_key, None)
+            if dest is not None:
+                dest[next_rows].copy_(following)
+            elif add:
+                if not is_full:
+                    following = torch.cat([following, following.new_zeros((1, *following.shape[1:]))])
+                out.set(next_key, following)
+            _write(out, key, entry[root_slot].reshape(*storage_shape, *feature), add)
+        return out
+
+
+class TED2Nested(TED2Flat):
+    """Converts a TED-formatted dataset into a tensordict populated with nested tensors where each row is a trajectory.
+
+    The data is first flattened by :class:`~torchrl_compat.utils.TED2Flat`; each entry is then
+    exposed as a memory-mapped nested tensor over the same storage, with one row per
+    trajectory (observations have one more step than the other entries, except the
+    trajectories that end with a column of a storage that is not full).
+
+    Accepts the same arguments as :class:`~torchrl_compat.utils.TED2Flat`.
+
+    .. note:: Requires torch>=2.4.
+    """
+
+    _shift: int | None = None
+    _is_full: bool | None = None
+
+    def __init__(self, *args, **kwargs):
+        if not hasattr(torch, "_nested_compute_contiguous_strides_offsets"):
+            raise ValueError(
+                f"Unsupported torch version {torch.__version__}. "
+                f"torch>=2.4 is required for {type(self).__name__} to be used."
+            )
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, data: TensorDictBase, path: Path = None):
+        flat = super().__call__(data, path=path)
+        shift, is_full = self.shift, self.is_full
+        storage_shape = tuple(flat.get_non_tensor("_storage_shape", (-1,)))
+        nsteps = storage_shape[0]
+
+        ends = flat.get("done").squeeze(-1).clone()
+        per_col = ends.view(-1, nsteps) if ends.numel() else ends.view(0, max(nsteps, 0))
+        if nsteps > 0:
+            if not is_full:
+                per_col[:, int(shift or 0) - 1] = True
+            # every column ends a trajectory on its last row
+            per_col[:, -1] = True
+        ends_at = ends.nonzero(as_tuple=True)[0]
+        lengths = torch.diff(ends_at, prepend=ends_at.new_full((1,), -1)).unsqueeze(-1)
+        if is_full:
+            expanded_lengths = lengths + 1
+        else:
+            # A trajectory that stops at a column end was not ended by a marked row: it has no
+            # extra observation slot (see TED2Flat).
+            expanded_lengths = lengths + (lengths.cumsum(0) % nsteps != 0)
+
+        out = TensorDict(batch_size=[ends_at.numel()])
+        out.update(dict(flat.non_tensor_items()))
+        out.memmap_(path)
+        for key, value in flat.items(True, True):
+            rows = lengths if value.shape[0] == ends.shape[0] else expanded_lengths
+            feature = torch.tensor(value.shape[1:], dtype=torch.long).expand(rows.shape[0], -1)
+            # A new shape over the flat file's storage: nothing is copied.
+            out.make_memmap_from_storage(
+                key,
+                value.untyped_storage(),
+                dtype=value.dtype,
+                shape=torch.cat([rows, feature], -1),
+            )
+        return out
+
+
+class Nested2TED(Flat2TED):
+    """Converts a nested tensordict where each row is a trajectory into the TED format.
+
+    Inverse of :class:`~torchrl_compat.utils.TED2Nested`: the nested entries are read back as
+    the flat layout of :class:`~torchrl_compat.utils.TED2Flat`, then restored by
+    :class:`~torchrl_compat.utils.Flat2TED`, whose arguments it accepts.
+    """
+
+    def __call__(self, data, out: TensorDictBase = None):
+        def as_flat(tensor):
+            # The whole underlying storage is the flat layout, including slots that no
+            # trajectory row covers.
+            storage = tensor.untyped_storage()
+            numel = storage.nbytes() // tensor.element_size()
+            flat = torch.empty(0, dtype=tensor.dtype).set_(
+                storage, 0, (numel,), (1,)
+            )
+            return flat.view(-1, *(tensor.size(i) for i in range(2, tensor.dim())))
+
+        flat = data.apply(as_flat, batch_size=[])
+        return super().__call__(flat, out=out)
+
+
+class H5Split(TED2Flat):
+    """Splits a dataset prepared with TED2Nested into a TensorDict where each trajectory is stored as views on their parent nested tensors.
+
+    Trajectory ``i`` is stored under ``"traj_<i>"``, zero-padded to the number of digits of the
+    last index; non-tensor entries are kept at the root.
+    """
+
+    _shift: int | None = None
+    _is_full: bool | None = None
+
+    def __call__(self, data):
+        ntraj = data.shape[0]
+        width = int(math.ceil(math.log10(ntraj))) if ntraj > 0 else 0
+        trajectories = data.filter_non_tensor_data().unbind(0)
+        result = TensorDict(
+            {f"traj_{str(i).zfill(width)}": traj for i, traj in enumerate(trajectories)}
+        )
+        return result.update(dict(data.non_tensor_items()))
+
+
+class H5Combine:
+    """Combines trajectories in a persistent tensordict into a single standing tensordict stored in filesystem.
+
+    Inverse of :class:`~torchrl_compat.utils.H5Split`: the ``"traj_*"`` entries are stacked
+    into memory-mapped nested tensors (one row per trajectory); every other entry becomes a
+    non-tensor entry. ``out`` is ignored.
+
+    .. note:: The trajectories are read one at a time into the memory-mapped result.
+    """
+
+    def __call__(self, data, out=None):
+        names = [key for key in data.keys() if key.startswith("traj")]
+        trajectories = [data.get(name) for name in names]
+        result = TensorDict(
+            {key: NonTensorData(data[key]) for key in data.keys() if not key.startswith("traj")}
+        )
+        # anonymous memory map: no file is left behind
+        result.memmap_()
+        if not trajectories:
+            return result
+        keys = list(trajectories[0].keys(True, True))
+        for key in keys:
+            parts = [traj.get(key) for traj in trajectories]
+            result.make_memmap(
+                key,
+                shape=torch.stack([torch.tensor(part.shape) for part in parts]),
+                dtype=parts[0].dtype,
+            )
+            dest = result.get(key)
+            for i, part in enumerate(parts):
+                dest[i].copy_(part)
+        return result
