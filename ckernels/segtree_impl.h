@@ -174,44 +174,68 @@ static void FN(build)(const rp_segtree_layout *layout, SCALAR *tree, bool is_min
 void FN(rp_sumtree_build)(const rp_segtree_layout *layout, SCALAR *tree) { FN(build)(layout, tree, false); }
 void FN(rp_mintree_build)(const rp_segtree_layout *layout, SCALAR *tree) { FN(build)(layout, tree, true); }
 
-int FN(rp_sumtree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
-    for (int64_t k = 0; k < n; k++) {
-        /* !(v >= 0) is true for NaN as well as for negative values. */
-        if (RP_UNLIKELY(!(value[k] >= 0) || isinf(value[k]))) {
-            *bad = k;
-            return RP_ERR_VALUE;
-        }
+/* Chunk size of the validation passes: each chunk is checked without branches (so the loop
+ * vectorises), and only a chunk that holds a bad element is scanned again to find it. */
+#define RP_CHECK_CHUNK 256
+
+static inline int FN(bad_value)(SCALAR v, bool is_min) {
+    /* A sum tree takes finite non-negative values: both comparisons are false for NaN.
+     * Bitwise operators keep the test branch-free. */
+    return is_min ? v != v : !((v >= 0) & (v <= SCALAR_MAX));
+}
+
+/* The position of the first bad value in value[0..n), or n. O(n). */
+static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) {
+    for (int64_t k0 = 0; k0 < n; k0 += RP_CHECK_CHUNK) {
+        const int64_t k1 = k0 + RP_CHECK_CHUNK < n ? k0 + RP_CHECK_CHUNK : n;
+        int flag = 0;
+        for (int64_t k = k0; k < k1; k++) flag |= FN(bad_value)(value[k], is_min);
+        if (RP_UNLIKELY(flag))
+            for (int64_t k = k0; k < k1; k++)
+                if (FN(bad_value)(value[k], is_min)) return k;
     }
-    return RP_OK;
+    return n;
+}
+
+/* The position of the first index outside [0, size) in index[0..n), or n. O(n). */
+static int64_t FN(first_bad_index)(const int64_t *index, int64_t n, int64_t size) {
+    for (int64_t k0 = 0; k0 < n; k0 += RP_CHECK_CHUNK) {
+        const int64_t k1 = k0 + RP_CHECK_CHUNK < n ? k0 + RP_CHECK_CHUNK : n;
+        int flag = 0;
+        /* One unsigned comparison covers both ends: a negative index wraps past size. */
+        for (int64_t k = k0; k < k1; k++) flag |= (uint64_t)index[k] >= (uint64_t)size;
+        if (RP_UNLIKELY(flag))
+            for (int64_t k = k0; k < k1; k++)
+                if ((uint64_t)index[k] >= (uint64_t)size) return k;
+    }
+    return n;
+}
+
+int FN(rp_sumtree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
+    *bad = FN(first_bad_value)(value, n, false);
+    return *bad < n ? RP_ERR_VALUE : RP_OK;
 }
 
 int FN(rp_mintree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
-    for (int64_t k = 0; k < n; k++) {
-        if (RP_UNLIKELY(isnan(value[k]))) {
-            *bad = k;
-            return RP_ERR_VALUE;
-        }
-    }
-    return RP_OK;
+    *bad = FN(first_bad_value)(value, n, true);
+    return *bad < n ? RP_ERR_VALUE : RP_OK;
 }
 
 static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
                       const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad, bool is_min) {
     const int64_t size = layout->size;
-    /* Check everything before writing anything; the pass also brings the leaves in. */
-    for (int64_t k = 0; k < n; k++) {
-        const int64_t i = index[k];
-        if (RP_UNLIKELY(i < 0 || i >= size)) {
-            *bad = k;
-            return RP_ERR_INDEX;
-        }
-        const SCALAR v = value[k * value_stride];
-        if (RP_UNLIKELY(is_min ? isnan(v) : (!(v >= 0) || isinf(v)))) {
-            *bad = k;
-            return RP_ERR_VALUE;
-        }
-        RP_PREFETCH_W(tree + i);
+    /* Check everything before writing anything; the first bad position wins, an index error
+     * before a value error at the same position. */
+    const int64_t bad_index = FN(first_bad_index)(index, n, size);
+    const int64_t bad_value = value_stride == 0 ? (FN(bad_value)(value[0], is_min) ? 0 : n)
+                                                : FN(first_bad_value)(value, bad_index, is_min);
+    if (RP_UNLIKELY(bad_index < n || bad_value < n)) {
+        const bool index_first = bad_index <= bad_value;
+        *bad = index_first ? bad_index : bad_value;
+        return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
     }
+    if (n * 16 < size) /* a sparse batch: bring its leaves in before the writes */
+        for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
     for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
     FN(refresh)(layout, tree, index, n, is_min);
     return RP_OK;
