@@ -11,6 +11,23 @@ import os
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+# Start-up hook: site-packages/*.pth files run at interpreter start. It installs replay's
+# segment trees into torchrl only when TORCHRL_COMPAT_INSTALL_TREES is set (see
+# torchrl_compat_trees.py). data_files would put it under sys.prefix, where site never
+# looks, so build_py copies it to the root of the pure-Python tree instead.
+STARTUP_HOOK = "torchrl_compat_trees.pth"
+
+
+class BuildPyWithStartupHook(build_py):
+    def run(self):
+        super().run()
+        self.copy_file(STARTUP_HOOK, os.path.join(self.build_lib, STARTUP_HOOK), preserve_mode=False)
+
+    def get_outputs(self, include_bytecode=True):
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, STARTUP_HOOK)]
+
 
 KERNEL_SOURCES = [
     "ckernels/segtree.c",
@@ -45,6 +62,7 @@ extensions = [
 ]
 
 setup(
+    cmdclass={"build_py": BuildPyWithStartupHook},
     # The debug build generates its C aside, so it never stands in for the release one.
     ext_modules=cythonize(
         extensions, compiler_directives=DIRECTIVES, build_dir="build/debug-c" if DEBUG else None

@@ -61,3 +61,8 @@ except ImportError:
     pass
 else:
     __all__.append("H5StorageCheckpointer")
+
+# Torch-free, so it also runs from the start-up hook before anything imports torchrl.
+from torchrl_compat_trees import install_segment_trees  # noqa: E402
+
+__all__.append("install_segment_trees")

@@ -1,0 +1,312 @@
+"""Serve ``replay``'s segment trees to torchrl 0.11 as ``torchrl._torchrl``.
+
+torchrl 0.11.0 ships its segment trees in a C++ extension, ``torchrl._torchrl``, built
+against one torch release. On any other torch the extension fails to load,
+``torchrl.data.replay_buffers.samplers`` keeps ``SumSegmentTreeFp32 = None`` (and the three
+other tree names), and every prioritized sampler raises ``"SumSegmentTreeFp32 is not
+available"``. :func:`install_segment_trees` puts ``replay``'s four trees, which have the same
+API and load on every torch, wherever torchrl looks for its own.
+
+This module is importable without torch, numpy or torchrl: it is what the
+``torchrl_compat_trees.pth`` start-up hook imports when ``TORCHRL_COMPAT_INSTALL_TREES`` is
+set, and it is the way to install the trees before anything imports torchrl
+(``import torchrl_compat`` imports torchrl itself). ``torchrl_compat.install_segment_trees``
+is the same function.
+
+Examples:
+    >>> import torchrl_compat_trees
+    >>> torchrl_compat_trees.install_segment_trees()
+    True
+    >>> from torchrl.data import PrioritizedSampler
+    >>> PrioritizedSampler(max_capacity=10, alpha=0.7, beta=0.9)._sum_tree
+    SumSegmentTreeFp32(size=10)
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+import warnings
+
+ENV_VAR = "TORCHRL_COMPAT_INSTALL_TREES"
+EXTENSION_NAME = "torchrl._torchrl"
+TREE_NAMES = (
+    "MinSegmentTreeFp32",
+    "MinSegmentTreeFp64",
+    "SumSegmentTreeFp32",
+    "SumSegmentTreeFp64",
+)
+# Values of ENV_VAR that leave the hook off. Keep in step with torchrl_compat_trees.pth.
+_OFF_VALUES = ("", "0", "false", "no", "off")
+
+# Marks our stand-in module and finder, so a reloaded copy of this file still recognises
+# what an earlier copy installed (class identity would not survive a reload).
+_STAND_IN_MARK = "__replay_stand_in__"
+_FINDER_MARK = "_replay_trees_finder"
+
+
+def _is_stand_in(module) -> bool:
+    return module is not None and getattr(module, _STAND_IN_MARK, False)
+
+
+def _stand_in_module(spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+    """A module holding ``replay``'s four trees, named and specced as ``torchrl._torchrl``."""
+    import replay
+
+    module = types.ModuleType(
+        EXTENSION_NAME,
+        "replay's segment trees standing in for torchrl's C++ extension "
+        "(see torchrl_compat.install_segment_trees).",
+    )
+    for name in TREE_NAMES:
+        setattr(module, name, getattr(replay, name))
+    # importlib.util.find_spec() returns sys.modules[name].__spec__ and raises ValueError
+    # when it is None; torchrl's _init_extension() probes the extension that way.
+    module.__spec__ = spec
+    module.__loader__ = spec.loader
+    module.__package__ = "torchrl"
+    setattr(module, _STAND_IN_MARK, True)
+    return module
+
+
+class _TreesLoader(importlib.abc.Loader):
+    """Loads torchrl's own extension when it works (and may be kept), else the stand-in."""
+
+    def __init__(self, finder: "_TreesFinder", path) -> None:
+        self._finder = finder
+        self._path = path
+        self._own_spec = None
+
+    def create_module(self, spec):
+        if not self._finder.replace:
+            own = self._load_own_extension()
+            if own is not None:
+                return own
+        return _stand_in_module(spec)
+
+    def _load_own_extension(self):
+        own_spec = importlib.machinery.PathFinder.find_spec(EXTENSION_NAME, self._path)
+        if own_spec is None or own_spec.loader is None:
+            return None
+        try:
+            # module_from_spec, not create_module alone: pybind11's init needs the
+            # module attributes it sets.
+            module = importlib.util.module_from_spec(own_spec)
+            own_spec.loader.exec_module(module)
+        except (ImportError, OSError):
+            # The usual failure: built against another torch ("undefined symbol ...").
+            return None
+        self._own_spec = own_spec
+        return module
+
+    def exec_module(self, module) -> None:
+        # Both modules are complete once created. The import system set our spec on the
+        # real extension: give it its own back so it still reports its .so file.
+        if self._own_spec is not None and not _is_stand_in(module):
+            module.__spec__ = self._own_spec
+            module.__loader__ = self._own_spec.loader
+
+
+class _TreesFinder(importlib.abc.MetaPathFinder):
+    """Answers for ``torchrl._torchrl`` only; every other name goes to the next finder."""
+
+    _replay_trees_finder = True
+
+    def __init__(self, replace: bool = False) -> None:
+        self.replace = replace
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != EXTENSION_NAME:
+            return None
+        return importlib.machinery.ModuleSpec(
+            EXTENSION_NAME, _TreesLoader(self, path), origin="replay"
+        )
+
+
+def _installed_finder():
+    for finder in sys.meta_path:
+        if getattr(type(finder), _FINDER_MARK, False):
+            return finder
+    return None
+
+
+def _install_finder(replace: bool):
+    finder = _installed_finder()
+    if finder is None:
+        # First in line: torchrl's .so sits in torchrl/ where PathFinder would find it.
+        finder = _TreesFinder(replace)
+        sys.meta_path.insert(0, finder)
+    else:
+        finder.replace = finder.replace or replace
+    return finder
+
+
+def _is_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        # ValueError: an entry in sys.modules without a __spec__; ImportError: sys.modules
+        # holds None for the name, which is how a blocked import is spelt.
+        return name in sys.modules and sys.modules[name] is not None
+
+
+def _patch_torchrl_modules(module, old_classes) -> list:
+    """Point every imported ``torchrl.*`` global named like a tree at ``module``'s class.
+
+    A global is replaced when it is ``None`` (torchrl's placeholder after a failed import)
+    or one of ``old_classes`` (torchrl's own trees, when replacing them). Returns the names
+    of the patched modules.
+    """
+    patched = []
+    for modname, mod in list(sys.modules.items()):
+        if mod is None or not (modname == "torchrl" or modname.startswith("torchrl.")):
+            continue
+        namespace = getattr(mod, "__dict__", None)
+        if namespace is None:
+            continue
+        changed = False
+        for name in TREE_NAMES:
+            if name not in namespace:
+                continue
+            value = namespace[name]
+            if value is None or any(value is old for old in old_classes):
+                new = getattr(module, name)
+                if value is not new:
+                    setattr(mod, name, new)
+                    changed = True
+        if changed:
+            patched.append(modname)
+    return patched
+
+
+def install_segment_trees(*, replace: bool = False, strict: bool = False) -> bool:
+    """Makes torchrl 0.11 use ``replay``'s segment trees wherever it looks for its own.
+
+    ``replay.SumSegmentTreeFp32``, ``SumSegmentTreeFp64``, ``MinSegmentTreeFp32`` and
+    ``MinSegmentTreeFp64`` become the module ``torchrl._torchrl`` (with a proper
+    ``__spec__``, so ``importlib.util.find_spec("torchrl._torchrl")`` finds it), and the
+    torchrl modules already imported that hold ``None`` in place of the tree classes
+    (``torchrl.data.replay_buffers.samplers``) get the classes. torchrl's
+    ``PrioritizedSampler``, ``PrioritizedSliceSampler``, ``PrioritizedReplayBuffer`` and
+    ``TensorDictPrioritizedReplayBuffer`` then work on any torch.
+
+    Called before ``import torchrl``, it registers a meta-path finder for
+    ``torchrl._torchrl`` and imports nothing (not even torch): when torchrl later imports
+    its extension, the finder first tries torchrl's own ``.so`` and serves ``replay``'s
+    trees only if that fails to load (always, with ``replace=True``). Called after, it does
+    the same at once. Calling it again changes nothing.
+
+    Keyword Args:
+        replace (bool, optional): if ``True``, ``replay``'s trees replace torchrl's own even
+            when those load (modules holding torchrl's classes are re-pointed; samplers
+            already built keep the trees they hold). Defaults to ``False``.
+        strict (bool, optional): if ``True``, raise :class:`ImportError` when torchrl or
+            ``replay`` cannot be imported instead of returning ``False``.
+            Defaults to ``False``.
+
+    Returns:
+        ``True`` when torchrl uses ``replay``'s trees (or, before torchrl is imported, will
+        fall back to them); ``False`` when torchrl is not installed, ``replay`` is not
+        importable, or torchrl's own trees loaded and ``replace`` is ``False``.
+
+    Raises:
+        ImportError: with ``strict=True``, when torchrl or ``replay`` is not importable.
+
+    .. note:: ``replay``'s trees are stricter than torchrl's: an out-of-range index raises
+        :class:`IndexError` and a NaN (or, in a sum tree, a negative or infinite) value
+        raises :class:`ValueError`, where torchrl's trees write outside their buffer or
+        silently corrupt sampling. torchrl 0.11's samplers never send such values on valid
+        use (``update_priority`` drops the ``-1`` indices that ``MaxValueWriter`` writes).
+
+    Examples:
+        >>> import torchrl_compat
+        >>> torchrl_compat.install_segment_trees()
+        True
+        >>> import torchrl._torchrl
+        >>> torchrl._torchrl.SumSegmentTreeFp32
+        <class 'replay.SumSegmentTreeFp32'>
+    """
+    if not _is_available("torchrl"):
+        if strict:
+            raise ImportError(
+                "install_segment_trees(strict=True): torchrl is not installed, so there are "
+                "no torchrl segment trees to provide; install torchrl 0.11 "
+                "(pip install torchrl==0.11.0) or call it with strict=False."
+            )
+        return False
+    if not _is_available("replay"):
+        if strict:
+            raise ImportError(
+                "install_segment_trees(strict=True): the 'replay' extension is not "
+                "importable; build it with `python setup.py build_ext --inplace` or "
+                "`pip install .`."
+            )
+        return False
+
+    current = sys.modules.get(EXTENSION_NAME)
+    own_classes = ()
+    if current is not None and not _is_stand_in(current):
+        # torchrl's own extension loaded.
+        if not replace:
+            return False
+        own_classes = tuple(
+            cls for cls in (getattr(current, n, None) for n in TREE_NAMES) if cls is not None
+        )
+
+    _install_finder(replace)
+    torchrl = sys.modules.get("torchrl")
+    if torchrl is None:
+        # Before `import torchrl`: the finder serves torchrl's own import.
+        return True
+
+    if own_classes:
+        del sys.modules[EXTENSION_NAME]
+    try:
+        # Through the finder: torchrl's own extension or the stand-in.
+        module = importlib.import_module(EXTENSION_NAME)
+    except ImportError as err:
+        if own_classes:
+            sys.modules[EXTENSION_NAME] = current
+        if strict:
+            raise ImportError(
+                f"install_segment_trees(strict=True): cannot import {EXTENSION_NAME}: {err}"
+            ) from err
+        return False
+    # The import binds the parent attribute only on a fresh load; set it for replacements.
+    setattr(torchrl, "_torchrl", module)
+    _patch_torchrl_modules(module, own_classes)
+    return _is_stand_in(module)
+
+
+def install_from_env() -> bool:
+    """Runs :func:`install_segment_trees` as ``TORCHRL_COMPAT_INSTALL_TREES`` asks.
+
+    Called by ``torchrl_compat_trees.pth`` at interpreter start-up. Unset, empty, ``0``,
+    ``false``, ``no`` or ``off`` leave torchrl alone; ``replace`` replaces torchrl's own
+    trees even when they load; any other value (``1``) installs ``replay``'s trees where
+    torchrl's fail to load. Never raises: a start-up hook must not break the interpreter,
+    so a failure becomes a :class:`RuntimeWarning`.
+    """
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in _OFF_VALUES:
+        return False
+    replace = value == "replace"
+    try:
+        if "torchrl" not in sys.modules:
+            # site runs .pth files while it is still building sys.path (a venv's own
+            # site-packages come before the system ones), so torchrl and replay may not be
+            # findable yet: register the finder without looking for them. It acts only when
+            # torchrl imports its extension, and that import proves torchrl is there.
+            _install_finder(replace)
+            return True
+        return install_segment_trees(replace=replace)
+    except Exception as err:  # noqa: BLE001
+        warnings.warn(
+            f"{ENV_VAR}={value!r}: installing replay's segment trees failed: {err!r}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
