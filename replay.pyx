@@ -34,6 +34,9 @@ cdef object _tensor_to_numpy(object tensor):
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
+    torch = sys.modules["torch"]
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: widen, exactly
+        tensor = tensor.float()
     return tensor.resolve_conj().resolve_neg().numpy()
 
 

@@ -430,3 +430,9 @@ def test_cuda_tensors_give_cuda_results():
     out = tree.scan_lower_bound(torch.tensor([3.0, 50.0], device="cuda"))
     assert out.device.type == "cuda" and out.tolist() == [2, 49]
     assert tree[torch.tensor([1], device="cuda")].device.type == "cuda"
+
+
+def test_bfloat16_priorities_are_widened():
+    tree = replay.SumSegmentTreeFp32(4)
+    tree[torch.tensor([0, 1])] = torch.tensor([0.5, 2.0], dtype=torch.bfloat16)
+    assert tree.values().tolist() == [0.5, 2.0, 0.0, 0.0]
