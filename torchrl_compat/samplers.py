@@ -129,6 +129,27 @@ def _tree_device(tree) -> torch.device:
     return torch.device("cpu")
 
 
+def _is_replay_tree(tree) -> bool:
+    """Whether ``tree`` is one of ``replay``'s compiled trees (fused CPU kernels)."""
+    return _REPLAY_TREES is not None and type(tree) in _REPLAY_TREE_TYPES
+
+
+_REPLAY_TREE_TYPES = frozenset(
+    cls for pair in (_REPLAY_TREES or {}).values() for cls in pair
+)
+_UINT64_MASK = (1 << 64) - 1
+
+
+def _kernel_seed(generator) -> int:
+    """64 random bits from ``generator`` or, when it is ``None``, torch's global RNG.
+
+    The kernels draw from their own xoshiro256** stream; seeding it from torch keeps
+    ``torch.manual_seed`` (and the buffer's generator) in control of the samples.
+    """
+    seed = torch.randint(-(2**63), 2**63 - 1, (), generator=generator, dtype=torch.int64)
+    return int(seed) & _UINT64_MASK
+
+
 # ---------------------------------------------------------------------------- random draws
 # Draws are made on the generator's own device (a CPU generator cannot fill a CUDA tensor)
 # and moved afterwards, so a seeded buffer repeats its samples whatever the storage device.
@@ -466,7 +487,10 @@ class PrioritizedSampler(Sampler):
     .. note:: On CPU, priorities live in ``replay``'s compiled segment trees when that
         extension is available (so prioritized replay works on any torch release, where
         torchrl 0.11 needs its trees compiled for torch 2.9), otherwise in tensor trees made
-        of torch ops. When the sampler first meets a storage on an accelerator, the
+        of torch ops. There, a batch is drawn by one fused kernel call (draws, descents,
+        priorities and, for fp64 trees, importance weights) that reads O(batch * log(size))
+        tree nodes, and an update makes one kernel call per tree; without a buffer generator
+        the kernel's stream is seeded from torch's global RNG. When the sampler first meets a storage on an accelerator, the
         priorities move to tensor trees on that device, and sampling and updates then run
         there with torch ops; each sample and each update synchronises with the host once
         (to check the priorities and indices).
@@ -657,11 +681,69 @@ class PrioritizedSampler(Sampler):
             index, priority, _ = sample_prioritized_leaves(leaves, uniform, exclude=exclude)
         return index, priority
 
+    # Private switch: ``False`` sends CPU samplers through the torch-op paths (used on
+    # accelerators) so that tests can compare them with the ``replay`` kernels.
+    _use_cpu_kernels = True
+
+    def _fused_sample(self, num_valid: int, batch_size: int):
+        """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
+
+        Reads O(batch * log(size)) tree nodes: no pass over the leaves. The uniforms come from
+        ``self._rng`` when it is set (so a seeded buffer draws what the torch path draws),
+        otherwise the kernel's stream is seeded from torch's global RNG.
+        """
+        sum_tree = self._sum_tree
+        num_valid = min(num_valid, sum_tree.size)
+        p_min = self._min_tree.query(0, num_valid)
+        if not p_min > 0:
+            total = sum_tree.query(0, num_valid)
+            if not total > 0:
+                raise RuntimeError(
+                    f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
+                    f"sum to {total}"
+                )
+            raise RuntimeError(
+                f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
+            )
+        if self._rng is not None:
+            uniform = _rand(batch_size, torch.device("cpu"), self._rng).numpy()
+            seed = None
+        else:
+            uniform = None
+            seed = _kernel_seed(None)
+        # fp64 trees take the kernel's float64 weights. fp32 trees compute them from the fp32
+        # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
+        # torchrl's by one ulp, and the two libraries should return the same weights.
+        fp64 = sum_tree.__class__ is _REPLAY_TREES[torch.float64][0]
+        try:
+            index, priority, weight = sum_tree.sample_prioritized(
+                num_valid,
+                uniform,
+                batch_size=batch_size,
+                seed=seed,
+                p_min=p_min if fp64 else None,
+                beta=self._beta if fp64 else None,
+            )
+        except RuntimeError:
+            raise RuntimeError(
+                f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
+                f"sum to {sum_tree.query(0, num_valid)}"
+            ) from None
+        index = torch.from_numpy(index)
+        if fp64:
+            return index, torch.from_numpy(weight)
+        return index, torch.from_numpy(priority).div_(p_min).pow_(-self._beta)
+
     def _prioritized_sample(self, storage, batch_size: int, exclude=None):
         if len(storage) == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         self._follow_storage(storage)
         num_valid = len(storage)
+        if exclude is None and self._use_cpu_kernels and _is_replay_tree(self._sum_tree):
+            index, weight = self._fused_sample(num_valid, batch_size)
+            if storage.ndim > 1:
+                index = unravel_index(index, storage.shape)
+            return index, {"priority_weight": weight}
         index, priority = self._sample_tree(num_valid, batch_size, exclude=exclude)
         p_min = self._min_tree.query(0, num_valid)
         if not p_min > 0:
@@ -711,6 +793,17 @@ class PrioritizedSampler(Sampler):
             priority, mismatched shapes) raises before the sampler changes.
         """
         self._follow_storage(storage)
+        if (
+            self._use_cpu_kernels
+            and isinstance(index, torch.Tensor)
+            and index.ndim == 1
+            and index.device.type == "cpu"
+            and not index.is_floating_point()
+            and index.dtype != torch.bool
+            and _is_replay_tree(self._sum_tree)
+            and self._update_with_kernels(index, priority)
+        ):
+            return
         device = self._device
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
@@ -774,10 +867,84 @@ class PrioritizedSampler(Sampler):
             and cur_max_priority_index is not None
             and (index == cur_max_priority_index).any()
         ):
-            # As torchrl does, the max is taken over the stored values p ** alpha.
-            leaves = _read_leaves(self._sum_tree, self._sum_tree.size)
-            maxval, maxidx = leaves.to(torch.get_default_dtype()).max(0)
-            self._max_priority = (maxval, maxidx)
+            self._rebuild_max_priority()
+
+    def _rebuild_max_priority(self) -> None:
+        # As torchrl does, the max is taken over the stored values p ** alpha, here with
+        # one reduction (torchrl loops in Python over the whole capacity).
+        if _is_replay_tree(self._sum_tree):
+            leaves = self._sum_tree.values()
+            maxidx = int(leaves.argmax())
+            self._max_priority = (
+                torch.tensor(float(leaves[maxidx]), dtype=torch.get_default_dtype()),
+                torch.tensor(maxidx),
+            )
+            return
+        leaves = _read_leaves(self._sum_tree, self._sum_tree.size)
+        maxval, maxidx = leaves.to(torch.get_default_dtype()).max(0)
+        self._max_priority = (maxval, maxidx)
+
+    def _update_with_kernels(self, index: torch.Tensor, priority) -> bool:
+        """The common update (a 1-D CPU index) with one conversion and one kernel call per tree.
+
+        Returns ``False``, having changed nothing, when the input needs the general path
+        (which also produces every error message).
+        """
+        if not isinstance(priority, torch.Tensor):
+            if not isinstance(priority, (int, float)) or isinstance(priority, bool):
+                return False
+            priority = torch.tensor(float(priority))
+        priority = priority.detach()
+        if priority.device.type != "cpu" or not priority.is_floating_point():
+            return False
+        if priority.numel() > 1 and priority.shape != index.shape:
+            if priority.numel() != index.shape[0]:
+                return False
+            priority = priority.reshape(index.shape)
+        elif priority.numel() <= 1:
+            priority = priority.reshape(())
+        index_np = index.numpy()
+        if index_np.dtype != np.int64:
+            index_np = index_np.astype(np.int64)
+        priority_np = priority.numpy()
+        if index_np.size:
+            lowest = index_np.min()
+            if lowest < 0:
+                # -1 marks items a writer skipped (MaxValueWriter): drop them.
+                keep = index_np >= 0
+                if not keep.any():
+                    return True
+                index_np = index_np[keep]
+                if priority.ndim:
+                    priority = priority[torch.from_numpy(keep)]
+                    priority_np = priority.numpy()
+            if index_np.max() >= self._max_capacity:
+                return False
+        else:
+            return True
+        if not (np.isfinite(priority_np).all() and (priority_np >= 0).all()):
+            return False
+        if priority.ndim:
+            argmax = int(priority_np.argmax())
+            max_p, max_p_index = priority[argmax], index_np[argmax]
+        else:
+            max_p, max_p_index = priority, index_np[0]
+        cur_max_priority, cur_max_priority_index = self._max_priority
+        if cur_max_priority is None or float(max_p) > float(cur_max_priority):
+            cur_max_priority, cur_max_priority_index = self._max_priority = (
+                max_p,
+                torch.tensor(int(max_p_index)),
+            )
+        value = torch.pow(priority + self._eps, self._alpha).numpy()
+        self._sum_tree.update(index_np, value)
+        self._min_tree.update(index_np, value)
+        if (
+            self._max_priority_within_buffer
+            and cur_max_priority_index is not None
+            and (index_np == int(cur_max_priority_index)).any()
+        ):
+            self._rebuild_max_priority()
+        return True
 
     @staticmethod
     def _ravel_index(index: torch.Tensor, shape) -> torch.Tensor:
