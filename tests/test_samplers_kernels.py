@@ -90,3 +90,135 @@ def test_prioritized_global_seed_reproduces():
     assert torch.equal(a[0], b[0]) and torch.equal(a[1]["priority_weight"], b[1]["priority_weight"])
     c = sampler.sample(storage, 32)
     assert not torch.equal(a[0], c[0])
+
+
+# ------------------------------------------------------------------------- without replacement
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("n,batch", [(1, 1), (10, 3), (12, 4), (64, 64), (7, 10)])
+def test_without_replacement_kernel_epochs(n, batch, drop_last):
+    """Each epoch covers every index once; ran_out / _remaining_batches follow the torch path."""
+    storage = make_storage(64, filled=n)
+    fast, slow = _pair(ours.SamplerWithoutReplacement, drop_last=drop_last)
+    fast._rng, slow._rng = generator(1), generator(1)
+    if drop_last and batch > n:
+        for sampler in (fast, slow):
+            with pytest.raises(ValueError, match="greater than the storage capacity"):
+                sampler.sample(storage, batch)
+        return
+    assert fast.sample(storage, batch)[0].numel() and fast.__dict__["_epoch"] is not None
+    fast._empty()
+    epoch_size = n // batch * batch if drop_last else n
+    for _ in range(3):
+        seen = []
+        while True:
+            (a, _), (b, _) = fast.sample(storage, batch), slow.sample(storage, batch)
+            assert a.shape == b.shape and a.dtype == b.dtype == torch.int64
+            assert (fast.ran_out, fast._remaining_batches) == (slow.ran_out, slow._remaining_batches)
+            seen += a.tolist()
+            if fast.ran_out:
+                break
+        assert len(seen) == epoch_size and len(set(seen)) == epoch_size
+        assert set(seen) <= set(range(n))
+
+
+def test_without_replacement_kernel_state_is_torchrl_format(tmp_path):
+    import torchrl.data.replay_buffers.samplers as trl
+
+    storage = make_storage(64, filled=20)
+    mine = ours.SamplerWithoutReplacement()
+    mine._rng = generator(3)
+    first, _ = mine.sample(storage, 6)
+    assert mine.__dict__["_epoch"] is not None  # nothing materialised yet
+    assert repr(mine) == "SamplerWithoutReplacement( 70.0000% sampled)"
+    state = mine.state_dict()
+    assert list(state) == ["len_storage", "_sample_list", "drop_last", "_ran_out"]
+    rest = state["_sample_list"]
+    assert sorted(first.tolist() + rest.tolist()) == list(range(20))
+    mine.dumps(tmp_path / "ours")
+    back = trl.SamplerWithoutReplacement()
+    back.loads(tmp_path / "ours")
+    assert torch.equal(back._sample_list, rest) and back.len_storage == 20
+    # both continue with the materialised rest of the epoch
+    a, _ = mine.sample(storage, 7)
+    b, _ = back.sample(storage, 7)
+    assert torch.equal(a, b) and torch.equal(a, rest[:7])
+
+
+def test_without_replacement_kernel_seeds():
+    storage = make_storage(1000)
+    runs = []
+    for seed in (0, 0, 1):
+        sampler = ours.SamplerWithoutReplacement()
+        sampler._rng = generator(seed)
+        runs.append(torch.cat([sampler.sample(storage, 100)[0] for _ in range(3)]))
+    torch.manual_seed(5)
+    global_a = ours.SamplerWithoutReplacement().sample(storage, 100)[0]
+    torch.manual_seed(5)
+    global_b = ours.SamplerWithoutReplacement().sample(storage, 100)[0]
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert torch.equal(global_a, global_b)
+
+
+def test_slice_without_replacement_kernel_covers_each_trajectory_once():
+    episode = torch.repeat_interleave(torch.arange(8), torch.tensor([7, 3, 12, 5, 9, 20, 6, 8]))
+    storage = LazyTensorStorage(episode.shape[0])
+    storage.set(torch.arange(episode.shape[0]), TensorDict({"episode": episode}, [episode.shape[0]]))
+    sampler = ours.SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode", strict_length=False)
+    sampler._rng = generator(2)
+    seen = []
+    while True:
+        (index,), _ = sampler.sample(storage, 6)
+        seen += episode[index].view(2, -1)[:, 0].tolist()
+        if sampler.ran_out:
+            break
+    assert sorted(seen) == list(range(8))
+
+
+# ------------------------------------------------------------------------- slices
+
+
+def _episode_storage(lengths, capacity, wrap=False):
+    episode = torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(lengths))
+    n = episode.shape[0]
+    done = torch.ones(n, dtype=torch.bool)
+    done[:-1] = episode[1:] != episode[:-1]
+    data = TensorDict({"episode": episode, ("next", "done"): done.unsqueeze(-1)}, [n])
+    storage = LazyTensorStorage(capacity)
+    if wrap:
+        data["next", "done"][-1] = False
+        written = 0
+        for size in (capacity // 2,) * 3:
+            storage.set(torch.arange(written, written + size) % capacity, data[written : written + size])
+            written += size
+    else:
+        storage.set(torch.arange(n), data)
+    return storage
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_slices=4),
+        dict(slice_len=5, strict_length=False),
+        dict(slice_len=5, span=(True, 2)),
+        dict(slice_len=4, cache_values=True),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("key", ["traj_key", "end_key"])
+@pytest.mark.parametrize("wrap", [False, True])
+def test_slice_sampler_kernels_match_torch_path(config, key, wrap):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 15, 40).tolist()
+    storage = _episode_storage(lengths, capacity=90 if wrap else sum(lengths), wrap=wrap)
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    fast, slow = _pair(lambda: ours.SliceSampler(**kwargs, **config))
+    fast._rng, slow._rng = generator(4), generator(4)
+    for _ in range(3):
+        (fi, finfo), (si, sinfo) = fast.sample(storage, 20), slow.sample(storage, 20)
+        assert len(fi) == len(si) and all(torch.equal(x, y) for x, y in zip(fi, si))
+        assert set(finfo) == set(sinfo)
+        for name in finfo:
+            assert torch.equal(finfo[name], sinfo[name])

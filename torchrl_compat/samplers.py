@@ -85,6 +85,23 @@ def _replay_trees():
 
 _REPLAY_TREES = _replay_trees()
 
+
+def _replay_module():
+    """The ``replay`` extension when it provides the slice and permutation kernels, else ``None``."""
+    try:
+        import replay
+    except ImportError:
+        return None
+    names = ("find_start_stop_traj", "slice_indices", "PermutationEpoch")
+    return replay if all(hasattr(replay, name) for name in names) else None
+
+
+_REPLAY = _replay_module()
+
+
+def _on_cpu(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
+
 # The classes a PrioritizedSampler uses on CPU, under torchrl's module-level names.
 SumSegmentTreeFp32, MinSegmentTreeFp32 = (_REPLAY_TREES or _TORCH_TREES)[torch.float32]
 SumSegmentTreeFp64, MinSegmentTreeFp64 = (_REPLAY_TREES or _TORCH_TREES)[torch.float64]
@@ -206,6 +223,10 @@ class Sampler(ABC):
     # The RNG is set by the replay buffer
     _rng: torch.Generator | None = None
 
+    # Private switch: ``False`` sends CPU samplers through the torch-op paths (those used on
+    # accelerators) so that tests can compare them with the ``replay`` kernels.
+    _use_cpu_kernels = True
+
     @abstractmethod
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
         ...
@@ -317,6 +338,13 @@ class SamplerWithoutReplacement(Sampler):
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
     order when ``shuffle=False``), drawn on the storage's device.
 
+    .. note:: On CPU the permutation is drawn lazily by ``replay.PermutationEpoch``: each
+        batch, the first one included, costs O(batch) instead of a full ``torch.randperm``
+        (O(storage)). The seed comes from the buffer's generator or from torch's global
+        RNG, so seeded runs repeat, though with other permutations than torchrl's. The
+        ``_sample_list`` tensor of torchrl's ``state_dict`` / ``dumps`` is materialised
+        (O(remaining)) only when it is read.
+
     Args:
         drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
             If ``False``, this last sample will be kept and (unlike with torch dataloaders)
@@ -364,17 +392,60 @@ class SamplerWithoutReplacement(Sampler):
         sd = TensorDict.load_memmap(path).to_dict()
         self.load_state_dict(sd)
 
+    # ``_sample_list`` (torchrl's state) is a property: on CPU an epoch is drawn batch by
+    # batch by ``replay.PermutationEpoch`` (O(batch) per batch, the first one included) and
+    # the rest of the permutation is only materialised as a tensor when it is read, e.g. by
+    # ``state_dict`` / ``dumps``; sampling then continues from that tensor.
+    @property
+    def _sample_list(self):
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            self.__dict__["_sample_list_value"] = epoch.next_batch(epoch.remaining)
+            self.__dict__["_epoch"] = None
+        return self.__dict__.get("_sample_list_value")
+
+    @_sample_list.setter
+    def _sample_list(self, value):
+        self.__dict__["_epoch"] = None
+        self.__dict__["_sample_list_value"] = value
+
+    def _has_sample_list(self) -> bool:
+        return (
+            self.__dict__.get("_epoch") is not None
+            or self.__dict__.get("_sample_list_value") is not None
+        )
+
+    def _remaining_in_epoch(self) -> int:
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            return epoch.remaining
+        return self.__dict__["_sample_list_value"].numel()
+
     def _get_sample_list(self, storage: Storage, len_storage: int, batch_size: int):
         if storage is None:
-            device = self._sample_list.device
+            if self.__dict__.get("_epoch") is not None:
+                device = torch.device("cpu")
+            else:
+                device = self.__dict__["_sample_list_value"].device
         else:
             device = _storage_device(storage)
-        if self.shuffle:
-            _sample_list = _randperm(len_storage, device, self._rng)
+        if (
+            self.shuffle
+            and self._use_cpu_kernels
+            and _REPLAY is not None
+            and (device is None or device.type == "cpu")
+            and (self._rng is None or self._rng.device.type == "cpu")
+        ):
+            # Seeded from the buffer's generator (or torch's global RNG): seeded runs repeat,
+            # with other permutations than torch.randperm's.
+            epoch = _REPLAY.PermutationEpoch(len_storage, generator=self._rng)
+            self._sample_list = None
+            self.__dict__["_epoch"] = epoch
+        elif self.shuffle:
+            self._sample_list = _randperm(len_storage, device, self._rng)
         else:
-            _sample_list = torch.arange(len_storage, device=device)
-        self._sample_list = _sample_list
-        self._remaining_batches = self._count_batches(self._sample_list.numel(), batch_size)
+            self._sample_list = torch.arange(len_storage, device=device)
+        self._remaining_batches = self._count_batches(self._remaining_in_epoch(), batch_size)
 
     def _count_batches(self, remaining: int, batch_size: int) -> int:
         if self.drop_last:
@@ -382,14 +453,19 @@ class SamplerWithoutReplacement(Sampler):
         return -(remaining // -batch_size)
 
     def _single_sample(self, len_storage, batch_size):
-        index = self._sample_list[:batch_size]
-        self._sample_list = self._sample_list[batch_size:]
-        self._remaining_batches = self._count_batches(self._sample_list.numel(), batch_size)
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            index = epoch.next_batch(batch_size)
+            remaining = epoch.remaining
+        else:
+            sample_list = self.__dict__["_sample_list_value"]
+            index = sample_list[:batch_size]
+            self._sample_list = sample_list = sample_list[batch_size:]
+            remaining = sample_list.shape[0]
+        self._remaining_batches = self._count_batches(remaining, batch_size)
         # Whether one more batch of the same size can be drawn from this epoch: the
         # buffer reads ``ran_out`` to stop its iterator.
-        if self._sample_list.shape[0] == 0 or (
-            self.drop_last and len(self._sample_list) < batch_size
-        ):
+        if remaining == 0 or (self.drop_last and remaining < batch_size):
             self.ran_out = True
             self._get_sample_list(
                 storage=None, len_storage=len_storage, batch_size=batch_size
@@ -405,7 +481,7 @@ class SamplerWithoutReplacement(Sampler):
         len_storage = self._storage_len(storage)
         if len_storage == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
-        if self.len_storage != len_storage or self._sample_list is None:
+        if self.len_storage != len_storage or not self._has_sample_list():
             self._get_sample_list(storage, len_storage, batch_size=batch_size)
         if len_storage < batch_size and self.drop_last:
             raise ValueError(
@@ -449,8 +525,8 @@ class SamplerWithoutReplacement(Sampler):
         self._ran_out = state_dict["_ran_out"]
 
     def __repr__(self):
-        if self._sample_list is not None:
-            perc = len(self._sample_list) / self.len_storage * 100
+        if self._has_sample_list():
+            perc = self._remaining_in_epoch() / self.len_storage * 100
         else:
             perc = 0.0
         return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
@@ -680,10 +756,6 @@ class PrioritizedSampler(Sampler):
             leaves = _read_leaves(sum_tree, num_valid)
             index, priority, _ = sample_prioritized_leaves(leaves, uniform, exclude=exclude)
         return index, priority
-
-    # Private switch: ``False`` sends CPU samplers through the torch-op paths (used on
-    # accelerators) so that tests can compare them with the ``replay`` kernels.
-    _use_cpu_kernels = True
 
     def _fused_sample(self, num_valid: int, batch_size: int):
         """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
@@ -1159,9 +1231,10 @@ class SliceSampler(Sampler):
         attempts to find the ``traj_key`` entry in the storage. If it cannot be
         found, the ``end_key`` is used to reconstruct the episodes.
 
-    .. note:: Trajectory starts and stops and slice indices are computed with a few
-        vectorised torch ops on the device of the end signal (or of ``use_gpu``); only the
-        checks that can raise synchronise with the host.
+    .. note:: On CPU, trajectory starts and stops and the slice indices come from
+        ``replay``'s C kernels (one pass each, GIL released). On an accelerator (the end
+        signal's device, or ``use_gpu``) they are computed with a few vectorised torch ops
+        there; only the checks that can raise synchronise with the host.
 
     Examples:
         >>> import torch
@@ -1312,6 +1385,11 @@ class SliceSampler(Sampler):
                 trajectory = trajectory.to(self._gpu_device)
             else:
                 end = end.to(self._gpu_device)
+        if device is None and _REPLAY is not None and self._use_cpu_kernels and _on_cpu(signal):
+            # One C pass over the signal, GIL released (the torch ops below take several).
+            return _REPLAY.find_start_stop_traj(
+                trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+            )
         start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
             trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
         )
@@ -1330,6 +1408,14 @@ class SliceSampler(Sampler):
         return start_idx, stop_idx, lengths
 
     def _tensor_slices_from_startend(self, seq_length, start, storage_length):
+        if (
+            _REPLAY is not None
+            and self._use_cpu_kernels
+            and _on_cpu(start)
+            and (not isinstance(seq_length, torch.Tensor) or _on_cpu(seq_length))
+        ):
+            index = _REPLAY.slice_indices(start, seq_length, storage_length)
+            return index if index.dtype == start.dtype else index.to(start.dtype)
         return _torch_slices.slices_from_starts(seq_length, start, storage_length)
 
     def _get_stop_and_length(self, storage, fallback=True):
@@ -1735,8 +1821,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
     def __repr__(self):
-        if self._sample_list is not None:
-            perc = len(self._sample_list) / self.len_storage * 100
+        if self._has_sample_list():
+            perc = self._remaining_in_epoch() / self.len_storage * 100
         else:
             perc = 0
         return (
