@@ -222,3 +222,39 @@ def test_slice_sampler_kernels_match_torch_path(config, key, wrap):
         assert set(finfo) == set(sinfo)
         for name in finfo:
             assert torch.equal(finfo[name], sinfo[name])
+
+
+# ------------------------------------------------------------------------- prioritized slices
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(num_slices=4), dict(slice_len=5, strict_length=False), dict(slice_len=4, span=(0, 2), cache_values=True)],
+    ids=str,
+)
+@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_prioritized_slice_kernel_matches_torch_path(config, wrap, dtype, monkeypatch):
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 15, 40).tolist()
+    capacity = 90 if wrap else sum(lengths)
+    storage = _episode_storage(lengths, capacity=capacity, wrap=wrap)
+    fast, slow = _pair(
+        lambda: ours.PrioritizedSliceSampler(capacity, 0.8, 0.6, dtype=dtype, traj_key="episode", **config)
+    )
+    priority = torch.as_tensor(rng.integers(0, 4, capacity), dtype=torch.float32)
+    for sampler in (fast, slow):
+        sampler.update_priority(torch.arange(capacity), priority)
+    before = fast._sum_tree.values()
+    for step in range(3):
+        fast._rng, slow._rng = generator(step), generator(step)
+        (si,), sinfo = slow.sample(storage, 20)
+        # the kernel path neither reads every leaf nor writes the trees
+        with monkeypatch.context() as patch:
+            patch.setattr(ours, "_read_leaves", None)
+            (fi,), finfo = fast.sample(storage, 20)
+        assert torch.equal(fi, si)
+        assert set(finfo) == set(sinfo)
+        for name in finfo:
+            torch.testing.assert_close(finfo[name], sinfo[name])
+    np.testing.assert_array_equal(fast._sum_tree.values(), before)

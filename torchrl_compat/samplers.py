@@ -17,6 +17,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from copy import copy, deepcopy
+from functools import partial
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
@@ -757,7 +758,7 @@ class PrioritizedSampler(Sampler):
             index, priority, _ = sample_prioritized_leaves(leaves, uniform, exclude=exclude)
         return index, priority
 
-    def _fused_sample(self, num_valid: int, batch_size: int):
+    def _fused_sample(self, num_valid: int, batch_size: int, exclude=None):
         """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
 
         Reads O(batch * log(size)) tree nodes: no pass over the leaves. The uniforms come from
@@ -787,9 +788,15 @@ class PrioritizedSampler(Sampler):
         # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
         # torchrl's by one ulp, and the two libraries should return the same weights.
         fp64 = sum_tree.__class__ is _REPLAY_TREES[torch.float64][0]
+        if exclude is not None:
+            # The excluded leaves count as zero for this draw only: the tree is not modified.
+            if isinstance(exclude, torch.Tensor):
+                exclude = exclude.detach().cpu().numpy()
+            sample = partial(sum_tree.sample_prioritized_excluding, num_valid, exclude)
+        else:
+            sample = partial(sum_tree.sample_prioritized, num_valid)
         try:
-            index, priority, weight = sum_tree.sample_prioritized(
-                num_valid,
+            index, priority, weight = sample(
                 uniform,
                 batch_size=batch_size,
                 seed=seed,
@@ -811,8 +818,8 @@ class PrioritizedSampler(Sampler):
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         self._follow_storage(storage)
         num_valid = len(storage)
-        if exclude is None and self._use_cpu_kernels and _is_replay_tree(self._sum_tree):
-            index, weight = self._fused_sample(num_valid, batch_size)
+        if self._use_cpu_kernels and _is_replay_tree(self._sum_tree):
+            index, weight = self._fused_sample(num_valid, batch_size, exclude)
             if storage.ndim > 1:
                 index = unravel_index(index, storage.shape)
             return index, {"priority_weight": weight}
@@ -1932,9 +1939,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     .. note:: torchrl zeroes the sum-tree leaves that cannot start a slice while it
         samples, then restores them, which races with a concurrent :meth:`update_priority`
         and needs an ``[M, N, ndim]`` tensor to find each slice's stop. Here the trees are
-        never modified while sampling (those leaves are excluded from a masked copy of the
-        priorities), the excluded positions take O(storage) memory and the stops are found
-        by binary search.
+        never modified while sampling: on CPU, ``replay``'s kernel excludes those leaves
+        itself (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves);
+        on an accelerator they are zeroed in a masked copy of the priorities. The stops are
+        found by binary search.
 
     Examples:
         >>> import torch
