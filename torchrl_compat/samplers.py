@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor, TensorDict
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from . import _torch_slices
@@ -190,6 +190,50 @@ def _randint(high: int, num: int, device, generator) -> torch.Tensor:
 def _randperm(num: int, device, generator) -> torch.Tensor:
     out = torch.randperm(num, generator=generator, device=_gen_device(generator, device))
     return out.to(device) if device is not None else out
+
+
+def _plain_tensor_storage_gets():
+    gets = set()
+    from torchrl_compat import storages as compat_storages
+
+    modules = [compat_storages]
+    try:
+        from torchrl.data.replay_buffers import storages as torchrl_storages
+
+        modules.append(torchrl_storages)
+    except ImportError:  # pragma: no cover - torchrl is a test requirement
+        pass
+    for module in modules:
+        for name in ("TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"):
+            cls = getattr(module, name, None)
+            if cls is not None:
+                gets.add(cls.get)
+    return frozenset(gets)
+
+
+_PLAIN_TENSOR_STORAGE_GETS = _plain_tensor_storage_gets()
+
+
+def _gather_fields(storage, index, keys):
+    """``storage[index].get(key)`` for each key (``None`` when missing), gathering only those keys.
+
+    Tensor storages whose ``get`` is torchrl's (or ours) index their tensordict directly, for
+    the indices a sampler produces (within the filled length): ``storage[index]`` would gather
+    every field of the data.
+    """
+    data = getattr(storage, "_storage", None)
+    if (
+        type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
+        and getattr(storage, "initialized", False)
+        and isinstance(data, TensorDictBase)
+    ):
+        out = []
+        for key in keys:
+            value = data.get(key, None)
+            out.append(None if value is None else value[index])
+        return out
+    gathered = storage[index]
+    return [gathered.get(key, default=None) for key in keys]
 
 
 def _storage_device(storage) -> torch.device | None:
@@ -1677,13 +1721,11 @@ class SliceSampler(Sampler):
 
             truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
             index = index.to(torch.long).unbind(-1)
-            st_index = storage[index]
-            done = st_index.get(done_key, default=None)
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
             if done is None:
                 done = truncated.clone()
             else:
                 done = done | truncated
-            terminated = st_index.get(terminated_key, default=None)
             if terminated is None:
                 terminated = torch.zeros_like(truncated)
             return index, {
@@ -2117,14 +2159,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
             truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
             index = index.to(torch.long).unbind(-1)
-            st_index = storage[index]
-            try:
-                done = st_index[done_key] | truncated
-            except KeyError:
-                done = truncated.clone()
-            try:
-                terminated = st_index[terminated_key]
-            except KeyError:
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            done = truncated.clone() if done is None else done | truncated
+            if terminated is None:
                 terminated = torch.zeros_like(truncated)
             info.update(
                 {
