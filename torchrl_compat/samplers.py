@@ -858,10 +858,11 @@ class PrioritizedSampler(Sampler):
         return index, torch.from_numpy(priority).div_(p_min).pow_(-self._beta)
 
     def _prioritized_sample(self, storage, batch_size: int, exclude=None):
-        if len(storage) == 0:
+        # len() once: a torchrl storage's __len__ goes through a torch.compile guard.
+        num_valid = len(storage)
+        if num_valid == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         self._follow_storage(storage)
-        num_valid = len(storage)
         if self._use_cpu_kernels and _is_replay_tree(self._sum_tree):
             index, weight = self._fused_sample(num_valid, batch_size, exclude)
             if storage.ndim > 1:
