@@ -12,6 +12,7 @@ and :class:`PrioritizedSampler` keeps its priorities in segment trees chosen by 
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 import warnings
 from abc import ABC, abstractmethod
@@ -892,7 +893,6 @@ class PrioritizedSampler(Sampler):
         super().extend(index)
         self._maybe_erase_max_priority(index)
 
-    @torch.no_grad()
     def update_priority(
         self,
         index: int | torch.Tensor,
@@ -928,6 +928,12 @@ class PrioritizedSampler(Sampler):
             and self._update_with_kernels(index, priority)
         ):
             return
+        # torchrl decorates update_priority with no_grad; only the general path needs it
+        # (the kernel path reads detached numpy views), and entering it costs microseconds.
+        with torch.no_grad():
+            self._update_priority_general(index, priority, storage)
+
+    def _update_priority_general(self, index, priority, storage) -> None:
         device = self._device
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
@@ -1032,8 +1038,7 @@ class PrioritizedSampler(Sampler):
             index_np = index_np.astype(np.int64)
         priority_np = priority.numpy()
         if index_np.size:
-            lowest = index_np.min()
-            if lowest < 0:
+            if index_np.min() < 0:
                 # -1 marks items a writer skipped (MaxValueWriter): drop them.
                 keep = index_np >= 0
                 if not keep.any():
@@ -1046,18 +1051,17 @@ class PrioritizedSampler(Sampler):
                 return False
         else:
             return True
-        if not (np.isfinite(priority_np).all() and (priority_np >= 0).all()):
+        # A NaN makes the argmax NaN and fails the comparison: the general path reports it.
+        argmax = int(priority_np.argmax()) if priority.ndim else 0
+        highest = float(priority_np.reshape(-1)[argmax])
+        if not (highest < math.inf and priority_np.min() >= 0):
             return False
-        if priority.ndim:
-            argmax = int(priority_np.argmax())
-            max_p, max_p_index = priority[argmax], index_np[argmax]
-        else:
-            max_p, max_p_index = priority, index_np[0]
         cur_max_priority, cur_max_priority_index = self._max_priority
-        if cur_max_priority is None or float(max_p) > float(cur_max_priority):
+        if cur_max_priority is None or highest > float(cur_max_priority):
+            max_p = priority[argmax] if priority.ndim else priority
             cur_max_priority, cur_max_priority_index = self._max_priority = (
                 max_p,
-                torch.tensor(int(max_p_index)),
+                torch.tensor(int(index_np[argmax] if priority.ndim else index_np[0])),
             )
         value = torch.pow(priority + self._eps, self._alpha).numpy()
         self._sum_tree.update(index_np, value)
