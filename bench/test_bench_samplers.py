@@ -113,6 +113,21 @@ def test_without_replacement_steady(benchmark, storage, module):
 
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
+def test_without_replacement_epoch(benchmark, storage, module):
+    # Every batch of one epoch: torchrl pays its randperm up front, ours spreads the shuffle.
+    benchmark.group = "SamplerWithoutReplacement full epoch (4096 batches)"
+
+    def setup():
+        return (module.SamplerWithoutReplacement(),), {}
+
+    def epoch(sampler):
+        for _ in range(N // BATCH):
+            sampler.sample(storage, BATCH)
+
+    benchmark.pedantic(epoch, setup=setup, rounds=3)
+
+
+@pytest.mark.parametrize("module", ALL_IMPLS)
 @pytest.mark.parametrize(
     "kwargs",
     [
