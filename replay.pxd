@@ -69,6 +69,8 @@ cdef extern from "ckernels/segtree.h" nogil:
     int rp_sumtree_scan_lower_bound_f64(const rp_segtree_layout *layout, const double *tree, const double *value, int64_t n, int64_t *out, int64_t *bad)
     int rp_sumtree_sample_f32(const rp_segtree_layout *layout, const float *tree, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
     int rp_sumtree_sample_f64(const rp_segtree_layout *layout, const double *tree, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_exclude_f32(const rp_segtree_layout *layout, const float *tree, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_exclude_f64(const rp_segtree_layout *layout, const double *tree, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
 
 
 cdef class _SegmentTree:

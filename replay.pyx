@@ -542,6 +542,119 @@ cdef class _SumSegmentTree(_SegmentTree):
                 None if out_weight is None else _numpy_to_like(out_weight, like))
 
 
+    def sample_prioritized_excluding(self, num_valid, exclude, uniform=None, *, batch_size=None,
+                                     seed=None, p_min=None, beta=None):
+        """:meth:`sample_prioritized` with the leaves ``exclude`` treated as zero, for this call only.
+
+        The tree is never modified (torchrl's slice sampler zeroes such leaves and restores them
+        afterwards, which races with a concurrent update). The mass of draw ``k`` is
+        ``uniform[k]`` times the sum of the other leaves of ``[0, num_valid)``, and no draw lands
+        on an excluded leaf. Costs O(len(exclude)) plus one range query per gap between excluded
+        leaves, then O(log) per draw: no pass over the leaves.
+
+        Args:
+            num_valid (int): leaves ``[0, num_valid)`` may be drawn.
+            exclude (array or tensor of ints): the leaves that may not be drawn, in any order;
+                repeats and values outside ``[0, num_valid)`` are ignored.
+            uniform (array or tensor, optional): draws in ``[0, 1]`` (see
+                :meth:`sample_prioritized`).
+
+        Keyword Args:
+            batch_size, seed, p_min, beta: as in :meth:`sample_prioritized`.
+
+        Returns:
+            ``(index, priority, weight)`` as :meth:`sample_prioritized` does.
+
+        Raises:
+            IndexError: when ``num_valid`` is not in ``[1, size]``.
+            ValueError: for a draw outside ``[0, 1]`` or NaN.
+            RuntimeError: when no leaf of ``[0, num_valid)`` outside ``exclude`` is positive.
+        """
+        cdef int64_t n, nv, m, bad = 0
+        cdef int rc
+        cdef double pmin = 1.0, b = 0.0
+        cdef const double[::1] uv
+        cdef const int64_t[::1] ev
+        cdef double[::1] sv
+        cdef int64_t[::1] oi
+        cdef float[::1] p32
+        cdef double[::1] p64
+        cdef double[::1] wv
+        cdef double *wptr = NULL
+        cdef const int64_t *eptr = NULL
+        cdef double *sptr = NULL
+        cdef rp_prng_state st
+        if not _is_scalar_int(num_valid):
+            raise TypeError(f"num_valid must be an int, got {type(num_valid).__name__}")
+        if not 1 <= num_valid <= self._layout.size:
+            raise IndexError(f"num_valid={num_valid} is out of range [1, {self._layout.size}]")
+        nv = num_valid
+        ex = _as_index_array(exclude, "exclude")
+        if ex.shape[0]:
+            # The kernel takes a strictly increasing list within [0, num_valid).
+            if not (ex.shape[0] == 1 or (ex[1:] > ex[:ex.shape[0] - 1]).all()):
+                ex = np.unique(ex)
+            if ex[0] < 0 or ex[ex.shape[0] - 1] >= nv:
+                ex = np.ascontiguousarray(ex[(ex >= 0) & (ex < nv)])
+        m = ex.shape[0]
+        like = uniform
+        if uniform is None:
+            if batch_size is None or not _is_scalar_int(batch_size) or batch_size < 0:
+                raise ValueError(f"batch_size must be a non-negative int when uniform is omitted, got {batch_size!r}")
+            us = np.empty(batch_size, dtype=np.float64)
+            if batch_size:
+                rp_prng_seed(&st, <uint64_t>((seed or 0) & 0xFFFFFFFFFFFFFFFF))
+                uv = us
+                rp_prng_fill_double(&st, batch_size, <double *>&uv[0])
+        else:
+            us = _as_value_array(uniform, np.float64, "uniform")
+        n = us.shape[0]
+        out_index = np.empty(n, dtype=np.int64)
+        out_priority = np.empty(n, dtype=self._dtype)
+        out_weight = None
+        if beta is not None:
+            if p_min is None:
+                raise ValueError("p_min is required with beta to compute importance weights")
+            if not p_min > 0:
+                raise ValueError(f"p_min must be positive, got p_min={p_min}")
+            pmin = p_min
+            b = beta
+            out_weight = np.empty(n, dtype=np.float64)
+        if n:
+            uv = us
+            oi = out_index
+            scratch = np.empty(max(2 * m, 1), dtype=np.float64)
+            sv = scratch
+            sptr = &sv[0]
+            if m:
+                ev = ex
+                eptr = &ev[0]
+            if out_weight is not None:
+                wv = out_weight
+                wptr = &wv[0]
+            with self._lock:
+                if self._fp64:
+                    p64 = out_priority
+                    with nogil:
+                        rc = rp_sumtree_sample_exclude_f64(&self._layout, self._t64, nv, eptr, m, &uv[0], n,
+                                                           pmin, b, sptr, 2 * m, &oi[0], &p64[0], wptr, &bad)
+                else:
+                    p32 = out_priority
+                    with nogil:
+                        rc = rp_sumtree_sample_exclude_f32(&self._layout, self._t32, nv, eptr, m, &uv[0], n,
+                                                           pmin, b, sptr, 2 * m, &oi[0], &p32[0], wptr, &bad)
+            if rc == RP_ERR_EMPTY:
+                raise RuntimeError(
+                    f"no positive priority among the first {num_valid} leaves outside the "
+                    f"{m} excluded ones: cannot sample")
+            if rc == RP_ERR_VALUE:
+                raise ValueError(f"uniform draw {us[bad]} at position {bad} is not in [0, 1]")
+            if rc != RP_OK:
+                raise IndexError(f"exclude value {int(ex[bad])} at position {bad} is invalid")
+        return (_numpy_to_like(out_index, like), _numpy_to_like(out_priority, like),
+                None if out_weight is None else _numpy_to_like(out_weight, like))
+
+
 cdef class SumSegmentTreeFp32(_SumSegmentTree):
     """A sum segment tree over float32 leaves; drop-in for ``torchrl._torchrl.SumSegmentTreeFp32``.
 

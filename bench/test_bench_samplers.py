@@ -1,8 +1,10 @@
-"""Sampler benchmarks: torchrl_compat against torchrl 0.11, side by side in one run.
+"""Sampler benchmarks: torchrl_compat (CPU kernel paths) against torchrl 0.11, side by side.
 
 Run in the torch 2.9.1 reference environment, where torchrl's compiled trees load:
 ``/opt/ref291/bin/python -m pytest bench/test_bench_samplers.py --benchmark-group-by=group``.
-Elsewhere the torchrl prioritized references are skipped.
+Elsewhere the torchrl prioritized references are skipped. Workloads: a full
+``LazyTensorStorage`` of 2^20 transitions (torchrl's class, for both sides), episodes of
+1000 steps with a ``("next", "done")`` key, batch 256, slices of 32.
 """
 import os
 import sys
@@ -17,6 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torchrl_compat.samplers as ours  # noqa: E402
 
 N = 1 << 20
+N_LARGE = 1 << 23
+N_PRIORITIZED_SLICES = 100_000
 EPISODE = 1000
 BATCH = 256
 SLICE = 32
@@ -28,18 +32,35 @@ IMPLS = [
 ALL_IMPLS = [pytest.param(trl, id="torchrl"), pytest.param(ours, id="ours")]
 
 
-@pytest.fixture(scope="module")
-def storage():
+def _episodes(n):
     torch.manual_seed(0)
-    done = torch.zeros(N, 1, dtype=torch.bool)
+    done = torch.zeros(n, 1, dtype=torch.bool)
     done[EPISODE - 1 :: EPISODE] = True
-    data = TensorDict({"obs": torch.arange(N), ("next", "done"): done, "episode": torch.arange(N) // EPISODE}, [N])
-    st = LazyTensorStorage(N)
-    st.set(torch.arange(N), data)
+    data = TensorDict(
+        {"obs": torch.arange(n), ("next", "done"): done, "episode": torch.arange(n) // EPISODE}, [n]
+    )
+    st = LazyTensorStorage(n)
+    st.set(torch.arange(n), data)
     return st
 
 
+@pytest.fixture(scope="module")
+def storage():
+    return _episodes(N)
+
+
+@pytest.fixture(scope="module")
+def large_storage():
+    return _episodes(N_LARGE)
+
+
+@pytest.fixture(scope="module")
+def small_storage():
+    return _episodes(N_PRIORITIZED_SLICES)
+
+
 def _prioritized(module):
+    torch.manual_seed(1)
     sampler = module.PrioritizedSampler(N, 0.7, 0.5)
     sampler.update_priority(torch.arange(N), torch.rand(N))
     return sampler
@@ -49,26 +70,27 @@ def _prioritized(module):
 def test_prioritized_sample(benchmark, storage, module):
     benchmark.group = "PrioritizedSampler.sample"
     sampler = _prioritized(module)
-    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=50, warmup_rounds=2)
+    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=200, warmup_rounds=5)
 
 
 @pytest.mark.parametrize("module", IMPLS)
 def test_prioritized_update(benchmark, module):
     benchmark.group = "PrioritizedSampler.update_priority"
     sampler = _prioritized(module)
-    pool = [(torch.randint(N, (BATCH,)), torch.rand(BATCH)) for _ in range(64)]
+    gen = torch.Generator().manual_seed(2)
+    pool = [(torch.randint(N, (BATCH,), generator=gen), torch.rand(BATCH, generator=gen)) for _ in range(64)]
     it = iter(range(10**9))
 
     def setup():
         return pool[next(it) % len(pool)], {}
 
-    benchmark.pedantic(sampler.update_priority, setup=setup, rounds=50, warmup_rounds=2)
+    benchmark.pedantic(sampler.update_priority, setup=setup, rounds=200, warmup_rounds=5)
 
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
 def test_random_sample(benchmark, storage, module):
     benchmark.group = "RandomSampler.sample"
-    benchmark.pedantic(module.RandomSampler().sample, args=(storage, BATCH), rounds=100)
+    benchmark.pedantic(module.RandomSampler().sample, args=(storage, BATCH), rounds=300, warmup_rounds=5)
 
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
@@ -78,12 +100,66 @@ def test_without_replacement_first_batch(benchmark, storage, module):
     def setup():
         return (module.SamplerWithoutReplacement(), storage, BATCH), {}
 
-    benchmark.pedantic(lambda s, st, b: s.sample(st, b), setup=setup, rounds=5)
+    benchmark.pedantic(lambda s, st, b: s.sample(st, b), setup=setup, rounds=10)
 
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
-@pytest.mark.parametrize("cache_values", [False, True])
-def test_slice_sample(benchmark, storage, module, cache_values):
-    benchmark.group = f"SliceSampler.sample cache_values={cache_values}"
-    sampler = module.SliceSampler(slice_len=SLICE, end_key=("next", "done"), cache_values=cache_values)
-    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=10, warmup_rounds=1)
+def test_without_replacement_steady(benchmark, storage, module):
+    benchmark.group = "SamplerWithoutReplacement steady state"
+    torch.manual_seed(3)
+    sampler = module.SamplerWithoutReplacement()
+    sampler.sample(storage, BATCH)
+    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=300, warmup_rounds=5)
+
+
+@pytest.mark.parametrize("module", ALL_IMPLS)
+def test_without_replacement_epoch(benchmark, storage, module):
+    # Every batch of one epoch: torchrl pays its randperm up front, ours spreads the shuffle.
+    benchmark.group = "SamplerWithoutReplacement full epoch (4096 batches)"
+
+    def setup():
+        return (module.SamplerWithoutReplacement(),), {}
+
+    def epoch(sampler):
+        for _ in range(N // BATCH):
+            sampler.sample(storage, BATCH)
+
+    benchmark.pedantic(epoch, setup=setup, rounds=3)
+
+
+@pytest.mark.parametrize("module", ALL_IMPLS)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param(dict(end_key=("next", "done")), id="end_key"),
+        pytest.param(dict(traj_key="episode"), id="traj_key"),
+        pytest.param(dict(end_key=("next", "done"), cache_values=True), id="cache_values"),
+    ],
+)
+def test_slice_sample(benchmark, storage, module, kwargs):
+    benchmark.group = f"SliceSampler.sample 2^20 {'-'.join(f'{k}={v}' for k, v in kwargs.items())}"
+    torch.manual_seed(4)
+    sampler = module.SliceSampler(slice_len=SLICE, **kwargs)
+    rounds = 100 if kwargs.get("cache_values") else 20
+    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=rounds, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("module", ALL_IMPLS)
+def test_slice_sample_large(benchmark, large_storage, module):
+    benchmark.group = "SliceSampler.sample 2^23 end_key"
+    torch.manual_seed(5)
+    sampler = module.SliceSampler(slice_len=SLICE, end_key=("next", "done"))
+    benchmark.pedantic(sampler.sample, args=(large_storage, BATCH), rounds=5, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("module", IMPLS)
+@pytest.mark.parametrize("cache_values", [True, False], ids=["cached", "uncached"])
+def test_prioritized_slice_sample(benchmark, small_storage, module, cache_values):
+    benchmark.group = f"PrioritizedSliceSampler.sample 1e5 {'cached' if cache_values else 'uncached'}"
+    torch.manual_seed(6)
+    sampler = module.PrioritizedSliceSampler(
+        N_PRIORITIZED_SLICES, 0.7, 0.5, slice_len=SLICE, end_key=("next", "done"), cache_values=cache_values
+    )
+    sampler.update_priority(torch.arange(N_PRIORITIZED_SLICES), torch.rand(N_PRIORITIZED_SLICES))
+    rounds = 100 if cache_values else 20
+    benchmark.pedantic(sampler.sample, args=(small_storage, BATCH), rounds=rounds, warmup_rounds=2)

@@ -479,6 +479,127 @@ int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, i
     return RP_OK;
 }
 
+/* Whether leaf i is listed in the strictly increasing exclude[0, m). O(log m). */
+static inline bool FN(is_excluded)(const int64_t *exclude, int64_t m, int64_t i) {
+    int64_t lo = 0, hi = m;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (exclude[mid] < i) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < m && exclude[lo] == i;
+}
+
+/* The last positive, not excluded leaf <= i, or -1 (rare path: only after a zero-valued leaf). */
+static int64_t FN(last_allowed_at_or_before)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                              const int64_t *exclude, int64_t m, int64_t i) {
+    while (i >= 0) {
+        const int64_t j = FN(last_positive_at_or_before)(layout, tree, i);
+        if (j < 0 || !FN(is_excluded)(exclude, m, j)) return j;
+        i = j - 1;
+    }
+    return -1;
+}
+
+/* The first positive, not excluded leaf in [i, limit), or -1 (rare path). */
+static int64_t FN(first_allowed_at_or_after)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                              const int64_t *exclude, int64_t m, int64_t i,
+                                              int64_t limit) {
+    while (i < limit) {
+        const int64_t j = FN(first_positive_at_or_after)(layout, tree, i, limit);
+        if (j < 0 || !FN(is_excluded)(exclude, m, j)) return j;
+        i = j + 1;
+    }
+    return -1;
+}
+
+int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                  int64_t num_valid, const int64_t *exclude, int64_t n_exclude,
+                                  const double *uniform, int64_t n, double p_min, double beta,
+                                  double *scratch, int64_t scratch_len, int64_t *out_index,
+                                  SCALAR *out_priority, double *out_weight, int64_t *bad) {
+    if (num_valid < 1 || num_valid > layout->size || n_exclude < 0) {
+        *bad = -1;
+        return RP_ERR_INDEX;
+    }
+    for (int64_t r = 0; r < n_exclude; r++) {
+        if (exclude[r] < 0 || exclude[r] >= num_valid || (r > 0 && exclude[r] <= exclude[r - 1])) {
+            *bad = r;
+            return RP_ERR_INDEX;
+        }
+    }
+    if (scratch_len < 2 * n_exclude) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        if (RP_UNLIKELY(!(uniform[k] >= 0 && uniform[k] <= 1))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    /* before[r]: the allowed mass on the left of exclude[r]; cut[r]: the excluded mass up to
+     * and including exclude[r]. Both are running sums, hence non-decreasing. */
+    double *before = scratch, *cut = scratch + n_exclude;
+    double allowed = 0.0, excluded = 0.0;
+    int64_t pos = 0;
+    for (int64_t r = 0; r < n_exclude; r++) {
+        const int64_t e = exclude[r];
+        if (e - pos == 1) allowed += (double)tree[pos];
+        else if (e > pos) allowed += FN(query)(layout, tree, pos, e, false);
+        before[r] = allowed;
+        excluded += (double)tree[e];
+        cut[r] = excluded;
+        pos = e + 1;
+    }
+    if (num_valid > pos) allowed += FN(query)(layout, tree, pos, num_valid, false);
+    if (!(allowed > 0)) return RP_ERR_EMPTY;
+    if (FN(first_allowed_at_or_after)(layout, tree, exclude, n_exclude, 0, num_valid) < 0)
+        return RP_ERR_EMPTY;
+
+    double v[RP_DESCENT_GROUP];
+    int64_t lo[RP_DESCENT_GROUP], hi[RP_DESCENT_GROUP];
+    for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
+        const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
+        for (int64_t q = 0; q < g; q++) {
+            double mass = uniform[k0 + q] * allowed;
+            /* A zero draw still has to land on a positive leaf: aim just above zero. */
+            if (!(mass > 0)) mass = 4.9406564584124654e-324;
+            /* The run of allowed leaves holding the draw: after the first `run` exclusions,
+             * where run counts the before[r] < mass. */
+            int64_t a = 0, b = n_exclude;
+            while (a < b) {
+                const int64_t mid = a + (b - a) / 2;
+                if (before[mid] < mass) a = mid + 1;
+                else b = mid;
+            }
+            lo[q] = a > 0 ? exclude[a - 1] + 1 : 0;
+            hi[q] = a < n_exclude ? exclude[a] : num_valid;
+            /* The same draw in the unmasked tree: add the excluded mass on its left. */
+            v[q] = mass + (a > 0 ? cut[a - 1] : 0.0);
+        }
+        FN(descend)(layout, tree, v, g, out_index + k0);
+        for (int64_t q = 0; q < g; q++) {
+            int64_t i = out_index[k0 + q];
+            /* Rounding of the internal sums can end a descent just outside its run. */
+            if (i >= hi[q]) i = hi[q] - 1;
+            if (i < lo[q]) i = lo[q];
+            if (RP_UNLIKELY(lo[q] >= hi[q]) || !(tree[i] > 0) || FN(is_excluded)(exclude, n_exclude, i)) {
+                const int64_t left = FN(last_allowed_at_or_before)(layout, tree, exclude, n_exclude,
+                                                                   i < num_valid ? i : num_valid - 1);
+                i = left >= 0 ? left
+                              : FN(first_allowed_at_or_after)(layout, tree, exclude, n_exclude, i, num_valid);
+            }
+            out_index[k0 + q] = i;
+            out_priority[k0 + q] = tree[i];
+        }
+    }
+    if (out_weight != NULL) {
+        for (int64_t k = 0; k < n; k++) out_weight[k] = pow((double)out_priority[k] / p_min, -beta);
+    }
+    return RP_OK;
+}
+
 #undef NODE_LINES
 #undef FN
 #undef RP_CAT

@@ -184,6 +184,8 @@ def test_random_sampler_partial_and_empty():
 
 def _run_without_replacement(module, storage_sizes, batch_size, **kwargs):
     sampler = module.SamplerWithoutReplacement(**kwargs)
+    # Same permutations as torch.randperm: the torch path (the CPU kernel draws others).
+    sampler._use_cpu_kernels = False
     sampler._rng = generator(7)
     out = []
     for size in storage_sizes:
@@ -242,6 +244,7 @@ def test_without_replacement_state_dict_crosses_torchrl(tmp_path):
     ref._rng = generator(1)
     ref.sample(storage, 6)
     mine = ours.SamplerWithoutReplacement(drop_last=False)
+    mine._use_cpu_kernels = False  # torch.randperm's permutations, as torchrl
     mine.load_state_dict(ref.state_dict())
     mine._rng = torch.Generator()
     mine._rng.set_state(ref._rng.get_state())

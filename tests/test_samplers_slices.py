@@ -394,8 +394,17 @@ def test_slice_sampler_device_matches_cpu(device):
 def test_slice_without_replacement_matches_torchrl(drop_last):
     lengths = [7, 3, 12, 5, 9, 20, 6, 8]
     storage = episode_storage(lengths)
+
+    def make(module):
+        sampler = module.SliceSamplerWithoutReplacement(
+            num_slices=3, traj_key="episode", drop_last=drop_last, strict_length=False
+        )
+        # torch.randperm's permutations, as torchrl (the CPU kernel draws others)
+        sampler._use_cpu_kernels = False
+        return sampler
+
     run_both(
-        lambda m: m.SliceSamplerWithoutReplacement(num_slices=3, traj_key="episode", drop_last=drop_last, strict_length=False),
+        make,
         storage,
         9,
         calls=5,

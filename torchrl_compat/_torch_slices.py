@@ -151,8 +151,9 @@ def excluded_start_positions(
     The trajectories of ``lengths`` are laid end to end; in each, the last
     ``seq_length - 1 - span_right`` positions are excluded (only the last one when
     ``span_right is True``), except its first position when ``strict_length=False``
-    (a short slice may then start there). Returns the sorted int64 positions. O(sum of
-    lengths) memory and time: torchrl builds a left-padded ``[M, max length]`` table.
+    (a short slice may then start there). Returns the sorted int64 positions. O(M + number
+    of excluded positions) memory and time: torchrl builds a left-padded
+    ``[M, max length]`` table.
 
     .. note:: torchrl excludes every position when ``seq_length - 1 - span_right`` is 0
         (e.g. ``slice_len=1``), which then fails with "non-positive p_sum"; here nothing is
@@ -165,14 +166,16 @@ def excluded_start_positions(
     lengths = lengths.reshape(-1)
     if tail == 0 or not lengths.numel():
         return torch.zeros(0, dtype=torch.long, device=lengths.device)
-    total = int(lengths.sum())
-    first = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
-    positions = torch.arange(total, device=lengths.device)
-    offsets = positions - first
-    excluded = offsets >= torch.repeat_interleave(lengths, lengths) - tail
-    if not strict_length:
-        excluded &= offsets >= 1
-    return positions[excluded]
+    # Trajectory k excludes the `count[k]` positions just before its end: offsets
+    # >= L - tail (and >= 1 without strict_length).
+    limit = lengths if strict_length else (lengths - 1).clamp_min(0)
+    count = limit.clamp_max(tail)
+    ends = lengths.cumsum(0)
+    first = torch.repeat_interleave(ends - count, count)
+    within = torch.arange(first.shape[0], device=lengths.device) - torch.repeat_interleave(
+        count.cumsum(0) - count, count
+    )
+    return first + within
 
 
 def stops_after_starts(

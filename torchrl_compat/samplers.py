@@ -12,18 +12,20 @@ and :class:`PrioritizedSampler` keeps its priorities in segment trees chosen by 
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from copy import copy, deepcopy
+from functools import partial
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor, TensorDict
+from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from . import _torch_slices
@@ -85,6 +87,23 @@ def _replay_trees():
 
 _REPLAY_TREES = _replay_trees()
 
+
+def _replay_module():
+    """The ``replay`` extension when it provides the slice and permutation kernels, else ``None``."""
+    try:
+        import replay
+    except ImportError:
+        return None
+    names = ("find_start_stop_traj", "slice_indices", "PermutationEpoch")
+    return replay if all(hasattr(replay, name) for name in names) else None
+
+
+_REPLAY = _replay_module()
+
+
+def _on_cpu(tensor) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
+
 # The classes a PrioritizedSampler uses on CPU, under torchrl's module-level names.
 SumSegmentTreeFp32, MinSegmentTreeFp32 = (_REPLAY_TREES or _TORCH_TREES)[torch.float32]
 SumSegmentTreeFp64, MinSegmentTreeFp64 = (_REPLAY_TREES or _TORCH_TREES)[torch.float64]
@@ -129,6 +148,27 @@ def _tree_device(tree) -> torch.device:
     return torch.device("cpu")
 
 
+def _is_replay_tree(tree) -> bool:
+    """Whether ``tree`` is one of ``replay``'s compiled trees (fused CPU kernels)."""
+    return _REPLAY_TREES is not None and type(tree) in _REPLAY_TREE_TYPES
+
+
+_REPLAY_TREE_TYPES = frozenset(
+    cls for pair in (_REPLAY_TREES or {}).values() for cls in pair
+)
+_UINT64_MASK = (1 << 64) - 1
+
+
+def _kernel_seed(generator) -> int:
+    """64 random bits from ``generator`` or, when it is ``None``, torch's global RNG.
+
+    The kernels draw from their own xoshiro256** stream; seeding it from torch keeps
+    ``torch.manual_seed`` (and the buffer's generator) in control of the samples.
+    """
+    seed = torch.randint(-(2**63), 2**63 - 1, (), generator=generator, dtype=torch.int64)
+    return int(seed) & _UINT64_MASK
+
+
 # ---------------------------------------------------------------------------- random draws
 # Draws are made on the generator's own device (a CPU generator cannot fill a CUDA tensor)
 # and moved afterwards, so a seeded buffer repeats its samples whatever the storage device.
@@ -151,6 +191,50 @@ def _randint(high: int, num: int, device, generator) -> torch.Tensor:
 def _randperm(num: int, device, generator) -> torch.Tensor:
     out = torch.randperm(num, generator=generator, device=_gen_device(generator, device))
     return out.to(device) if device is not None else out
+
+
+def _plain_tensor_storage_gets():
+    gets = set()
+    from torchrl_compat import storages as compat_storages
+
+    modules = [compat_storages]
+    try:
+        from torchrl.data.replay_buffers import storages as torchrl_storages
+
+        modules.append(torchrl_storages)
+    except ImportError:  # pragma: no cover - torchrl is a test requirement
+        pass
+    for module in modules:
+        for name in ("TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"):
+            cls = getattr(module, name, None)
+            if cls is not None:
+                gets.add(cls.get)
+    return frozenset(gets)
+
+
+_PLAIN_TENSOR_STORAGE_GETS = _plain_tensor_storage_gets()
+
+
+def _gather_fields(storage, index, keys):
+    """``storage[index].get(key)`` for each key (``None`` when missing), gathering only those keys.
+
+    Tensor storages whose ``get`` is torchrl's (or ours) index their tensordict directly, for
+    the indices a sampler produces (within the filled length): ``storage[index]`` would gather
+    every field of the data.
+    """
+    data = getattr(storage, "_storage", None)
+    if (
+        type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
+        and getattr(storage, "initialized", False)
+        and isinstance(data, TensorDictBase)
+    ):
+        out = []
+        for key in keys:
+            value = data.get(key, None)
+            out.append(None if value is None else value[index])
+        return out
+    gathered = storage[index]
+    return [gathered.get(key, default=None) for key in keys]
 
 
 def _storage_device(storage) -> torch.device | None:
@@ -184,6 +268,10 @@ class Sampler(ABC):
 
     # The RNG is set by the replay buffer
     _rng: torch.Generator | None = None
+
+    # Private switch: ``False`` sends CPU samplers through the torch-op paths (those used on
+    # accelerators) so that tests can compare them with the ``replay`` kernels.
+    _use_cpu_kernels = True
 
     @abstractmethod
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
@@ -296,6 +384,13 @@ class SamplerWithoutReplacement(Sampler):
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
     order when ``shuffle=False``), drawn on the storage's device.
 
+    .. note:: On CPU the permutation is drawn lazily by ``replay.PermutationEpoch``: each
+        batch, the first one included, costs O(batch) instead of a full ``torch.randperm``
+        (O(storage)). The seed comes from the buffer's generator or from torch's global
+        RNG, so seeded runs repeat, though with other permutations than torchrl's. The
+        ``_sample_list`` tensor of torchrl's ``state_dict`` / ``dumps`` is materialised
+        (O(remaining)) only when it is read.
+
     Args:
         drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
             If ``False``, this last sample will be kept and (unlike with torch dataloaders)
@@ -343,17 +438,60 @@ class SamplerWithoutReplacement(Sampler):
         sd = TensorDict.load_memmap(path).to_dict()
         self.load_state_dict(sd)
 
+    # ``_sample_list`` (torchrl's state) is a property: on CPU an epoch is drawn batch by
+    # batch by ``replay.PermutationEpoch`` (O(batch) per batch, the first one included) and
+    # the rest of the permutation is only materialised as a tensor when it is read, e.g. by
+    # ``state_dict`` / ``dumps``; sampling then continues from that tensor.
+    @property
+    def _sample_list(self):
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            self.__dict__["_sample_list_value"] = epoch.next_batch(epoch.remaining)
+            self.__dict__["_epoch"] = None
+        return self.__dict__.get("_sample_list_value")
+
+    @_sample_list.setter
+    def _sample_list(self, value):
+        self.__dict__["_epoch"] = None
+        self.__dict__["_sample_list_value"] = value
+
+    def _has_sample_list(self) -> bool:
+        return (
+            self.__dict__.get("_epoch") is not None
+            or self.__dict__.get("_sample_list_value") is not None
+        )
+
+    def _remaining_in_epoch(self) -> int:
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            return epoch.remaining
+        return self.__dict__["_sample_list_value"].numel()
+
     def _get_sample_list(self, storage: Storage, len_storage: int, batch_size: int):
         if storage is None:
-            device = self._sample_list.device
+            if self.__dict__.get("_epoch") is not None:
+                device = torch.device("cpu")
+            else:
+                device = self.__dict__["_sample_list_value"].device
         else:
             device = _storage_device(storage)
-        if self.shuffle:
-            _sample_list = _randperm(len_storage, device, self._rng)
+        if (
+            self.shuffle
+            and self._use_cpu_kernels
+            and _REPLAY is not None
+            and (device is None or device.type == "cpu")
+            and (self._rng is None or self._rng.device.type == "cpu")
+        ):
+            # Seeded from the buffer's generator (or torch's global RNG): seeded runs repeat,
+            # with other permutations than torch.randperm's.
+            epoch = _REPLAY.PermutationEpoch(len_storage, generator=self._rng)
+            self._sample_list = None
+            self.__dict__["_epoch"] = epoch
+        elif self.shuffle:
+            self._sample_list = _randperm(len_storage, device, self._rng)
         else:
-            _sample_list = torch.arange(len_storage, device=device)
-        self._sample_list = _sample_list
-        self._remaining_batches = self._count_batches(self._sample_list.numel(), batch_size)
+            self._sample_list = torch.arange(len_storage, device=device)
+        self._remaining_batches = self._count_batches(self._remaining_in_epoch(), batch_size)
 
     def _count_batches(self, remaining: int, batch_size: int) -> int:
         if self.drop_last:
@@ -361,14 +499,19 @@ class SamplerWithoutReplacement(Sampler):
         return -(remaining // -batch_size)
 
     def _single_sample(self, len_storage, batch_size):
-        index = self._sample_list[:batch_size]
-        self._sample_list = self._sample_list[batch_size:]
-        self._remaining_batches = self._count_batches(self._sample_list.numel(), batch_size)
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            index = epoch.next_batch(batch_size)
+            remaining = epoch.remaining
+        else:
+            sample_list = self.__dict__["_sample_list_value"]
+            index = sample_list[:batch_size]
+            self._sample_list = sample_list = sample_list[batch_size:]
+            remaining = sample_list.shape[0]
+        self._remaining_batches = self._count_batches(remaining, batch_size)
         # Whether one more batch of the same size can be drawn from this epoch: the
         # buffer reads ``ran_out`` to stop its iterator.
-        if self._sample_list.shape[0] == 0 or (
-            self.drop_last and len(self._sample_list) < batch_size
-        ):
+        if remaining == 0 or (self.drop_last and remaining < batch_size):
             self.ran_out = True
             self._get_sample_list(
                 storage=None, len_storage=len_storage, batch_size=batch_size
@@ -384,7 +527,7 @@ class SamplerWithoutReplacement(Sampler):
         len_storage = self._storage_len(storage)
         if len_storage == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
-        if self.len_storage != len_storage or self._sample_list is None:
+        if self.len_storage != len_storage or not self._has_sample_list():
             self._get_sample_list(storage, len_storage, batch_size=batch_size)
         if len_storage < batch_size and self.drop_last:
             raise ValueError(
@@ -428,8 +571,8 @@ class SamplerWithoutReplacement(Sampler):
         self._ran_out = state_dict["_ran_out"]
 
     def __repr__(self):
-        if self._sample_list is not None:
-            perc = len(self._sample_list) / self.len_storage * 100
+        if self._has_sample_list():
+            perc = self._remaining_in_epoch() / self.len_storage * 100
         else:
             perc = 0.0
         return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
@@ -466,7 +609,10 @@ class PrioritizedSampler(Sampler):
     .. note:: On CPU, priorities live in ``replay``'s compiled segment trees when that
         extension is available (so prioritized replay works on any torch release, where
         torchrl 0.11 needs its trees compiled for torch 2.9), otherwise in tensor trees made
-        of torch ops. When the sampler first meets a storage on an accelerator, the
+        of torch ops. There, a batch is drawn by one fused kernel call (draws, descents,
+        priorities and, for fp64 trees, importance weights) that reads O(batch * log(size))
+        tree nodes, and an update makes one kernel call per tree; without a buffer generator
+        the kernel's stream is seeded from torch's global RNG. When the sampler first meets a storage on an accelerator, the
         priorities move to tensor trees on that device, and sampling and updates then run
         there with torch ops; each sample and each update synchronises with the host once
         (to check the priorities and indices).
@@ -657,11 +803,72 @@ class PrioritizedSampler(Sampler):
             index, priority, _ = sample_prioritized_leaves(leaves, uniform, exclude=exclude)
         return index, priority
 
+    def _fused_sample(self, num_valid: int, batch_size: int, exclude=None):
+        """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
+
+        Reads O(batch * log(size)) tree nodes: no pass over the leaves. The uniforms come from
+        ``self._rng`` when it is set (so a seeded buffer draws what the torch path draws),
+        otherwise the kernel's stream is seeded from torch's global RNG.
+        """
+        sum_tree = self._sum_tree
+        num_valid = min(num_valid, sum_tree.size)
+        p_min = self._min_tree.query(0, num_valid)
+        if not p_min > 0:
+            total = sum_tree.query(0, num_valid)
+            if not total > 0:
+                raise RuntimeError(
+                    f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
+                    f"sum to {total}"
+                )
+            raise RuntimeError(
+                f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
+            )
+        if self._rng is not None:
+            uniform = _rand(batch_size, torch.device("cpu"), self._rng).numpy()
+            seed = None
+        else:
+            uniform = None
+            seed = _kernel_seed(None)
+        # fp64 trees take the kernel's float64 weights. fp32 trees compute them from the fp32
+        # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
+        # torchrl's by one ulp, and the two libraries should return the same weights.
+        fp64 = sum_tree.__class__ is _REPLAY_TREES[torch.float64][0]
+        if exclude is not None:
+            # The excluded leaves count as zero for this draw only: the tree is not modified.
+            if isinstance(exclude, torch.Tensor):
+                exclude = exclude.detach().cpu().numpy()
+            sample = partial(sum_tree.sample_prioritized_excluding, num_valid, exclude)
+        else:
+            sample = partial(sum_tree.sample_prioritized, num_valid)
+        try:
+            index, priority, weight = sample(
+                uniform,
+                batch_size=batch_size,
+                seed=seed,
+                p_min=p_min if fp64 else None,
+                beta=self._beta if fp64 else None,
+            )
+        except RuntimeError:
+            raise RuntimeError(
+                f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
+                f"sum to {sum_tree.query(0, num_valid)}"
+            ) from None
+        index = torch.from_numpy(index)
+        if fp64:
+            return index, torch.from_numpy(weight)
+        return index, torch.from_numpy(priority).div_(p_min).pow_(-self._beta)
+
     def _prioritized_sample(self, storage, batch_size: int, exclude=None):
-        if len(storage) == 0:
+        # len() once: a torchrl storage's __len__ goes through a torch.compile guard.
+        num_valid = len(storage)
+        if num_valid == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         self._follow_storage(storage)
-        num_valid = len(storage)
+        if self._use_cpu_kernels and _is_replay_tree(self._sum_tree):
+            index, weight = self._fused_sample(num_valid, batch_size, exclude)
+            if storage.ndim > 1:
+                index = unravel_index(index, storage.shape)
+            return index, {"priority_weight": weight}
         index, priority = self._sample_tree(num_valid, batch_size, exclude=exclude)
         p_min = self._min_tree.query(0, num_valid)
         if not p_min > 0:
@@ -686,7 +893,6 @@ class PrioritizedSampler(Sampler):
         super().extend(index)
         self._maybe_erase_max_priority(index)
 
-    @torch.no_grad()
     def update_priority(
         self,
         index: int | torch.Tensor,
@@ -711,6 +917,23 @@ class PrioritizedSampler(Sampler):
             priority, mismatched shapes) raises before the sampler changes.
         """
         self._follow_storage(storage)
+        if (
+            self._use_cpu_kernels
+            and isinstance(index, torch.Tensor)
+            and index.ndim == 1
+            and index.device.type == "cpu"
+            and not index.is_floating_point()
+            and index.dtype != torch.bool
+            and _is_replay_tree(self._sum_tree)
+            and self._update_with_kernels(index, priority)
+        ):
+            return
+        # torchrl decorates update_priority with no_grad; only the general path needs it
+        # (the kernel path reads detached numpy views), and entering it costs microseconds.
+        with torch.no_grad():
+            self._update_priority_general(index, priority, storage)
+
+    def _update_priority_general(self, index, priority, storage) -> None:
         device = self._device
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i) for i in index], -1)
@@ -774,10 +997,82 @@ class PrioritizedSampler(Sampler):
             and cur_max_priority_index is not None
             and (index == cur_max_priority_index).any()
         ):
-            # As torchrl does, the max is taken over the stored values p ** alpha.
-            leaves = _read_leaves(self._sum_tree, self._sum_tree.size)
-            maxval, maxidx = leaves.to(torch.get_default_dtype()).max(0)
-            self._max_priority = (maxval, maxidx)
+            self._rebuild_max_priority()
+
+    def _rebuild_max_priority(self) -> None:
+        # As torchrl does, the max is taken over the stored values p ** alpha, here with
+        # one reduction (torchrl loops in Python over the whole capacity).
+        if _is_replay_tree(self._sum_tree):
+            leaves = self._sum_tree.values()
+            maxidx = int(leaves.argmax())
+            self._max_priority = (
+                torch.tensor(float(leaves[maxidx]), dtype=torch.get_default_dtype()),
+                torch.tensor(maxidx),
+            )
+            return
+        leaves = _read_leaves(self._sum_tree, self._sum_tree.size)
+        maxval, maxidx = leaves.to(torch.get_default_dtype()).max(0)
+        self._max_priority = (maxval, maxidx)
+
+    def _update_with_kernels(self, index: torch.Tensor, priority) -> bool:
+        """The common update (a 1-D CPU index) with one conversion and one kernel call per tree.
+
+        Returns ``False``, having changed nothing, when the input needs the general path
+        (which also produces every error message).
+        """
+        if not isinstance(priority, torch.Tensor):
+            if not isinstance(priority, (int, float)) or isinstance(priority, bool):
+                return False
+            priority = torch.tensor(float(priority))
+        priority = priority.detach()
+        if priority.device.type != "cpu" or not priority.is_floating_point():
+            return False
+        if priority.numel() > 1 and priority.shape != index.shape:
+            if priority.numel() != index.shape[0]:
+                return False
+            priority = priority.reshape(index.shape)
+        elif priority.numel() <= 1:
+            priority = priority.reshape(())
+        index_np = index.numpy()
+        if index_np.dtype != np.int64:
+            index_np = index_np.astype(np.int64)
+        priority_np = priority.numpy()
+        if index_np.size:
+            if index_np.min() < 0:
+                # -1 marks items a writer skipped (MaxValueWriter): drop them.
+                keep = index_np >= 0
+                if not keep.any():
+                    return True
+                index_np = index_np[keep]
+                if priority.ndim:
+                    priority = priority[torch.from_numpy(keep)]
+                    priority_np = priority.numpy()
+            if index_np.max() >= self._max_capacity:
+                return False
+        else:
+            return True
+        # A NaN makes the argmax NaN and fails the comparison: the general path reports it.
+        argmax = int(priority_np.argmax()) if priority.ndim else 0
+        highest = float(priority_np.reshape(-1)[argmax])
+        if not (highest < math.inf and priority_np.min() >= 0):
+            return False
+        cur_max_priority, cur_max_priority_index = self._max_priority
+        if cur_max_priority is None or highest > float(cur_max_priority):
+            max_p = priority[argmax] if priority.ndim else priority
+            cur_max_priority, cur_max_priority_index = self._max_priority = (
+                max_p,
+                torch.tensor(int(index_np[argmax] if priority.ndim else index_np[0])),
+            )
+        value = torch.pow(priority + self._eps, self._alpha).numpy()
+        self._sum_tree.update(index_np, value)
+        self._min_tree.update(index_np, value)
+        if (
+            self._max_priority_within_buffer
+            and cur_max_priority_index is not None
+            and (index_np == int(cur_max_priority_index)).any()
+        ):
+            self._rebuild_max_priority()
+        return True
 
     @staticmethod
     def _ravel_index(index: torch.Tensor, shape) -> torch.Tensor:
@@ -992,9 +1287,10 @@ class SliceSampler(Sampler):
         attempts to find the ``traj_key`` entry in the storage. If it cannot be
         found, the ``end_key`` is used to reconstruct the episodes.
 
-    .. note:: Trajectory starts and stops and slice indices are computed with a few
-        vectorised torch ops on the device of the end signal (or of ``use_gpu``); only the
-        checks that can raise synchronise with the host.
+    .. note:: On CPU, trajectory starts and stops and the slice indices come from
+        ``replay``'s C kernels (one pass each, GIL released). On an accelerator (the end
+        signal's device, or ``use_gpu``) they are computed with a few vectorised torch ops
+        there; only the checks that can raise synchronise with the host.
 
     Examples:
         >>> import torch
@@ -1145,6 +1441,11 @@ class SliceSampler(Sampler):
                 trajectory = trajectory.to(self._gpu_device)
             else:
                 end = end.to(self._gpu_device)
+        if device is None and _REPLAY is not None and self._use_cpu_kernels and _on_cpu(signal):
+            # One C pass over the signal, GIL released (the torch ops below take several).
+            return _REPLAY.find_start_stop_traj(
+                trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+            )
         start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
             trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
         )
@@ -1163,6 +1464,14 @@ class SliceSampler(Sampler):
         return start_idx, stop_idx, lengths
 
     def _tensor_slices_from_startend(self, seq_length, start, storage_length):
+        if (
+            _REPLAY is not None
+            and self._use_cpu_kernels
+            and _on_cpu(start)
+            and (not isinstance(seq_length, torch.Tensor) or _on_cpu(seq_length))
+        ):
+            index = _REPLAY.slice_indices(start, seq_length, storage_length)
+            return index if index.dtype == start.dtype else index.to(start.dtype)
         return _torch_slices.slices_from_starts(seq_length, start, storage_length)
 
     def _get_stop_and_length(self, storage, fallback=True):
@@ -1417,13 +1726,11 @@ class SliceSampler(Sampler):
 
             truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
             index = index.to(torch.long).unbind(-1)
-            st_index = storage[index]
-            done = st_index.get(done_key, default=None)
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
             if done is None:
                 done = truncated.clone()
             else:
                 done = done | truncated
-            terminated = st_index.get(terminated_key, default=None)
             if terminated is None:
                 terminated = torch.zeros_like(truncated)
             return index, {
@@ -1568,8 +1875,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
     def __repr__(self):
-        if self._sample_list is not None:
-            perc = len(self._sample_list) / self.len_storage * 100
+        if self._has_sample_list():
+            perc = self._remaining_in_epoch() / self.len_storage * 100
         else:
             perc = 0
         return (
@@ -1679,9 +1986,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     .. note:: torchrl zeroes the sum-tree leaves that cannot start a slice while it
         samples, then restores them, which races with a concurrent :meth:`update_priority`
         and needs an ``[M, N, ndim]`` tensor to find each slice's stop. Here the trees are
-        never modified while sampling (those leaves are excluded from a masked copy of the
-        priorities), the excluded positions take O(storage) memory and the stops are found
-        by binary search.
+        never modified while sampling: on CPU, ``replay``'s kernel excludes those leaves
+        itself (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves);
+        on an accelerator they are zeroed in a masked copy of the priorities. The stops are
+        found by binary search.
 
     Examples:
         >>> import torch
@@ -1856,14 +2164,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
             truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
             index = index.to(torch.long).unbind(-1)
-            st_index = storage[index]
-            try:
-                done = st_index[done_key] | truncated
-            except KeyError:
-                done = truncated.clone()
-            try:
-                terminated = st_index[terminated_key]
-            except KeyError:
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            done = truncated.clone() if done is None else done | truncated
+            if terminated is None:
                 terminated = torch.zeros_like(truncated)
             info.update(
                 {

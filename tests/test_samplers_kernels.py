@@ -1,0 +1,260 @@
+"""The CPU kernel paths of the samplers against their torch-op paths (``_use_cpu_kernels``)."""
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data.replay_buffers import LazyTensorStorage
+
+import torchrl_compat.samplers as ours
+
+pytestmark = pytest.mark.skipif(ours._REPLAY_TREES is None, reason="replay's trees not built")
+
+
+def make_storage(n, filled=None):
+    storage = LazyTensorStorage(n)
+    filled = n if filled is None else filled
+    storage.set(torch.arange(filled), TensorDict({"obs": torch.arange(filled)}, [filled]))
+    return storage
+
+
+def generator(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _pair(cls, *args, **kwargs):
+    fast, slow = cls(*args, **kwargs), cls(*args, **kwargs)
+    slow._use_cpu_kernels = False
+    return fast, slow
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("within_buffer", [False, True])
+def test_prioritized_update_and_sample_match_torch_path(dtype, within_buffer):
+    n = 300
+    storage = make_storage(n, filled=250)
+    fast, slow = _pair(
+        ours.PrioritizedSampler, n, 0.7, 0.4, dtype=dtype, max_priority_within_buffer=within_buffer
+    )
+    assert ours._is_replay_tree(fast._sum_tree)
+    rng = np.random.default_rng(0)
+    for step in range(20):
+        index = torch.as_tensor(rng.integers(-1, n, size=int(rng.integers(0, 40))))
+        priority = torch.as_tensor(rng.uniform(0, 5, size=index.shape[0]), dtype=torch.float32)
+        if step == 5:
+            priority = priority.max() + 10  # a scalar, broadcast
+        if step == 9 and index.numel():
+            index[:] = -1  # nothing to update
+        for sampler in (fast, slow):
+            sampler.update_priority(index, priority)
+        np.testing.assert_array_equal(fast._sum_tree.values(), slow._sum_tree.values())
+        np.testing.assert_array_equal(fast._min_tree.values(), slow._min_tree.values())
+        fmax, smax = fast._max_priority, slow._max_priority
+        assert (fmax[0] is None) == (smax[0] is None)
+        if fmax[0] is not None:
+            assert float(fmax[0]) == float(smax[0]) and int(fmax[1]) == int(smax[1])
+        fast._rng, slow._rng = generator(step), generator(step)
+        (fi, finfo), (si, sinfo) = fast.sample(storage, 64), slow.sample(storage, 64)
+        assert torch.equal(fi, si)
+        assert finfo["priority_weight"].dtype == sinfo["priority_weight"].dtype == dtype
+        torch.testing.assert_close(finfo["priority_weight"], sinfo["priority_weight"])
+
+
+def test_prioritized_kernel_errors_match_torch_path():
+    storage = make_storage(10, filled=4)
+    fast, slow = _pair(ours.PrioritizedSampler, 10, 1.0, 0.5, eps=0.0)
+    for sampler in (fast, slow):
+        with pytest.raises(RuntimeError, match="non-positive p_sum"):
+            sampler.sample(storage, 4)
+        with pytest.raises(IndexError, match="index 10 at position 1 is out of range for max_capacity=10"):
+            sampler.update_priority(torch.tensor([1, 10]), torch.tensor([1.0, 1.0]))
+        with pytest.raises(ValueError, match="got priority=nan at position 1"):
+            sampler.update_priority(torch.tensor([1, 2]), torch.tensor([1.0, float("nan")]))
+        with pytest.raises(ValueError, match="got priority=-1.0 at position 0"):
+            sampler.update_priority(torch.tensor([1, 2]), torch.tensor([-1.0, 1.0]))
+        with pytest.raises(RuntimeError, match="priority should be a number or an iterable"):
+            sampler.update_priority(torch.tensor([1, 2]), torch.tensor([1.0, 1.0, 1.0]))
+        sampler.update_priority(torch.arange(4), torch.tensor([0.0, 1.0, 0.0, 2.0]))
+        with pytest.raises(RuntimeError, match="non-positive p_min"):
+            sampler.sample(storage, 4)
+        assert sampler._sum_tree.values()[:4].tolist() == [0.0, 1.0, 0.0, 2.0]
+
+
+def test_prioritized_global_seed_reproduces():
+    storage = make_storage(100)
+    sampler = ours.PrioritizedSampler(100, 1.0, 1.0)
+    sampler.update_priority(torch.arange(100), torch.rand(100, generator=generator(0)))
+    torch.manual_seed(3)
+    a = sampler.sample(storage, 32)
+    torch.manual_seed(3)
+    b = sampler.sample(storage, 32)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1]["priority_weight"], b[1]["priority_weight"])
+    c = sampler.sample(storage, 32)
+    assert not torch.equal(a[0], c[0])
+
+
+# ------------------------------------------------------------------------- without replacement
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("n,batch", [(1, 1), (10, 3), (12, 4), (64, 64), (7, 10)])
+def test_without_replacement_kernel_epochs(n, batch, drop_last):
+    """Each epoch covers every index once; ran_out / _remaining_batches follow the torch path."""
+    storage = make_storage(64, filled=n)
+    fast, slow = _pair(ours.SamplerWithoutReplacement, drop_last=drop_last)
+    fast._rng, slow._rng = generator(1), generator(1)
+    if drop_last and batch > n:
+        for sampler in (fast, slow):
+            with pytest.raises(ValueError, match="greater than the storage capacity"):
+                sampler.sample(storage, batch)
+        return
+    assert fast.sample(storage, batch)[0].numel() and fast.__dict__["_epoch"] is not None
+    fast._empty()
+    epoch_size = n // batch * batch if drop_last else n
+    for _ in range(3):
+        seen = []
+        while True:
+            (a, _), (b, _) = fast.sample(storage, batch), slow.sample(storage, batch)
+            assert a.shape == b.shape and a.dtype == b.dtype == torch.int64
+            assert (fast.ran_out, fast._remaining_batches) == (slow.ran_out, slow._remaining_batches)
+            seen += a.tolist()
+            if fast.ran_out:
+                break
+        assert len(seen) == epoch_size and len(set(seen)) == epoch_size
+        assert set(seen) <= set(range(n))
+
+
+def test_without_replacement_kernel_state_is_torchrl_format(tmp_path):
+    import torchrl.data.replay_buffers.samplers as trl
+
+    storage = make_storage(64, filled=20)
+    mine = ours.SamplerWithoutReplacement()
+    mine._rng = generator(3)
+    first, _ = mine.sample(storage, 6)
+    assert mine.__dict__["_epoch"] is not None  # nothing materialised yet
+    assert repr(mine) == "SamplerWithoutReplacement( 70.0000% sampled)"
+    state = mine.state_dict()
+    assert list(state) == ["len_storage", "_sample_list", "drop_last", "_ran_out"]
+    rest = state["_sample_list"]
+    assert sorted(first.tolist() + rest.tolist()) == list(range(20))
+    mine.dumps(tmp_path / "ours")
+    back = trl.SamplerWithoutReplacement()
+    back.loads(tmp_path / "ours")
+    assert torch.equal(back._sample_list, rest) and back.len_storage == 20
+    # both continue with the materialised rest of the epoch
+    a, _ = mine.sample(storage, 7)
+    b, _ = back.sample(storage, 7)
+    assert torch.equal(a, b) and torch.equal(a, rest[:7])
+
+
+def test_without_replacement_kernel_seeds():
+    storage = make_storage(1000)
+    runs = []
+    for seed in (0, 0, 1):
+        sampler = ours.SamplerWithoutReplacement()
+        sampler._rng = generator(seed)
+        runs.append(torch.cat([sampler.sample(storage, 100)[0] for _ in range(3)]))
+    torch.manual_seed(5)
+    global_a = ours.SamplerWithoutReplacement().sample(storage, 100)[0]
+    torch.manual_seed(5)
+    global_b = ours.SamplerWithoutReplacement().sample(storage, 100)[0]
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert torch.equal(global_a, global_b)
+
+
+def test_slice_without_replacement_kernel_covers_each_trajectory_once():
+    episode = torch.repeat_interleave(torch.arange(8), torch.tensor([7, 3, 12, 5, 9, 20, 6, 8]))
+    storage = LazyTensorStorage(episode.shape[0])
+    storage.set(torch.arange(episode.shape[0]), TensorDict({"episode": episode}, [episode.shape[0]]))
+    sampler = ours.SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode", strict_length=False)
+    sampler._rng = generator(2)
+    seen = []
+    while True:
+        (index,), _ = sampler.sample(storage, 6)
+        seen += episode[index].view(2, -1)[:, 0].tolist()
+        if sampler.ran_out:
+            break
+    assert sorted(seen) == list(range(8))
+
+
+# ------------------------------------------------------------------------- slices
+
+
+def _episode_storage(lengths, capacity, wrap=False):
+    episode = torch.repeat_interleave(torch.arange(len(lengths)), torch.as_tensor(lengths))
+    n = episode.shape[0]
+    done = torch.ones(n, dtype=torch.bool)
+    done[:-1] = episode[1:] != episode[:-1]
+    data = TensorDict({"episode": episode, ("next", "done"): done.unsqueeze(-1)}, [n])
+    storage = LazyTensorStorage(capacity)
+    if wrap:
+        data["next", "done"][-1] = False
+        written = 0
+        for size in (capacity // 2,) * 3:
+            storage.set(torch.arange(written, written + size) % capacity, data[written : written + size])
+            written += size
+    else:
+        storage.set(torch.arange(n), data)
+    return storage
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        dict(num_slices=4),
+        dict(slice_len=5, strict_length=False),
+        dict(slice_len=5, span=(True, 2)),
+        dict(slice_len=4, cache_values=True),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("key", ["traj_key", "end_key"])
+@pytest.mark.parametrize("wrap", [False, True])
+def test_slice_sampler_kernels_match_torch_path(config, key, wrap):
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 15, 40).tolist()
+    storage = _episode_storage(lengths, capacity=90 if wrap else sum(lengths), wrap=wrap)
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    fast, slow = _pair(lambda: ours.SliceSampler(**kwargs, **config))
+    fast._rng, slow._rng = generator(4), generator(4)
+    for _ in range(3):
+        (fi, finfo), (si, sinfo) = fast.sample(storage, 20), slow.sample(storage, 20)
+        assert len(fi) == len(si) and all(torch.equal(x, y) for x, y in zip(fi, si))
+        assert set(finfo) == set(sinfo)
+        for name in finfo:
+            assert torch.equal(finfo[name], sinfo[name])
+
+
+# ------------------------------------------------------------------------- prioritized slices
+
+
+@pytest.mark.parametrize(
+    "config",
+    [dict(num_slices=4), dict(slice_len=5, strict_length=False), dict(slice_len=4, span=(0, 2), cache_values=True)],
+    ids=str,
+)
+@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_prioritized_slice_kernel_matches_torch_path(config, wrap, dtype, monkeypatch):
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 15, 40).tolist()
+    capacity = 90 if wrap else sum(lengths)
+    storage = _episode_storage(lengths, capacity=capacity, wrap=wrap)
+    fast, slow = _pair(
+        lambda: ours.PrioritizedSliceSampler(capacity, 0.8, 0.6, dtype=dtype, traj_key="episode", **config)
+    )
+    priority = torch.as_tensor(rng.integers(0, 4, capacity), dtype=torch.float32)
+    for sampler in (fast, slow):
+        sampler.update_priority(torch.arange(capacity), priority)
+    before = fast._sum_tree.values()
+    for step in range(3):
+        fast._rng, slow._rng = generator(step), generator(step)
+        (si,), sinfo = slow.sample(storage, 20)
+        # the kernel path neither reads every leaf nor writes the trees
+        with monkeypatch.context() as patch:
+            patch.setattr(ours, "_read_leaves", None)
+            (fi,), finfo = fast.sample(storage, 20)
+        assert torch.equal(fi, si)
+        assert set(finfo) == set(sinfo)
+        for name in finfo:
+            torch.testing.assert_close(finfo[name], sinfo[name])
+    np.testing.assert_array_equal(fast._sum_tree.values(), before)

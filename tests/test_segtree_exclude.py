@@ -1,0 +1,123 @@
+"""``sample_prioritized_excluding`` of replay's sum trees against a numpy model."""
+import numpy as np
+import pytest
+import torch
+
+import replay
+
+CLASSES = [(replay.SumSegmentTreeFp32, np.float32), (replay.SumSegmentTreeFp64, np.float64)]
+
+
+def model(leaves, num_valid, exclude, uniform):
+    """Masked copy, float64 prefix sums, searchsorted, clamp, step off zero leaves (left, then right)."""
+    masked = leaves[:num_valid].astype(np.float64)
+    exclude = np.asarray(exclude, dtype=np.int64)
+    masked[exclude[(exclude >= 0) & (exclude < num_valid)]] = 0
+    prefix = np.cumsum(masked)
+    index = np.minimum(np.searchsorted(prefix, uniform * prefix[-1], side="left"), num_valid - 1)
+    positive = np.flatnonzero(masked > 0)
+    for k, i in enumerate(index):
+        if masked[i] == 0:
+            left = positive[positive <= i]
+            index[k] = left[-1] if left.size else positive[positive >= i][0]
+    return index
+
+
+def make_tree(cls, values):
+    tree = cls(len(values))
+    tree.update(np.arange(len(values)), values)
+    return tree
+
+
+@pytest.mark.parametrize("cls,dtype", CLASSES)
+@pytest.mark.parametrize("size", [1, 2, 15, 16, 17, 300, 5000])
+def test_matches_model(cls, dtype, size):
+    rng = np.random.default_rng(size)
+    for trial in range(6):
+        # small integers: every sum is exact in fp32 too, so the model is exact
+        values = rng.integers(0, 5, size).astype(dtype)
+        values[rng.integers(0, size)] = 3
+        num_valid = size if trial % 2 else int(rng.integers(1, size + 1))
+        exclude = rng.integers(-2, size + 2, int(rng.integers(0, size + 1)))
+        masked = values[:num_valid].copy()
+        kept = exclude[(exclude >= 0) & (exclude < num_valid)]
+        masked[kept] = 0
+        if not (masked > 0).any():
+            continue
+        tree = make_tree(cls, values)
+        before = tree.values()
+        uniform = np.concatenate([[0.0, 1.0], rng.random(200)])
+        index, priority, weight = tree.sample_prioritized_excluding(num_valid, exclude, uniform)
+        np.testing.assert_array_equal(index, model(values, num_valid, exclude, uniform))
+        np.testing.assert_array_equal(priority, values[index])
+        assert priority.dtype == dtype and weight is None
+        assert not np.isin(index, kept).any() and (priority > 0).all()
+        np.testing.assert_array_equal(tree.values(), before)  # never modified
+
+
+@pytest.mark.parametrize("cls,dtype", CLASSES)
+def test_no_exclusion_is_sample_prioritized(cls, dtype):
+    rng = np.random.default_rng(1)
+    tree = make_tree(cls, rng.uniform(0, 2, 1000).astype(dtype))
+    uniform = rng.random(300)
+    a = tree.sample_prioritized(900, uniform, p_min=0.5, beta=0.4)
+    b = tree.sample_prioritized_excluding(900, np.zeros(0, dtype=np.int64), uniform, p_min=0.5, beta=0.4)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    c = tree.sample_prioritized(900, batch_size=64, seed=7)
+    d = tree.sample_prioritized_excluding(900, [950, -1], batch_size=64, seed=7)
+    np.testing.assert_array_equal(c[0], d[0])
+
+
+@pytest.mark.parametrize("cls,dtype", CLASSES)
+def test_weights_tensors_and_nd_exclude(cls, dtype):
+    rng = np.random.default_rng(2)
+    values = rng.uniform(0.1, 2, 64).astype(dtype)
+    tree = make_tree(cls, values)
+    exclude = torch.tensor([[5, 3], [3, 60]])  # any shape, order and repeats
+    uniform = torch.rand(50, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    index, priority, weight = tree.sample_prioritized_excluding(64, exclude, uniform, p_min=0.1, beta=0.7)
+    assert isinstance(index, torch.Tensor) and index.dtype == torch.int64
+    np.testing.assert_array_equal(index.numpy(), model(values, 64, exclude.numpy().ravel(), uniform.numpy()))
+    np.testing.assert_allclose(weight.numpy(), (values[index.numpy()].astype(np.float64) / 0.1) ** -0.7)
+    empty = tree.sample_prioritized_excluding(64, exclude, np.zeros(0))
+    assert empty[0].shape == (0,) and empty[1].shape == (0,)
+
+
+def test_frequencies():
+    rng = np.random.default_rng(3)
+    values = np.arange(1, 41, dtype=np.float64)
+    tree = make_tree(replay.SumSegmentTreeFp64, values)
+    exclude = np.array([0, 7, 8, 9, 39, 20])
+    draws = 200_000
+    index, _, _ = tree.sample_prioritized_excluding(40, exclude, rng.random(draws))
+    masked = values.copy()
+    masked[exclude] = 0
+    expected = masked / masked.sum() * draws
+    counts = np.bincount(index, minlength=40)
+    assert counts[exclude].sum() == 0
+    keep = expected > 0
+    chi2 = float((((counts - expected)[keep]) ** 2 / expected[keep]).sum())
+    assert chi2 < 62.5  # chi-square, 33 degrees of freedom, p = 0.999
+
+
+@pytest.mark.parametrize("cls,dtype", CLASSES)
+def test_errors_leave_tree_usable(cls, dtype):
+    tree = make_tree(cls, np.array([0.0, 1.0, 2.0, 0.0], dtype=dtype))
+    with pytest.raises(IndexError, match=r"num_valid=5 is out of range \[1, 4\]"):
+        tree.sample_prioritized_excluding(5, [1], [0.5])
+    with pytest.raises(IndexError, match=r"num_valid=0 is out of range"):
+        tree.sample_prioritized_excluding(0, [1], [0.5])
+    with pytest.raises(ValueError, match="uniform draw 1.5 at position 1 is not in"):
+        tree.sample_prioritized_excluding(4, [1], [0.5, 1.5])
+    with pytest.raises(RuntimeError, match="no positive priority among the first 4 leaves outside the 2 excluded"):
+        tree.sample_prioritized_excluding(4, [2, 1], [0.5])
+    with pytest.raises(RuntimeError, match="no positive priority among the first 2 leaves"):
+        tree.sample_prioritized_excluding(2, [1], [0.5])
+    with pytest.raises(TypeError, match="exclude must hold integers"):
+        tree.sample_prioritized_excluding(4, [1.0], [0.5])
+    with pytest.raises(ValueError, match="p_min must be positive"):
+        tree.sample_prioritized_excluding(4, [1], [0.5], p_min=0.0, beta=1.0)
+    index, priority, _ = tree.sample_prioritized_excluding(4, [1], [0.0, 0.3, 1.0])
+    assert index.tolist() == [2, 2, 2] and priority.tolist() == [2.0, 2.0, 2.0]
+    assert tree.values().tolist() == [0.0, 1.0, 2.0, 0.0]
