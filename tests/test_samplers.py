@@ -134,7 +134,10 @@ def test_signatures_match_torchrl(name):
                 continue
             assert inspect.signature(mine_fn) == ref_sig, member
     assert issubclass(mine, ours.Sampler)
-    assert [b.__name__ for b in mine.__mro__[1:-1]] == [b.__name__ for b in ref.__mro__[1:-1]]
+    # Our own bases follow torchrl's order; torchrl's twins come after them all.
+    own = [b.__name__ for b in mine.__mro__[1:-1] if not b.__module__.startswith("torchrl.")]
+    assert own == [b.__name__ for b in ref.__mro__[1:-1]]
+    assert issubclass(mine, ref)
 
 
 def test_module_names_used_by_torchrl():
@@ -658,3 +661,66 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(ours, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 10 and result.failed == 0
+
+
+SAMPLER_NAMES = [
+    "Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SliceSampler",
+    "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler", "SamplerEnsemble",
+]
+
+
+def test_no_torchrl_method_runs_on_our_samplers():
+    # The torchrl twins only answer torchrl's isinstance checks: every attribute torchrl's
+    # classes define resolves to one of ours.
+    import torchrl_compat.samplers as compat_samplers
+
+    skip = {"__dict__", "__weakref__", "__module__", "__doc__", "__annotations__", "__qualname__",
+            "__firstlineno__", "__static_attributes__", "__abstractmethods__", "_abc_impl",
+            "__parameters__", "__orig_bases__"}
+    for name in SAMPLER_NAMES:
+        cls = getattr(compat_samplers, name)
+        twins = [c for c in cls.__mro__ if c.__module__.startswith("torchrl.data")]
+        assert twins, name
+        for twin in twins:
+            for attr in set(twin.__dict__) - skip:
+                owner = next(c for c in cls.__mro__ if attr in c.__dict__)
+                assert owner.__module__.startswith("torchrl_compat"), (name, attr, owner)
+
+
+def test_torchrl_replay_buffer_accepts_our_samplers():
+    import torchrl.data as trl_data
+
+    import torchrl_compat
+
+    assert all(hasattr(torchrl_compat, name) for name in SAMPLER_NAMES)
+    rb = trl_data.ReplayBuffer(
+        storage=torchrl_compat.LazyTensorStorage(100),
+        sampler=torchrl_compat.PrioritizedSampler(100, alpha=0.7, beta=0.9),
+        batch_size=8,
+    )
+    rb.extend(torch.arange(50.0))
+    sample, info = rb.sample(return_info=True)
+    assert sample.shape == (8,) and (info["index"] < 50).all()
+    rb.update_priority(info["index"], torch.full((8,), 5.0))
+    assert torch.equal(info["priority_weight"], torch.ones(8))  # all priorities equal before
+    rb = trl_data.ReplayBuffer(
+        storage=torchrl_compat.LazyTensorStorage(100),
+        sampler=torchrl_compat.SamplerWithoutReplacement(),
+        batch_size=10,
+    )
+    rb.extend(torch.arange(30))
+    seen = torch.cat([rb.sample() for _ in range(3)])
+    assert sorted(seen.tolist()) == list(range(30))
+
+
+def test_slice_helpers_match_torchrl():
+    ref_slice = trl.SliceSampler(num_slices=1)
+    mine_slice = ours.SliceSampler(num_slices=1)
+    for st in (torch.tensor(3), torch.tensor([5]), torch.tensor([7, 2, 1])):
+        for length in (1, 4):
+            assert torch.equal(mine_slice._start_to_end(st, length), ref_slice._start_to_end(st, length))
+    shapes = torch.tensor([5, 3, 4, 1])
+    arange = torch.arange(100, 100 + int(shapes.sum()))
+    ref = trl.PrioritizedSliceSampler.__new__(trl.PrioritizedSliceSampler)
+    mine = ours.PrioritizedSliceSampler.__new__(ours.PrioritizedSliceSampler)
+    assert torch.equal(mine._padded_indices(shapes, arange), ref._padded_indices(shapes, arange))

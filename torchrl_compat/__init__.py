@@ -54,6 +54,28 @@ __all__ = [
     "TensorStorageCheckpointer",
 ]
 
+from torchrl_compat.samplers import (  # noqa: E402
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    Sampler,
+    SamplerEnsemble,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+
+__all__ += [
+    "PrioritizedSampler",
+    "PrioritizedSliceSampler",
+    "RandomSampler",
+    "Sampler",
+    "SamplerEnsemble",
+    "SamplerWithoutReplacement",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
+]
+
 # Only defined when h5py is installed, as in torchrl.
 try:
     from torchrl_compat.checkpointers import H5StorageCheckpointer  # noqa: F401

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import textwrap
 import warnings
 from abc import ABC, abstractmethod
@@ -259,7 +260,27 @@ def _ravel(coords, shape, device=None) -> torch.Tensor:
     return flat
 
 
-class Sampler(ABC):
+
+def _torchrl_twin(name: str) -> tuple:
+    """``(torchrl's sampler class of that name,)`` when torchrl is importable, else ``()``.
+
+    torchrl's replay buffers accept only instances of its own ``Sampler`` (and branch on
+    ``PrioritizedSampler`` and friends), so each class here lists its torchrl twin as its
+    *last* base, as ``torchrl_compat.storages`` does: the twin only answers those
+    ``isinstance`` checks, every attribute resolves to our code (a test checks it).
+    ``TORCHRL_COMPAT_STANDALONE=1`` drops the twins.
+    """
+    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
+        return ()
+    try:
+        from torchrl.data.replay_buffers import samplers as _torchrl_samplers
+    except Exception:  # torchrl absent, or broken in this environment
+        return ()
+    twin = getattr(_torchrl_samplers, name, None)
+    return (twin,) if isinstance(twin, type) else ()
+
+
+class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
     """A generic sampler base class for composable Replay Buffers."""
 
     # Some samplers - mainly those without replacement -
@@ -339,7 +360,7 @@ class Sampler(ABC):
         return state
 
 
-class RandomSampler(Sampler):
+class RandomSampler(Sampler, *_torchrl_twin("RandomSampler")):
     """A uniformly random sampler for composable replay buffers.
 
     Indices are drawn by the storage (``storage._rand_given_ndim``), uniformly over its
@@ -378,7 +399,7 @@ class RandomSampler(Sampler):
         return
 
 
-class SamplerWithoutReplacement(Sampler):
+class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplacement")):
     """A data-consuming sampler that ensures that the same sample is not present in consecutive batches.
 
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
@@ -578,7 +599,7 @@ class SamplerWithoutReplacement(Sampler):
         return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
 
 
-class PrioritizedSampler(Sampler):
+class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
     r"""Prioritized sampler for replay buffer.
 
     This sampler implements Prioritized Experience Replay (PER) as presented in
@@ -1231,7 +1252,7 @@ class PrioritizedSampler(Sampler):
             _write_leaves(tree, leaves[name].as_subclass(torch.Tensor).clone())
 
 
-class SliceSampler(Sampler):
+class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
     """Samples slices of data along the first dimension, given start and stop signals.
 
     This class samples sub-trajectories with replacement. For a version without
@@ -1452,6 +1473,13 @@ class SliceSampler(Sampler):
         if device is not None:
             return start_idx.to(device), stop_idx.to(device), lengths.to(device)
         return start_idx, stop_idx, lengths
+
+    def _start_to_end(self, st: torch.Tensor, length: int) -> torch.Tensor:
+        """The ``length`` indices of a slice starting at ``st`` (time on the first column)."""
+        width = st.shape[-1] if st.ndim else 1
+        offsets = torch.zeros((length, width), dtype=st.dtype, device=st.device)
+        offsets[:, 0] = torch.arange(length, dtype=st.dtype, device=st.device)
+        return offsets + st
 
     def _end_to_start_stop(self, end, length):
         device = None
@@ -1784,7 +1812,7 @@ class SliceSampler(Sampler):
         ...
 
 
-class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
+class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_torchrl_twin("SliceSamplerWithoutReplacement")):
     """Samples slices of data along the first dimension, given start and stop signals, without replacement.
 
     In this context, ``without replacement`` means that the same element (NOT trajectory) will not be sampled twice
@@ -1939,7 +1967,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         return SamplerWithoutReplacement.load_state_dict(self, state_dict)
 
 
-class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("PrioritizedSliceSampler")):
     r"""Samples slices of data along the first dimension, given start and stop signals, using prioritized sampling.
 
     Slice starts are drawn with :class:`PrioritizedSampler`'s rule among the positions
@@ -2087,6 +2115,16 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     ) -> None:
         return PrioritizedSampler.mark_update(self, index, storage=storage)
 
+    def _padded_indices(self, shapes, arange) -> torch.Tensor:
+        """A left-padded table: row ``g`` ends with the ``shapes[g]`` next values of ``arange``,
+        after ``-1`` padding. One masked assignment, where torchrl loops over the rows."""
+        max_len = int(shapes.max())
+        pad = torch.full((shapes.shape[0], max_len), -1, dtype=arange.dtype, device=arange.device)
+        columns = torch.arange(max_len, device=shapes.device)
+        valid = columns.unsqueeze(0) >= (max_len - shapes).unsqueeze(1)
+        pad[valid.to(pad.device)] = arange[: int(shapes.sum())]
+        return pad
+
     def _preceding_stop_idx(self, storage, lengths, seq_length, start_idx):
         """Flat storage positions that cannot start a slice of ``seq_length`` (cached with ``cache_values``)."""
         key = (seq_length, self.strict_length, self.span[1])
@@ -2199,7 +2237,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         return SliceSampler.extend(self, index)
 
 
-class SamplerEnsemble(Sampler):
+class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
     """An ensemble of samplers.
 
     This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
