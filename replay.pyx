@@ -406,6 +406,35 @@ cdef _raise_index_error(object index, int64_t position, int64_t size):
         f"index {int(index[position])} at position {position} is out of range for size {size}")
 
 
+cdef object _uniform_draws(object uniform, object batch_size, object seed):
+    """The draws of a prioritized sample: ``uniform`` as float64, or ``batch_size`` draws of a
+    xoshiro256** stream seeded with ``seed``."""
+    cdef rp_prng_state st
+    cdef double[::1] uv
+    if uniform is not None:
+        return _as_value_array(uniform, np.float64, "uniform")
+    if batch_size is None or not _is_scalar_int(batch_size) or batch_size < 0:
+        raise ValueError(f"batch_size must be a non-negative int when uniform is omitted, got {batch_size!r}")
+    us = np.empty(batch_size, dtype=np.float64)
+    if batch_size:
+        rp_prng_seed(&st, <uint64_t>((seed or 0) & 0xFFFFFFFFFFFFFFFF))
+        uv = us
+        rp_prng_fill_double(&st, batch_size, &uv[0])
+    return us
+
+
+cdef tuple _weight_request(object p_min, object beta, int64_t n):
+    """``(p_min, beta, weight buffer)`` for the kernels: ``(1, 0, None)`` when no importance
+    weights are asked for."""
+    if beta is None:
+        return 1.0, 0.0, None
+    if p_min is None:
+        raise ValueError("p_min is required with beta to compute importance weights")
+    if not p_min > 0:
+        raise ValueError(f"p_min must be positive, got p_min={p_min}")
+    return float(p_min), float(beta), np.empty(n, dtype=np.float64)
+
+
 cdef class _SumSegmentTree(_SegmentTree):
     """Sum-tree operations: prefix search and fused prioritized sampling."""
 
@@ -494,28 +523,11 @@ cdef class _SumSegmentTree(_SegmentTree):
             raise IndexError(f"num_valid={num_valid} is out of range [1, {self._layout.size}]")
         nv = num_valid
         like = uniform
-        if uniform is None:
-            if batch_size is None or not _is_scalar_int(batch_size) or batch_size < 0:
-                raise ValueError(f"batch_size must be a non-negative int when uniform is omitted, got {batch_size!r}")
-            us = np.empty(batch_size, dtype=np.float64)
-            if batch_size:
-                rp_prng_seed(&st, <uint64_t>((seed or 0) & 0xFFFFFFFFFFFFFFFF))
-                uv = us
-                rp_prng_fill_double(&st, batch_size, <double *>&uv[0])
-        else:
-            us = _as_value_array(uniform, np.float64, "uniform")
+        us = _uniform_draws(uniform, batch_size, seed)
         n = us.shape[0]
         out_index = np.empty(n, dtype=np.int64)
         out_priority = np.empty(n, dtype=self._dtype)
-        out_weight = None
-        if beta is not None:
-            if p_min is None:
-                raise ValueError("p_min is required with beta to compute importance weights")
-            if not p_min > 0:
-                raise ValueError(f"p_min must be positive, got p_min={p_min}")
-            pmin = p_min
-            b = beta
-            out_weight = np.empty(n, dtype=np.float64)
+        pmin, b, out_weight = _weight_request(p_min, beta, n)
         if n:
             uv = us
             oi = out_index
@@ -598,28 +610,11 @@ cdef class _SumSegmentTree(_SegmentTree):
                 ex = np.ascontiguousarray(ex[(ex >= 0) & (ex < nv)])
         m = ex.shape[0]
         like = uniform
-        if uniform is None:
-            if batch_size is None or not _is_scalar_int(batch_size) or batch_size < 0:
-                raise ValueError(f"batch_size must be a non-negative int when uniform is omitted, got {batch_size!r}")
-            us = np.empty(batch_size, dtype=np.float64)
-            if batch_size:
-                rp_prng_seed(&st, <uint64_t>((seed or 0) & 0xFFFFFFFFFFFFFFFF))
-                uv = us
-                rp_prng_fill_double(&st, batch_size, <double *>&uv[0])
-        else:
-            us = _as_value_array(uniform, np.float64, "uniform")
+        us = _uniform_draws(uniform, batch_size, seed)
         n = us.shape[0]
         out_index = np.empty(n, dtype=np.int64)
         out_priority = np.empty(n, dtype=self._dtype)
-        out_weight = None
-        if beta is not None:
-            if p_min is None:
-                raise ValueError("p_min is required with beta to compute importance weights")
-            if not p_min > 0:
-                raise ValueError(f"p_min must be positive, got p_min={p_min}")
-            pmin = p_min
-            b = beta
-            out_weight = np.empty(n, dtype=np.float64)
+        pmin, b, out_weight = _weight_request(p_min, beta, n)
         if n:
             uv = us
             oi = out_index
@@ -792,11 +787,12 @@ cdef object _end_flags(object arr, bint from_ids, bint at_capacity):
         # Floats and complex: compare in numpy (NaN never equals itself, as in torch).
         arr = _group_major(arr)
         flags = np.empty(arr.shape, dtype=bool)
-        np.not_equal(arr[:-1], arr[1:], out=flags[:-1])
+        last = arr.shape[0] - 1  # explicit: wraparound is off in this module
+        np.not_equal(arr[:last], arr[1:], out=flags[:last])
         if at_capacity:
-            np.not_equal(arr[-1], arr[0], out=flags[-1])
+            np.not_equal(arr[last], arr[0], out=flags[last])
         else:
-            flags[-1] = True
+            flags[last] = True
         return flags.view(np.uint8)
     if kind == "u" and arr.dtype.itemsize == 8:
         arr = arr.view(np.int64)  # a bijection, so (in)equalities are kept
