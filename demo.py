@@ -98,6 +98,18 @@ def main():
         best_of(lambda: reference._find_start_stop_traj(end=done, at_capacity=True, cursor=SIZE - 1), 20),
         "torchrl")
 
+    print("\ntorchrl's own prioritized replay on this torch:")
+    import torchrl_compat
+
+    installed = torchrl_compat.install_segment_trees()
+    from torchrl.data import PrioritizedReplayBuffer, LazyTensorStorage
+
+    rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.9, storage=LazyTensorStorage(1000), batch_size=8)
+    rb.extend(torch.arange(100))
+    sample, info = rb.sample(return_info=True)
+    rb.update_priority(info["index"], torch.rand(8) + 0.1)
+    print(f"  install_segment_trees() -> {installed}; PrioritizedReplayBuffer sampled {sample.tolist()}")
+
 
 if __name__ == "__main__":
     main()
