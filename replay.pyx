@@ -1273,6 +1273,23 @@ cdef class PermutationEpoch:
         self._vals = np.empty(1, dtype=np.int64)
         return 0
 
+    @property
+    def is_dense(self):
+        """Whether the remaining positions live in the dense array (batches then cost a
+        plain O(batch) Fisher-Yates step, with no hash-map probing)."""
+        return bool(self._is_dense)
+
+    def densify(self):
+        """Move the remaining positions to the dense array now, in one O(n) pass.
+
+        Batches are cheaper afterwards. A caller that wants a cheap first batch and cheap
+        steady-state batches (``SamplerWithoutReplacement``) densifies after the first one.
+        Idempotent; the permutation drawn is the same either way.
+        """
+        with self._lock:
+            if not self._is_dense:
+                self._to_dense()
+
     def next_batch(self, batch_size):
         """Returns the next ``min(batch_size, remaining)`` elements of the epoch.
 

@@ -399,3 +399,19 @@ def test_epoch_threads_share_one_epoch():
         t.join()
     perm = torch.cat([b for r in results for b in r])
     assert torch.equal(perm.sort().values, torch.arange(n))
+
+
+def test_densify_keeps_the_permutation():
+    a = replay.PermutationEpoch(100_000, generator=torch.Generator().manual_seed(5))
+    b = replay.PermutationEpoch(100_000, generator=torch.Generator().manual_seed(5))
+    first_a, first_b = a.next_batch(100), b.next_batch(100)
+    assert torch.equal(first_a, first_b) and not a.is_dense
+    a.densify()
+    a.densify()  # idempotent
+    assert a.is_dense and a.remaining == 99_900
+    # the same draws give the same permutation, sparse or dense
+    middle = a.next_batch(3000)
+    assert torch.equal(middle, b.next_batch(3000)) and not b.is_dense
+    rest = a.next_batch(100_000)
+    assert a.remaining == 0
+    assert sorted(torch.cat([first_a, middle, rest]).tolist()) == list(range(100_000))

@@ -522,6 +522,10 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
     def _single_sample(self, len_storage, batch_size):
         epoch = self.__dict__.get("_epoch")
         if epoch is not None:
+            if epoch.remaining < epoch.n and not epoch.is_dense:
+                # The first batch came from the sparse map (O(batch)); one O(n) pass now
+                # makes every later batch a plain dense Fisher-Yates step.
+                epoch.densify()
             index = epoch.next_batch(batch_size)
             remaining = epoch.remaining
         else:
