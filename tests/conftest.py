@@ -1,6 +1,14 @@
 import os
 import sys
 
+from hypothesis import settings
+
+# No per-example deadline (a shared 2-core CI machine is slow at times); in CI the examples
+# are derived from the test names, so a run can be repeated exactly.
+settings.register_profile("default", deadline=None)
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "default")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
