@@ -24,35 +24,11 @@ static inline double FN(node_sum)(const SCALAR *e) {
     return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
 }
 
-/* Inclusive prefix sums of one node, in double. Four independent running sums of four,
- * then their offsets: a dependency chain of 5 additions instead of 15, so interleaved
- * descents are not held up by floating-point latency. */
-static inline void FN(node_prefix)(const SCALAR *e, double *prefix) {
-    double quad[4];
-    for (int k = 0; k < 4; k++) {
-        const SCALAR *x = e + 4 * k;
-        double *p = prefix + 4 * k;
-        p[0] = (double)x[0];
-        p[1] = p[0] + (double)x[1];
-        p[2] = p[1] + (double)x[2];
-        p[3] = p[2] + (double)x[3];
-        quad[k] = p[3];
-    }
-    const double o1 = quad[0], o2 = o1 + quad[1], o3 = o2 + quad[2];
-    for (int i = 0; i < 4; i++) {
-        prefix[4 + i] += o1;
-        prefix[8 + i] += o2;
-        prefix[12 + i] += o3;
-    }
-}
-
-/* Recompute the prefix sums of node j of level t (t >= 1) from its entries, accumulated in
- * SCALAR as four running sums of four plus their offsets (short dependency chains). Rounding
- * is monotone, so the sums stay non-decreasing, which is all the descent needs (its fallback
- * absorbs the last-bit mismatch with the parent entry). */
-static inline void FN(store_prefix)(const rp_segtree_layout *layout, SCALAR *tree, int64_t t, int64_t j) {
-    const SCALAR *e = tree + layout->offset[t] + RP_SEGTREE_FANOUT * j;
-    SCALAR *out = tree + layout->prefix[t] + RP_SEGTREE_FANOUT * j;
+/* Inclusive prefix sums of one node's 16 entries, accumulated in SCALAR as four running sums
+ * of four plus their offsets (short dependency chains). Rounding is monotone, so the sums stay
+ * non-decreasing, which is all the descent needs (its fallback absorbs the last-bit mismatch
+ * with the parent entry). Levels that keep prefix sums store exactly these. */
+static inline void FN(scalar_prefix)(const SCALAR *e, SCALAR *out) {
     SCALAR quad[4];
     for (int k = 0; k < 4; k++) {
         const SCALAR *x = e + 4 * k;
@@ -69,6 +45,12 @@ static inline void FN(store_prefix)(const rp_segtree_layout *layout, SCALAR *tre
         out[8 + i] += o2;
         out[12 + i] += o3;
     }
+}
+
+/* Recompute the stored prefix sums of node j of level t (t >= 1) from its entries. */
+static inline void FN(store_prefix)(const rp_segtree_layout *layout, SCALAR *tree, int64_t t, int64_t j) {
+    FN(scalar_prefix)(tree + layout->offset[t] + RP_SEGTREE_FANOUT * j,
+                      tree + layout->prefix[t] + RP_SEGTREE_FANOUT * j);
 }
 
 /* The largest SCALAR <= x: comparing prefix sums against it never takes a child whose prefix
@@ -93,9 +75,9 @@ static inline SCALAR FN(node_reduce)(const SCALAR *e, bool is_min) {
  * total never runs off the right end of the root. */
 static inline double FN(root_total)(const rp_segtree_layout *layout, const SCALAR *tree) {
     if (layout->prefix[layout->top] >= 0) return (double)tree[layout->prefix[layout->top] + RP_SEGTREE_FANOUT - 1];
-    double prefix[RP_SEGTREE_FANOUT];
-    FN(node_prefix)(tree + layout->offset[layout->top], prefix);
-    return prefix[RP_SEGTREE_FANOUT - 1];
+    SCALAR prefix[RP_SEGTREE_FANOUT];
+    FN(scalar_prefix)(tree + layout->offset[layout->top], prefix);
+    return (double)prefix[RP_SEGTREE_FANOUT - 1];
 }
 
 void FN(rp_segtree_fill)(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity) {
@@ -336,17 +318,17 @@ static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, dou
             const double target = v[q];
             int child = 0;
             double before = 0.0;
+            /* Stored prefix sums where the level keeps them, else computed the same way. */
+            SCALAR computed[RP_SEGTREE_FANOUT];
+            const SCALAR *p = computed;
             if (pre != NULL) {
-                const SCALAR *p = pre + RP_SEGTREE_FANOUT * node[q];
-                const SCALAR bound = FN(round_down)(target);
-                for (int j = 0; j < RP_SEGTREE_FANOUT; j++) child += p[j] < bound;
-                if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
+                p = pre + RP_SEGTREE_FANOUT * node[q];
             } else {
-                double prefix[RP_SEGTREE_FANOUT];
-                FN(node_prefix)(lvl + RP_SEGTREE_FANOUT * node[q], prefix);
-                for (int j = 0; j < RP_SEGTREE_FANOUT; j++) child += prefix[j] < target;
-                if (child > 0 && child < RP_SEGTREE_FANOUT) before = prefix[child - 1];
+                FN(scalar_prefix)(lvl + RP_SEGTREE_FANOUT * node[q], computed);
             }
+            const SCALAR bound = FN(round_down)(target);
+            for (int j = 0; j < RP_SEGTREE_FANOUT; j++) child += p[j] < bound;
+            if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
             if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
                 const SCALAR *e = lvl + RP_SEGTREE_FANOUT * node[q];
                 child = RP_SEGTREE_FANOUT - 1;
