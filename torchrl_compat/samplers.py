@@ -30,6 +30,7 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from . import _torch_slices
+from .utils import _ensemble_index
 from ._sampler_deps import (
     _auto_device,
     _is_int,
@@ -2421,33 +2422,16 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
                     f"Tuple of length greater than 1 are not accepted to index samplers of type {type(self)}."
                 )
             return result
-        if isinstance(index, slice) and index == slice(None):
+        single, members = _ensemble_index(self, index)
+        if single is None and members is None:
             return self
-        if isinstance(index, (list, range, np.ndarray)):
-            index = torch.as_tensor(index)
-        if isinstance(index, torch.Tensor):
-            if index.ndim > 1:
-                raise RuntimeError(
-                    f"Cannot index a {type(self)} with tensor indices that have more than one dimension."
-                )
-            if index.is_floating_point():
-                raise TypeError(
-                    "A floating point index was received when an integer dtype was expected."
-                )
-        if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
+        if single is not None:
             try:
-                index = int(index)
-            except Exception:
-                raise IndexError(self._INDEX_ERROR.format(type(index)))
-            try:
-                return self._samplers[index]
+                return self._samplers[single]
             except IndexError:
-                raise IndexError(self._INDEX_ERROR.format(type(index)))
-        if isinstance(index, torch.Tensor):
-            index = index.tolist()
-            samplers = [self._samplers[i] for i in index]
-        else:
-            samplers = self._samplers[index]
+                raise IndexError(self._INDEX_ERROR.format(type(single)))
+        index = members
+        samplers = [self._samplers[i] for i in index] if isinstance(index, list) else self._samplers[index]
         p = self._p[index] if self._p is not None else None
         return SamplerEnsemble(
             *samplers,

@@ -56,6 +56,7 @@ from torchrl_compat.checkpointers import (
     TensorStorageCheckpointer,
 )
 from torchrl_compat.utils import (
+    _ensemble_index,
     _init_pytree,
     _is_int,
     _make_ordinal_device,
@@ -2200,33 +2201,18 @@ class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
                     return result[(slice(None), *index[1:])]
                 return result[index[1:]]
             return result
-        if isinstance(index, slice) and index == slice(None):
+        single, index = _ensemble_index(self, index)
+        if single is None and index is None:
             return self
-        if isinstance(index, (list, range, np.ndarray)):
-            index = torch.as_tensor(index)
-        if isinstance(index, torch.Tensor):
-            if index.ndim > 1:
-                raise RuntimeError(
-                    f"Cannot index a {type(self)} with tensor indices that have more than one dimension."
-                )
-            if index.is_floating_point():
-                raise TypeError(
-                    "A floating point index was received when an integer dtype was expected."
-                )
-        if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
+        if single is not None:
             try:
-                index = int(index)
-            except Exception:
-                raise IndexError(self._INDEX_ERROR.format(type(index)))
-            try:
-                return self._storages[index]
+                return self._storages[single]
             except IndexError:
                 raise IndexError(
-                    self._INDEX_ERROR.format(type(index))
-                    + f" (index {index} for {len(self._storages)} storages)"
+                    self._INDEX_ERROR.format(type(single))
+                    + f" (index {single} for {len(self._storages)} storages)"
                 )
-        if isinstance(index, torch.Tensor):
-            index = index.tolist()
+        if isinstance(index, list):
             storages = [self._storages[i] for i in index]
             transforms = (
                 [self._transforms[i] for i in index]

@@ -268,6 +268,36 @@ def _init_pytree(scratch_dir, max_size_fn, data):
 # indices
 
 
+
+def _ensemble_index(ensemble, index):
+    """Normalises an index into a storage or sampler ensemble, with torchrl's rules and errors.
+
+    Returns ``(None, None)`` for ``slice(None)`` (the whole ensemble), ``(int, None)`` for a
+    single member, or ``(None, members)`` where ``members`` is a list of ints or a slice.
+    Tuples are left to the caller, whose rules for the trailing entries differ.
+    """
+    if isinstance(index, slice) and index == slice(None):
+        return None, None
+    if isinstance(index, (list, range, np.ndarray)):
+        index = torch.as_tensor(index)
+    if isinstance(index, torch.Tensor):
+        if index.ndim > 1:
+            raise RuntimeError(
+                f"Cannot index a {type(ensemble)} with tensor indices that have more than one dimension."
+            )
+        if index.is_floating_point():
+            raise TypeError(
+                "A floating point index was received when an integer dtype was expected."
+            )
+    if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
+        try:
+            return int(index), None
+        except Exception:
+            raise IndexError(ensemble._INDEX_ERROR.format(type(index)))
+    if isinstance(index, torch.Tensor):
+        return None, index.tolist()
+    return None, index
+
 def _unravel_index(indices: Tensor, shape) -> tuple[Tensor, ...]:
     """Torch-op fallback of :func:`torch.unravel_index` (C order)."""
     if isinstance(shape, (int, torch.SymInt)):
