@@ -348,6 +348,16 @@ def _pytree_leaf(storage_tree, key: str, file):
 # -----------------------------------------------------------------------------
 # Checkpointers
 # -----------------------------------------------------------------------------
+def _ted_kwargs(done_keys, reward_keys, **kwargs) -> dict:
+    """Keyword arguments for the TED hooks: only the keys the caller set, so the hooks keep
+    their own defaults otherwise."""
+    if done_keys is not None:
+        kwargs["done_keys"] = done_keys
+    if reward_keys is not None:
+        kwargs["reward_keys"] = reward_keys
+    return kwargs
+
+
 class StorageCheckpointerBase:
     """Public base class for storage checkpointers.
 
@@ -894,14 +904,13 @@ class FlatStorageCheckpointer(TensorStorageCheckpointer):
 
     """
 
+    # The (save, load) hooks from torchrl_compat.utils; NestedStorageCheckpointer swaps them.
+    _TED_HOOKS = ("TED2Flat", "Flat2TED")
+
     def __init__(self, done_keys=None, reward_keys=None):
         super().__init__()
-        kwargs = {}
-        if done_keys is not None:
-            kwargs["done_keys"] = done_keys
-        if reward_keys is not None:
-            kwargs["reward_keys"] = reward_keys
-        save, load = _ted_hooks("TED2Flat", "Flat2TED")
+        kwargs = _ted_kwargs(done_keys, reward_keys)
+        save, load = _ted_hooks(*self._TED_HOOKS)
         self._save_hooks = [save(**kwargs)]
         self._load_hooks = [load(**kwargs)]
 
@@ -919,16 +928,7 @@ class NestedStorageCheckpointer(FlatStorageCheckpointer):
 
     """
 
-    def __init__(self, done_keys=None, reward_keys=None):
-        StorageCheckpointerBase.__init__(self)
-        kwargs = {}
-        if done_keys is not None:
-            kwargs["done_keys"] = done_keys
-        if reward_keys is not None:
-            kwargs["reward_keys"] = reward_keys
-        save, load = _ted_hooks("TED2Nested", "Nested2TED")
-        self._save_hooks = [save(**kwargs)]
-        self._load_hooks = [load(**kwargs)]
+    _TED_HOOKS = ("TED2Nested", "Nested2TED")
 
 
 class H5StorageCheckpointer(NestedStorageCheckpointer):
@@ -970,11 +970,7 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
         **kwargs,
     ):
         StorageCheckpointerBase.__init__(self)
-        ted2_kwargs = kwargs
-        if done_keys is not None:
-            ted2_kwargs["done_keys"] = done_keys
-        if reward_keys is not None:
-            ted2_kwargs["reward_keys"] = reward_keys
+        ted2_kwargs = _ted_kwargs(done_keys, reward_keys, **kwargs)
         ted2nested, h5split, h5combine, nested2ted = _ted_hooks(
             "TED2Nested", "H5Split", "H5Combine", "Nested2TED"
         )

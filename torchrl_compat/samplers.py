@@ -30,7 +30,7 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from . import _torch_slices
-from .utils import _ensemble_index
+from .utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index
 from ._sampler_deps import (
     _auto_device,
     _is_int,
@@ -2410,7 +2410,7 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
     def _empty(self):
         raise NotImplementedError
 
-    _INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
 
     def __getitem__(self, index):
         if isinstance(index, tuple):

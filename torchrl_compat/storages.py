@@ -56,6 +56,7 @@ from torchrl_compat.checkpointers import (
     TensorStorageCheckpointer,
 )
 from torchrl_compat.utils import (
+    _ENSEMBLE_INDEX_ERROR,
     _ensemble_index,
     _init_pytree,
     _is_int,
@@ -2186,7 +2187,7 @@ class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    _INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
 
     def __getitem__(self, index):
         if isinstance(index, tuple):

@@ -268,6 +268,10 @@ def _init_pytree(scratch_dir, max_size_fn, data):
 # indices
 
 
+_ENSEMBLE_INDEX_ERROR = (
+    "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+)
+
 
 def _ensemble_index(ensemble, index):
     """Normalises an index into a storage or sampler ensemble, with torchrl's rules and errors.
