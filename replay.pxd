@@ -116,6 +116,15 @@ cdef extern from "ckernels/slices.h" nogil:
     int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim,
                          const int64_t *seq_length, bint uniform, int64_t storage_length,
                          int64_t *out, int64_t *bad)
+    enum:
+        RP_SPAN_NONE
+        RP_SPAN_ALL
+    int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t m,
+                              int64_t ndim, const int64_t *traj, const float *uniform_f32,
+                              const double *uniform_f64, int64_t n, const int64_t *seq_length,
+                              bint uniform_length, int64_t span_left, int64_t span_right,
+                              int64_t storage_length, int64_t *out, uint8_t *truncated,
+                              int64_t *rows, int64_t *bad)
 
 
 # =====================================================================================

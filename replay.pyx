@@ -10,7 +10,7 @@ import threading
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint64_t, uint32_t
+from libc.stdint cimport int64_t, uint64_t, uint32_t, uintptr_t
 
 INT64_MAX = 9223372036854775807
 
@@ -18,10 +18,55 @@ INT64_MAX = 9223372036854775807
 # Torch / numpy edge
 # =====================================================================================
 
+# torch.Tensor and torch.from_numpy, looked up once torch has been imported: each lookup
+# through sys.modules costs more than the small kernels it guards.
+cdef object _TENSOR_TYPE = None
+cdef object _FROM_NUMPY = None
+
+
+cdef object _TORCH_INT64 = None
+cdef object _TORCH_FLOAT32 = None
+cdef object _TORCH_FLOAT64 = None
+
+
 cdef inline bint _is_tensor(object x):
     """True for a torch.Tensor; never imports torch (an unimported torch made no tensor)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(x, torch.Tensor)
+    global _TENSOR_TYPE, _FROM_NUMPY, _TORCH_INT64, _TORCH_FLOAT32, _TORCH_FLOAT64
+    if _TENSOR_TYPE is None:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return False
+        _FROM_NUMPY = torch.from_numpy
+        _TORCH_INT64 = torch.int64
+        _TORCH_FLOAT32 = torch.float32
+        _TORCH_FLOAT64 = torch.float64
+        _TENSOR_TYPE = torch.Tensor
+    return isinstance(x, _TENSOR_TYPE)
+
+
+cdef inline bint _is_plain_cpu_tensor(object x, object dtype):
+    """Whether ``x`` is a contiguous CPU tensor of ``dtype`` whose memory reads as it is (no
+    conjugate or negative bit): its ``data_ptr()`` can then be handed to a kernel directly,
+    skipping the numpy view (about 1.5 us a tensor)."""
+    return (_is_tensor(x) and x.dtype is dtype and x.is_cpu and x.is_contiguous()
+            and not x.is_neg())
+
+
+cdef object _int64_data(object x, str name, const int64_t **data, int64_t *n):
+    """``x`` flattened to int64: sets ``data`` and ``n`` and returns the object owning the
+    memory (keep it alive while ``data`` is used). TypeError for non-integer input."""
+    cdef const int64_t[::1] view
+    if _is_plain_cpu_tensor(x, _TORCH_INT64):
+        n[0] = x.numel()
+        data[0] = <const int64_t *><uintptr_t>x.data_ptr()
+        return x
+    arr = _as_index_array(x, name)
+    n[0] = arr.shape[0]
+    data[0] = NULL
+    if n[0]:
+        view = arr
+        data[0] = &view[0]
+    return arr
 
 
 cdef object _tensor_to_numpy(object tensor):
@@ -43,9 +88,8 @@ cdef object _tensor_to_numpy(object tensor):
 cdef object _numpy_to_like(object array, object like):
     """``array`` as a torch tensor on ``like``'s device when ``like`` is a tensor."""
     if _is_tensor(like):
-        torch = sys.modules["torch"]
-        out = torch.from_numpy(array)
-        if like.device.type != "cpu":
+        out = _FROM_NUMPY(array)
+        if not like.is_cpu:
             out = out.to(like.device)
         return out
     return array
@@ -1016,6 +1060,168 @@ def slice_indices(start, seq_length, storage_length):
     if rc != RP_OK:
         raise ValueError(f"seq_length must be non-negative, got {int(lens[bad])} at position {bad}")
     return _numpy_to_like(out, start)
+
+
+cdef int64_t _span_code(object span, str name) except? -2:
+    """A span entry as rp_slice_sample_index's code: False / 0, True, or a positive int."""
+    if span is True:
+        return RP_SPAN_ALL
+    if span is False or span is None:
+        return RP_SPAN_NONE
+    if not _is_scalar_int(span) or span < 0:
+        raise ValueError(f"{name} must be a bool or a non-negative int, got {span!r}")
+    return span
+
+
+def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length, *,
+                       span=(False, False)):
+    """Storage indices and truncation flags of sampled slices, from the sampler's draws.
+
+    The index step of torchrl's ``SliceSampler._get_index`` in one C pass: slice ``k`` lies
+    in trajectory ``traj[k]`` (a row of ``start`` / ``lengths``) and starts
+    ``floor(uniform[k] * (hi - lo)) + lo`` steps into it, computed in the precision of
+    ``uniform`` as torch computes it, where ``[lo, hi)`` is the range of starts that keeps
+    the slice within the trajectory, widened by ``span``. Slices that start before the
+    trajectory (left span) or run past its end (right span) are shortened accordingly.
+
+    Args:
+        start (torch.Tensor): ``[num_traj, ndim]`` int64 first rows of the trajectories.
+        lengths (torch.Tensor): ``[num_traj]`` int64 trajectory lengths.
+        traj (torch.Tensor): ``[num_slices]`` integer trajectory of each slice.
+        uniform (torch.Tensor): ``[num_slices]`` draws in ``[0, 1)`` (float32 or float64).
+        seq_length (int or torch.Tensor): the requested length of every slice, or a
+            ``[num_slices]`` tensor of per-slice lengths.
+        storage_length (int): the storage's time length; rows wrap modulo it.
+
+    Keyword Args:
+        span (tuple): ``(left, right)`` as in ``SliceSampler``: ``False`` (or 0), ``True``
+            or a positive int each.
+
+    Returns:
+        ``(index, truncated)``: the int64 ``[rows, ndim]`` indices, slice after slice, and
+        the bool ``[rows, 1]`` flags marking the last row of every slice, as torch tensors
+        (numpy arrays when ``start`` is not a tensor).
+
+    Raises:
+        IndexError: for a ``traj`` entry outside ``[0, num_traj)``.
+        ValueError: for a negative length, a span leaving a slice a negative length, a
+            ``storage_length`` below 1, mismatched shapes, or when every slice is empty.
+
+    Examples:
+        >>> import torch, replay
+        >>> start, lengths = torch.tensor([[0], [5]]), torch.tensor([5, 3])
+        >>> index, truncated = replay.sample_slice_index(
+        ...     start, lengths, torch.tensor([1, 0]), torch.tensor([0.0, 0.99]), 2, 8)
+        >>> index.flatten().tolist(), truncated.flatten().tolist()
+        ([5, 6, 3, 4], [False, True, False, True])
+    """
+    cdef const int64_t *start_ptr = NULL
+    cdef const int64_t *length_ptr = NULL
+    cdef const int64_t *traj_ptr = NULL
+    cdef const int64_t *seq_ptr = NULL
+    cdef const float[::1] u32_view
+    cdef const double[::1] u64_view
+    cdef const float *u32 = NULL
+    cdef const double *u64 = NULL
+    cdef int64_t[:, ::1] out_view
+    cdef uint8_t[::1] trunc_view
+    cdef int64_t m, n, n_seq, numel, ndim, capacity, rows = 0, bad = 0, c_storage, left, right
+    cdef int64_t steps = 0
+    cdef bint uniform_length
+    cdef int rc
+
+    # start: [num_traj, ndim] (a 1-D start is [num_traj, 1])
+    shape = _shape_of(start)
+    if len(shape) == 1:
+        ndim = 1
+    elif len(shape) == 2:
+        ndim = shape[1]
+    else:
+        raise ValueError(f"start must have shape [num_traj, ndim], got shape {tuple(shape)}")
+    start_owner = _int64_data(start, "start", &start_ptr, &numel)
+    m = shape[0]
+    if ndim < 1:
+        raise ValueError(f"start must have at least one column, got shape {tuple(shape)}")
+    length_owner = _int64_data(lengths, "lengths", &length_ptr, &n)
+    if n != m:
+        raise ValueError(
+            f"lengths must have shape ({m},) to match start of shape {tuple(shape)}, "
+            f"got {_shape_of(lengths)}")
+    traj_owner = _int64_data(traj, "traj", &traj_ptr, &n)
+    if _is_plain_cpu_tensor(uniform, _TORCH_FLOAT32):
+        u_owner = uniform
+        u32 = <const float *><uintptr_t>uniform.data_ptr()
+        numel = uniform.numel()
+    elif _is_plain_cpu_tensor(uniform, _TORCH_FLOAT64):
+        u_owner = uniform
+        u64 = <const double *><uintptr_t>uniform.data_ptr()
+        numel = uniform.numel()
+    else:
+        u_owner = _as_array(uniform)
+        if u_owner.dtype != np.float32:
+            u_owner = _as_value_array(u_owner, np.float64, "uniform")
+        u_owner = np.ascontiguousarray(u_owner.reshape(-1))
+        numel = u_owner.shape[0]
+        if numel:
+            if u_owner.dtype == np.float32:
+                u32_view = u_owner
+                u32 = &u32_view[0]
+            else:
+                u64_view = u_owner
+                u64 = &u64_view[0]
+    if numel != n:
+        raise ValueError(
+            f"uniform must have shape ({n},) to match traj, got shape {_shape_of(uniform)}")
+    uniform_length = _is_scalar_int(seq_length) or (
+        (_is_tensor(seq_length) or isinstance(seq_length, np.ndarray)) and seq_length.ndim == 0)
+    if uniform_length:
+        steps = int(seq_length)
+        if steps < 0:
+            raise ValueError(f"seq_length must be non-negative, got seq_length={steps}")
+        seq_ptr = &steps
+        capacity = n * steps
+    else:
+        seq_owner = _int64_data(seq_length, "seq_length", &seq_ptr, &n_seq)
+        if n_seq != n:
+            raise ValueError(
+                f"seq_length must have shape ({n},) to match traj, got shape {_shape_of(seq_length)}")
+        capacity = 0
+        for k in range(n):
+            if seq_ptr[k] < 0:
+                raise ValueError(
+                    f"seq_length must be non-negative, got {seq_ptr[k]} at position {k}")
+            capacity += seq_ptr[k]
+    if _is_tensor(storage_length) or isinstance(storage_length, np.ndarray):
+        storage_length = storage_length.item()
+    c_storage = storage_length
+    if c_storage < 1:
+        raise ValueError(f"storage_length must be at least 1, got storage_length={storage_length}")
+    left = _span_code(span[0], "span[0]")
+    right = _span_code(span[1], "span[1]")
+
+    out = np.empty((capacity, ndim), dtype=np.int64)
+    truncated = np.empty((capacity, 1), dtype=np.bool_)
+    if n == 0:
+        return (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
+    if capacity == 0:
+        raise ValueError("every slice is empty: there is no row to sample")
+    out_view = out
+    trunc_view = truncated.view(np.uint8).reshape(-1)
+    with nogil:
+        rc = rp_slice_sample_index(start_ptr, length_ptr, m, ndim, traj_ptr, u32, u64, n,
+                                   seq_ptr, uniform_length, left, right, c_storage,
+                                   &out_view[0, 0], &trunc_view[0], &rows, &bad)
+    if rc == RP_ERR_INDEX:
+        raise IndexError(
+            f"traj value {traj_ptr[bad]} at position {bad} is out of range for {m} trajectories")
+    if rc == RP_ERR_VALUE:
+        raise ValueError(f"the span leaves slice {bad} a negative length")
+    if rc == RP_ERR_EMPTY:
+        raise ValueError("every slice is empty: there is no row to sample")
+    if rows != capacity:
+        out = out[:rows]
+        truncated = truncated[:rows]
+    return (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
 
 
 # =====================================================================================

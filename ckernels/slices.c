@@ -7,6 +7,7 @@
  * per block, and everything after it reads only the blocks that hold an end. */
 #include "slices.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Rows forced to be ends (the cursor row and, with close_last, the last row), sorted and
@@ -285,6 +286,102 @@ int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim, const int64_
             }
         }
         row += steps;
+    }
+    return RP_OK;
+}
+
+/* The relative first step of one slice (see rp_slice_sample_index). */
+static inline int64_t slice_relative_start(double u, bool single, int64_t lo, int64_t hi) {
+    const int64_t width = hi - lo;
+    int64_t r;
+    if (single) {
+        r = (int64_t)floorf((float)u * (float)width) + lo;
+    } else {
+        r = (int64_t)floor(u * (double)width) + lo;
+    }
+    const int64_t last = hi - 1 > lo ? hi - 1 : lo;
+    return r < last ? r : last;
+}
+
+int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t m, int64_t ndim,
+                          const int64_t *traj, const float *uniform_f32,
+                          const double *uniform_f64, int64_t n, const int64_t *seq_length,
+                          bool uniform_length, int64_t span_left, int64_t span_right,
+                          int64_t storage_length, int64_t *out, uint8_t *truncated,
+                          int64_t *rows, int64_t *bad) {
+    if (storage_length < 1 || ndim < 1 || (uniform_f32 == NULL) == (uniform_f64 == NULL)) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    int64_t capacity = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        if (traj[k] < 0 || traj[k] >= m) {
+            *bad = k;
+            return RP_ERR_INDEX;
+        }
+        const int64_t requested = seq_length[uniform_length ? 0 : k];
+        if (requested < 0) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+        capacity += requested;
+    }
+    memset(truncated, 0, (size_t)capacity);
+    const bool single = uniform_f32 != NULL;
+    bool unmarked = false; /* a slice ended with no row written yet */
+    int64_t row = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        const int64_t requested = seq_length[uniform_length ? 0 : k];
+        const int64_t *first = start + traj[k] * ndim;
+        const int64_t traj_length = lengths[traj[k]];
+        const int64_t hi = span_right == RP_SPAN_NONE ? traj_length - requested + 1
+                           : span_right == RP_SPAN_ALL ? traj_length + 1
+                                                       : traj_length - span_right;
+        const int64_t lo = span_left == RP_SPAN_NONE ? 0
+                           : span_left == RP_SPAN_ALL ? 1 - requested
+                                                      : -span_left;
+        int64_t r = slice_relative_start(single ? (double)uniform_f32[k] : uniform_f64[k], single,
+                                         lo, hi);
+        int64_t steps = requested;
+        if (span_left != RP_SPAN_NONE && r < 0) {
+            steps += r; /* fewer steps when the slice starts before the trajectory */
+            r = 0;
+        }
+        if (span_right != RP_SPAN_NONE && r + steps > traj_length) {
+            steps = traj_length - r; /* cut at the trajectory's end */
+        }
+        if (steps < 0) { /* a left span wider than this slice's own length */
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+        /* Floor modulo, so that starts past either end of the storage wrap like torch's `%`. */
+        int64_t t = (first[0] + r) % storage_length;
+        if (t < 0) t += storage_length;
+        int64_t *dst = out + row * ndim;
+        if (ndim == 1) {
+            for (int64_t i = 0; i < steps; ++i) {
+                dst[i] = t;
+                if (++t == storage_length) t = 0;
+            }
+        } else {
+            for (int64_t i = 0; i < steps; ++i) {
+                dst[i * ndim] = t;
+                memcpy(dst + i * ndim + 1, first + 1, (size_t)(ndim - 1) * sizeof *first);
+                if (++t == storage_length) t = 0;
+            }
+        }
+        row += steps;
+        if (row > 0) {
+            truncated[row - 1] = 1;
+        } else {
+            unmarked = true;
+        }
+    }
+    *rows = row;
+    if (unmarked) {
+        /* torch's truncated[cumsum - 1] reads index -1 there: the batch's last row. */
+        if (row == 0) return RP_ERR_EMPTY;
+        truncated[row - 1] = 1;
     }
     return RP_OK;
 }

@@ -77,6 +77,41 @@ int rp_slice_starts(const uint8_t *end, int64_t length, int64_t groups, int64_t 
 int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim, const int64_t *seq_length,
                      bool uniform, int64_t storage_length, int64_t *out, int64_t *bad);
 
+/* Span codes of rp_slice_sample_index: no span, a whole-slice span (torchrl's `True`), or
+ * a positive int i (at least seq_length - i steps kept). */
+#define RP_SPAN_NONE 0
+#define RP_SPAN_ALL (-1)
+
+/* The slices of a slice sampler from its random draws (the index step of torchrl's
+ * SliceSampler._get_index). Slice k (k < n) lies in trajectory traj[k] of the m
+ * trajectories whose first rows are the row-major [m, ndim] start and whose lengths are
+ * lengths[m]. With S its requested length (seq_length[k], or seq_length[0] for every slice
+ * when uniform_length) and L its trajectory's length, its first step relative to the
+ * trajectory's start is
+ *     r = floor(u[k] * (hi - lo)) + lo, then r = min(r, max(hi - 1, lo)),
+ * computed as torch computes rand() * int64 tensor: the product in the precision of the
+ * draws (uniform_f32, else uniform_f64; exactly one is not NULL), the difference converted
+ * to it first. hi = L - S + 1 (span_right = RP_SPAN_NONE), L + 1 (RP_SPAN_ALL) or
+ * L - span_right; lo = 0 (span_left = RP_SPAN_NONE), 1 - S (RP_SPAN_ALL) or -span_left.
+ * With a left span a negative r shortens the slice to S + r and starts it at 0; with a right
+ * span a slice running past L is cut to L - r steps. Its rows start[traj[k]] + (r + i, 0, ...)
+ * (first column modulo storage_length, into [0, storage_length)) are written to out, one
+ * slice after the other, and truncated[c - 1] = 1 for every slice's cumulative row count c
+ * (torch's negative index: the last row when c is 0), every other truncated byte 0.
+ * out and truncated hold sum(S) rows (slices only ever shrink); *rows receives how many
+ * were written. Returns RP_OK; RP_ERR_INDEX with *bad = k when traj[k] is outside [0, m);
+ * RP_ERR_VALUE with *bad = k for a negative seq_length, *bad = -1 when storage_length < 1,
+ * ndim < 1 or both / neither draw arrays are given; RP_ERR_EMPTY when no row is left to
+ * mark (every slice empty). Nothing is written when traj or seq_length fails its check;
+ * RP_ERR_VALUE with *bad = k when a left span leaves slice k a negative length (outputs
+ * then partly written). O(n + rows * ndim). */
+int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t m, int64_t ndim,
+                          const int64_t *traj, const float *uniform_f32,
+                          const double *uniform_f64, int64_t n, const int64_t *seq_length,
+                          bool uniform_length, int64_t span_left, int64_t span_right,
+                          int64_t storage_length, int64_t *out, uint8_t *truncated,
+                          int64_t *rows, int64_t *bad);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,10 +4,13 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import torchrl.data.replay_buffers.samplers as trl
 from tensordict import TensorDict
 from torchrl.data.replay_buffers import LazyTensorStorage
 
+import replay
 import torchrl_compat.samplers as ours
 from torchrl_compat import _torch_slices
 from torchrl_compat._torch_sumtree import (
@@ -197,6 +200,101 @@ def test_stops_after_starts_against_walk(shape):
             while not full_end[(t % shape[0], *row[1:])]:
                 t += 1
             assert stop == t
+
+
+# --------------------------------------------------------------------------- fused index kernel
+
+SPANS = st.sampled_from([False, True, 0, 1, 2, 3])
+
+
+def _outcome(fn):
+    try:
+        return "ok", fn()
+    except Exception as err:
+        return "error", err
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_traj=st.integers(1, 6),
+    num_slices=st.integers(0, 7),
+    ndim=st.sampled_from([1, 2]),
+    seq=st.integers(0, 9),
+    per_slice=st.booleans(),
+    span=st.tuples(SPANS, SPANS),
+    double=st.booleans(),
+    edge_draws=st.booleans(),
+)
+def test_fused_slice_index_matches_torch_path(
+    seed, num_traj, num_slices, ndim, seq, per_slice, span, double, edge_draws
+):
+    """replay.sample_slice_index (the CPU path) against the torch ops of the accelerator path."""
+    rng = np.random.default_rng(seed)
+    lengths = torch.as_tensor(rng.integers(1, 40, num_traj))
+    storage_length = int(lengths.sum()) + int(rng.integers(0, 5))
+    start = torch.as_tensor(rng.integers(-3, storage_length + 3, (num_traj, ndim)))
+    traj = torch.as_tensor(rng.integers(0, num_traj, num_slices))
+    dtype = torch.float64 if double else torch.float32
+    uniform = torch.as_tensor(rng.random(num_slices), dtype=dtype)
+    if edge_draws and num_slices:
+        # 0 and the largest draw below 1, where float rounding reaches the end of the range
+        uniform[0] = 0.0
+        uniform[-1] = torch.nextafter(torch.ones((), dtype=dtype), torch.zeros((), dtype=dtype))
+    seq_length = torch.minimum(lengths[traj], torch.tensor(seq)) if per_slice else seq
+
+    sampler = ours.SliceSampler(num_slices=1, span=span)
+    sampler._use_cpu_kernels = False
+
+    def torch_path():
+        index, adjusted = sampler._slices_with_torch(
+            lengths, start, seq_length, storage_length, traj, uniform
+        )
+        return index, sampler._truncated(index.shape[0], adjusted, num_slices, index.device)
+
+    def kernel():
+        return replay.sample_slice_index(
+            start, lengths, traj, uniform, seq_length, storage_length, span=span
+        )
+
+    expected, got = _outcome(torch_path), _outcome(kernel)
+    if num_slices == 0:
+        # torch's view(0, -1) fails there; the kernel returns no row (the sampler never asks)
+        assert got[0] == "ok" and got[1][0].shape == (0, ndim) and got[1][1].shape == (0, 1)
+        return
+    if expected[0] == "error":
+        assert got[0] == "error" and isinstance(got[1], ValueError), got
+        return
+    assert got[0] == "ok", got[1]
+    (index, truncated), (ref_index, ref_truncated) = got[1], expected[1]
+    assert index.dtype == torch.int64 and truncated.dtype == torch.bool
+    assert torch.equal(index, ref_index.reshape(-1, ndim))
+    assert torch.equal(truncated, ref_truncated)
+
+
+def test_fused_slice_index_errors():
+    start, lengths = torch.tensor([[0], [5]]), torch.tensor([5, 3])
+    traj, uniform = torch.tensor([0, 2]), torch.tensor([0.5, 0.5])
+    with pytest.raises(IndexError, match="traj value 2 at position 1"):
+        replay.sample_slice_index(start, lengths, traj, uniform, 2, 8)
+    with pytest.raises(ValueError, match="lengths must have shape"):
+        replay.sample_slice_index(start, lengths[:1], traj, uniform, 2, 8)
+    with pytest.raises(ValueError, match="uniform must have shape"):
+        replay.sample_slice_index(start, lengths, traj[:1], uniform, 2, 8)
+    with pytest.raises(ValueError, match="storage_length must be at least 1"):
+        replay.sample_slice_index(start, lengths, traj[:1], uniform[:1], 2, 0)
+    with pytest.raises(ValueError, match="seq_length must be non-negative, got -1 at position 1"):
+        replay.sample_slice_index(start, lengths, traj[:1].repeat(2) * 0, uniform, torch.tensor([1, -1]), 8)
+    with pytest.raises(ValueError, match=r"span\[1\] must be a bool or a non-negative int"):
+        replay.sample_slice_index(start, lengths, traj * 0, uniform, 2, 8, span=(False, -1))
+    with pytest.raises(TypeError, match="traj must hold integers"):
+        replay.sample_slice_index(start, lengths, uniform, uniform, 2, 8)
+    # numpy in, numpy out; the inputs are untouched
+    index, truncated = replay.sample_slice_index(
+        start.numpy(), lengths.numpy(), np.array([1, 0]), np.array([0.0, 0.99]), 2, 8
+    )
+    assert isinstance(index, np.ndarray) and index.ravel().tolist() == [5, 6, 3, 4]
+    assert truncated.ravel().tolist() == [False, True, False, True]
 
 
 # --------------------------------------------------------------------------- SliceSampler

@@ -96,7 +96,7 @@ def _replay_module():
         import replay
     except ImportError:
         return None
-    names = ("find_start_stop_traj", "slice_indices", "PermutationEpoch")
+    names = ("find_start_stop_traj", "slice_indices", "sample_slice_index", "PermutationEpoch")
     return replay if all(hasattr(replay, name) for name in names) else None
 
 
@@ -181,13 +181,19 @@ def _gen_device(generator, device):
 
 
 def _rand(num: int, device, generator) -> torch.Tensor:
-    out = torch.rand(num, generator=generator, device=_gen_device(generator, device))
-    return out.to(device) if device is not None else out
+    if generator is None or device is None or generator.device == device:
+        return torch.rand(num, generator=generator, device=_gen_device(generator, device))
+    return torch.rand(num, generator=generator, device=generator.device).to(device)
 
 
 def _randint(high: int, num: int, device, generator) -> torch.Tensor:
-    out = torch.randint(high, (num,), generator=generator, device=_gen_device(generator, device))
-    return out.to(device) if device is not None else out
+    if generator is None or device is None or generator.device == device:
+        return torch.randint(high, (num,), generator=generator, device=_gen_device(generator, device))
+    return torch.randint(high, (num,), generator=generator, device=generator.device).to(device)
+
+
+def _as_long(index: torch.Tensor) -> torch.Tensor:
+    return index if index.dtype is torch.long else index.to(torch.long)
 
 
 def _randperm(num: int, device, generator) -> torch.Tensor:
@@ -1433,6 +1439,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             )
         state = super().__getstate__()
         state["_cache"] = {}
+        state.pop("_shortest", None)
         return state
 
     def extend(self, index: torch.Tensor) -> None:
@@ -1619,7 +1626,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         def get_traj_idx(maxval):
             return _randint(maxval, num_slices, lengths.device, self._rng)
 
-        if (lengths < seq_length).any():
+        if self._has_shorter(lengths, seq_length):
             if self.strict_length:
                 idx = lengths >= seq_length
                 if not idx.any():
@@ -1677,6 +1684,17 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             storage=storage,
         )
 
+    def _has_shorter(self, lengths: torch.Tensor, seq_length) -> bool:
+        """Whether a trajectory is shorter than ``seq_length`` (the shortest length is kept for
+        as long as the same ``lengths`` tensor comes back, as it does from the cache)."""
+        if isinstance(seq_length, torch.Tensor):
+            return bool((lengths < seq_length).any())
+        cached = self.__dict__.get("_shortest")
+        if cached is None or cached[0] is not lengths:
+            shortest = int(lengths.min()) if lengths.numel() else None
+            cached = self.__dict__["_shortest"] = (lengths, shortest)
+        return cached[1] is not None and cached[1] < seq_length
+
     def _get_index(
         self,
         lengths: torch.Tensor,
@@ -1689,38 +1707,78 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         *,
         storage,
     ) -> tuple[torch.Tensor, dict]:
-        traj_lengths = lengths[traj_idx]
         # With strict_length=False seq_length is a tensor clamped by the trajectory lengths,
         # where torchrl fails on an integer span: check the span against the requested length.
         requested = seq_length if isinstance(seq_length, int) else int(seq_length.max())
+        for span in self.span:
+            if span is not True and span and span >= requested:
+                raise ValueError(
+                    "The right and left span must be strictly lower than the sequence length"
+                )
+        uniform = _rand(num_slices, lengths.device, self._rng)
+        index = truncated = None
+        if num_slices and self._kernel_slices(start_idx):
+            try:
+                index, truncated = _REPLAY.sample_slice_index(
+                    start_idx, lengths, traj_idx, uniform, seq_length, storage_length, span=self.span
+                )
+            except ValueError:
+                pass  # a degenerate span: the torch ops below fail as torchrl's do
+        if index is None:
+            index, seq_length = self._slices_with_torch(
+                lengths, start_idx, seq_length, storage_length, traj_idx, uniform
+            )
+            if self.truncated_key is not None:
+                truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+        if self.truncated_key is not None:
+            truncated_key = self.truncated_key
+            done_key = _replace_last(truncated_key, "done")
+            terminated_key = _replace_last(truncated_key, "terminated")
+
+            index = _as_long(index).unbind(-1)
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            if done is None:
+                done = truncated.clone()
+            else:
+                done = done | truncated
+            if terminated is None:
+                terminated = torch.zeros_like(truncated)
+            return index, {
+                truncated_key: truncated,
+                done_key: done,
+                terminated_key: terminated,
+            }
+        index = _as_long(index).unbind(-1)
+        return index, {}
+
+    def _kernel_slices(self, start_idx: torch.Tensor) -> bool:
+        """Whether the slice indices come from ``replay``'s fused kernel (CPU, not compiled)."""
+        if _REPLAY is None or not self._use_cpu_kernels or self.compile or not _on_cpu(start_idx):
+            return False
+        left, right = self.span
+        return type(left) in (bool, int) and type(right) in (bool, int) and left >= 0 and right >= 0
+
+    def _slices_with_torch(self, lengths, start_idx, seq_length, storage_length, traj_idx, uniform):
+        """``(index, seq_length)`` of the slices in torch ops (the accelerator path)."""
+        traj_lengths = lengths[traj_idx]
         # end_point is one past the last possible start of a slice
         if not self.span[1]:
             end_point = traj_lengths - seq_length + 1
         elif self.span[1] is True:
             end_point = traj_lengths + 1
         else:
-            span_left = self.span[1]
-            if span_left >= requested:
-                raise ValueError(
-                    "The right and left span must be strictly lower than the sequence length"
-                )
-            end_point = traj_lengths - span_left
+            end_point = traj_lengths - self.span[1]
 
         if not self.span[0]:
             start_point = 0
         elif self.span[0] is True:
             start_point = -seq_length + 1
         else:
-            span_right = self.span[0]
-            if span_right >= requested:
-                raise ValueError(
-                    "The right and left span must be strictly lower than the sequence length"
-                )
-            start_point = -span_right
+            start_point = -self.span[0]
 
-        relative_starts = (
-            _rand(num_slices, lengths.device, self._rng) * (end_point - start_point)
-        ).floor().to(start_idx.dtype) + start_point
+        relative_starts = (uniform * (end_point - start_point)).floor().to(
+            start_idx.dtype
+        ) + start_point
         # float32 rounding can reach end_point itself for very long trajectories
         relative_starts = torch.minimum(
             relative_starts, torch.as_tensor(end_point - 1).clamp_min(start_point)
@@ -1751,28 +1809,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             ],
             1,
         )
-        index = self._tensor_slices_from_startend(seq_length, starts, storage_length)
-        if self.truncated_key is not None:
-            truncated_key = self.truncated_key
-            done_key = _replace_last(truncated_key, "done")
-            terminated_key = _replace_last(truncated_key, "terminated")
-
-            truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
-            index = index.to(torch.long).unbind(-1)
-            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
-            if done is None:
-                done = truncated.clone()
-            else:
-                done = done | truncated
-            if terminated is None:
-                terminated = torch.zeros_like(truncated)
-            return index, {
-                truncated_key: truncated,
-                done_key: done,
-                terminated_key: terminated,
-            }
-        index = index.to(torch.long).unbind(-1)
-        return index, {}
+        return self._tensor_slices_from_startend(seq_length, starts, storage_length), seq_length
 
     @staticmethod
     def _truncated(numel: int, seq_length, num_slices: int, device) -> torch.Tensor:
