@@ -31,18 +31,44 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
     return RP_OK;
 }
 
+/* 16-byte vectors for the descent's compares (see count_below in segtree_impl.h); other
+ * compilers take the scalar loop. */
+#if defined(__GNUC__) || defined(__clang__)
+typedef float rp_v4f __attribute__((vector_size(16)));
+typedef int32_t rp_v4i __attribute__((vector_size(16)));
+typedef double rp_v2d __attribute__((vector_size(16)));
+typedef int64_t rp_v2l __attribute__((vector_size(16)));
+#define RP_HAVE_VECTORS 1
+#endif
+
 #define SCALAR float
 #define SUFFIX f32
 #define SCALAR_MAX FLT_MAX
+#ifdef RP_HAVE_VECTORS
+#define RP_SEGTREE_VECTOR rp_v4f
+#define RP_SEGTREE_MASK rp_v4i
+#define RP_SEGTREE_LANES 4
+#endif
 #include "segtree_impl.h"
 #undef SCALAR
 #undef SUFFIX
 #undef SCALAR_MAX
+#undef RP_SEGTREE_VECTOR
+#undef RP_SEGTREE_MASK
+#undef RP_SEGTREE_LANES
 
 #define SCALAR double
 #define SUFFIX f64
 #define SCALAR_MAX DBL_MAX
+#ifdef RP_HAVE_VECTORS
+#define RP_SEGTREE_VECTOR rp_v2d
+#define RP_SEGTREE_MASK rp_v2l
+#define RP_SEGTREE_LANES 2
+#endif
 #include "segtree_impl.h"
 #undef SCALAR
 #undef SUFFIX
 #undef SCALAR_MAX
+#undef RP_SEGTREE_VECTOR
+#undef RP_SEGTREE_MASK
+#undef RP_SEGTREE_LANES

@@ -57,7 +57,20 @@ static inline void FN(store_prefix)(const rp_segtree_layout *layout, SCALAR *tre
  * is >= x, which keeps the remaining mass strictly positive on the way down. */
 static inline SCALAR FN(round_down)(double x) {
     SCALAR s = (SCALAR)x;
-    if (sizeof(SCALAR) < sizeof(double) && (double)s > x) s = (SCALAR)nextafterf((float)s, -INFINITY);
+    if (sizeof(SCALAR) < sizeof(double) && (double)s > x) {
+        float f = (float)s;
+        if (f > 0) {
+            /* The next float down of a positive float is one less in its bit pattern: no libm
+             * call on the descent's path (a positive mass is all it ever rounds). */
+            uint32_t bits;
+            memcpy(&bits, &f, sizeof bits);
+            bits -= 1;
+            memcpy(&f, &bits, sizeof f);
+        } else {
+            f = nextafterf(f, -INFINITY);
+        }
+        s = (SCALAR)f;
+    }
     return s;
 }
 
@@ -298,6 +311,30 @@ void FN(rp_mintree_query_batch)(const rp_segtree_layout *layout, const SCALAR *t
     for (int64_t k = 0; k < n; k++) out[k] = FN(query)(layout, tree, l[k], r[k], true);
 }
 
+/* The number of the 16 prefix sums p[j] below `bound`: the child a descent takes. A loop of its
+ * own, so that the compiler turns it into four vector compares (inside the descent it did not). */
+static inline int FN(count_below)(const SCALAR *p, SCALAR bound) {
+#if defined(RP_SEGTREE_VECTOR)
+    /* GCC / clang vector extensions: 16-byte vectors, SSE2 on x86-64 and NEON on aarch64 (both
+     * baseline), so no -march flag is needed. A true compare is -1 in every bit of its lane. */
+    RP_SEGTREE_VECTOR b;
+    for (int i = 0; i < RP_SEGTREE_LANES; i++) b[i] = bound;
+    RP_SEGTREE_MASK below = b < b; /* all lanes 0 */
+    for (int k = 0; k < RP_SEGTREE_FANOUT; k += RP_SEGTREE_LANES) {
+        RP_SEGTREE_VECTOR x;
+        memcpy(&x, p + k, sizeof x);
+        below += (RP_SEGTREE_MASK)(x < b);
+    }
+    int count = 0;
+    for (int i = 0; i < RP_SEGTREE_LANES; i++) count -= (int)below[i];
+    return count;
+#else
+    int below = 0;
+    for (int j = 0; j < RP_SEGTREE_FANOUT; j++) below += p[j] < bound;
+    return below;
+#endif
+}
+
 /* Descend g <= RP_DESCENT_GROUP masses v[q] > 0 level by level, interleaved so that the cache
  * misses of one descent overlap the arithmetic of the others. At each node the child taken is
  * the first whose running prefix (in double) reaches v. Where rounding makes v exceed the sum
@@ -327,7 +364,7 @@ static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, dou
                 FN(scalar_prefix)(lvl + RP_SEGTREE_FANOUT * node[q], computed);
             }
             const SCALAR bound = FN(round_down)(target);
-            for (int j = 0; j < RP_SEGTREE_FANOUT; j++) child += p[j] < bound;
+            child = FN(count_below)(p, bound);
             if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
             if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
                 const SCALAR *e = lvl + RP_SEGTREE_FANOUT * node[q];
