@@ -53,6 +53,10 @@ cdef extern from "ckernels/segtree.h" nogil:
     int rp_sumtree_check_f64(const double *value, int64_t n, int64_t *bad)
     int rp_mintree_check_f32(const float *value, int64_t n, int64_t *bad)
     int rp_mintree_check_f64(const double *value, int64_t n, int64_t *bad)
+    int rp_priority_scan_f32(const int64_t *index, int64_t n, int64_t size, const float *priority,
+                             int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad)
+    int rp_priority_scan_f64(const int64_t *index, int64_t n, int64_t size, const double *priority,
+                             int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad)
     int rp_sumtree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)
     int rp_sumtree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, int64_t *bad)
     int rp_mintree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)

@@ -738,6 +738,158 @@ cdef class MinSegmentTreeFp64(_SegmentTree):
         self._setup(size, True, True)
 
 
+cdef object _value_data(object x, _SegmentTree tree, str name, const void **data, int64_t *n):
+    """``x`` flattened to ``tree``'s dtype: sets ``data`` and ``n`` and returns the owner."""
+    cdef const float[::1] v32
+    cdef const double[::1] v64
+    if _is_plain_cpu_tensor(x, _TORCH_FLOAT64 if tree._fp64 else _TORCH_FLOAT32):
+        n[0] = x.numel()
+        data[0] = <const void *><uintptr_t>x.data_ptr()
+        return x
+    arr = _as_value_array(x, tree._dtype, name)
+    n[0] = arr.shape[0]
+    data[0] = NULL
+    if n[0]:
+        if tree._fp64:
+            v64 = arr
+            data[0] = &v64[0]
+        else:
+            v32 = arr
+            data[0] = &v32[0]
+    return arr
+
+
+def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index, value, priority):
+    """Write one prioritized-replay update into a sum tree and its min tree, checked first.
+
+    The update step of :class:`~torchrl.data.PrioritizedSampler` in one call: the indices,
+    the raw priorities and the values stored in both trees are checked in one pass, the
+    largest priority is located in the same pass, and both trees are written under their
+    locks. Nothing is written when anything is wrong.
+
+    Args:
+        sum_tree (SumSegmentTreeFp32 or SumSegmentTreeFp64): the sum tree.
+        min_tree (MinSegmentTreeFp32 or MinSegmentTreeFp64): its min tree, of the same size
+            and dtype.
+        index (1-D integers): the leaves; negative entries are skipped (writers mark the
+            items to leave alone with -1).
+        value (scalar or 1-D reals): what both trees store at ``index`` (for example
+            ``(priority + eps) ** alpha``), one per index or one for all; cast to the trees'
+            dtype.
+        priority (scalar or 1-D reals): the raw priorities, one per index or one for all;
+            those at kept indices must be finite and non-negative.
+
+    Returns:
+        the position in ``index`` of the first largest kept priority, or -1 when every
+        index is negative (nothing is written then).
+
+    Raises:
+        IndexError: for an index past the trees' size (naming it and its position).
+        ValueError: for a NaN, negative or infinite priority or value, or mismatched sizes.
+        TypeError: for trees of different dtypes or kinds, or non-integer indices.
+
+    Examples:
+        >>> import torch, replay
+        >>> sum_tree, min_tree = replay.SumSegmentTreeFp32(4), replay.MinSegmentTreeFp32(4)
+        >>> replay.update_priority_pair(sum_tree, min_tree, torch.tensor([2, -1, 0]),
+        ...                             torch.tensor([3.0, 9.0, 1.0]), torch.tensor([3.0, 9.0, 1.0]))
+        0
+        >>> sum_tree.query(0, 4), min_tree.query(0, 4)
+        (4.0, 1.0)
+    """
+    cdef const int64_t *iptr = NULL
+    cdef const void *vptr = NULL
+    cdef const float *p32 = NULL
+    cdef const double *p64 = NULL
+    cdef const float[::1] p32_view
+    cdef const double[::1] p64_view
+    cdef int64_t n, n_value, n_priority, v_stride, p_stride, skipped = 0, argmax = -1, bad = 0
+    cdef int rc
+    if sum_tree._is_min or not min_tree._is_min:
+        raise TypeError("update_priority_pair takes a sum tree, then a min tree")
+    if sum_tree._fp64 != min_tree._fp64 or sum_tree._layout.size != min_tree._layout.size:
+        raise TypeError(
+            f"the trees must share a size and dtype, got {sum_tree!r} ({sum_tree._dtype}) and "
+            f"{min_tree!r} ({min_tree._dtype})")
+    idx_owner = _int64_data(index, "index", &iptr, &n)
+    if _is_scalar_real(value):
+        value = np.array([value], dtype=sum_tree._dtype)
+    value_owner = _value_data(value, sum_tree, "value", &vptr, &n_value)
+    if _is_plain_cpu_tensor(priority, _TORCH_FLOAT32):
+        p_owner = priority
+        p32 = <const float *><uintptr_t>priority.data_ptr()
+        n_priority = priority.numel()
+    elif _is_plain_cpu_tensor(priority, _TORCH_FLOAT64):
+        p_owner = priority
+        p64 = <const double *><uintptr_t>priority.data_ptr()
+        n_priority = priority.numel()
+    else:
+        p_owner = _as_value_array(priority, np.float64, "priority")
+        n_priority = p_owner.shape[0]
+        if n_priority:
+            p64_view = p_owner
+            p64 = &p64_view[0]
+    for name, count in (("value", n_value), ("priority", n_priority)):
+        if count != n and count != 1:
+            raise ValueError(
+                f"{name} must be a scalar or hold as many elements as index, got {name} of "
+                f"shape {_shape_of(value if name == 'value' else priority)} and index of shape "
+                f"{_shape_of(index)}")
+    if n == 0:
+        return -1
+    v_stride = 0 if n_value == 1 else 1
+    p_stride = 0 if n_priority == 1 else 1
+    with nogil:
+        if p32 != NULL:
+            rc = rp_priority_scan_f32(iptr, n, sum_tree._layout.size, p32, p_stride, &skipped,
+                                      &argmax, &bad)
+        else:
+            rc = rp_priority_scan_f64(iptr, n, sum_tree._layout.size, p64, p_stride, &skipped,
+                                      &argmax, &bad)
+    if rc == RP_ERR_INDEX:
+        raise IndexError(
+            f"index {iptr[bad]} at position {bad} is out of range for size {sum_tree._layout.size}")
+    if rc == RP_ERR_VALUE:
+        bad_priority = p32[bad * p_stride] if p32 != NULL else p64[bad * p_stride]
+        raise ValueError(
+            f"priority must be finite and non-negative, got priority={bad_priority} at position {bad}")
+    if argmax < 0:
+        return -1
+    if skipped:
+        # Rare (a writer skipped items): keep the non-negative indices and their values.
+        idx_arr = _as_index_array(index, "index")
+        keep = idx_arr >= 0
+        idx_owner = np.ascontiguousarray(idx_arr[keep])
+        iptr = NULL
+        idx_owner = _int64_data(idx_owner, "index", &iptr, &n)
+        if v_stride:
+            value_owner = np.ascontiguousarray(_as_value_array(value, sum_tree._dtype, "value")[keep])
+            value_owner = _value_data(value_owner, sum_tree, "value", &vptr, &n_value)
+    with sum_tree._lock, min_tree._lock:
+        with nogil:
+            if sum_tree._fp64:
+                rc = rp_sumtree_update_f64(&sum_tree._layout, sum_tree._t64, iptr,
+                                           <const double *>vptr, v_stride, n, &bad)
+                if rc == RP_OK:
+                    rc = rp_mintree_update_f64(&min_tree._layout, min_tree._t64, iptr,
+                                               <const double *>vptr, v_stride, n, &bad)
+            else:
+                rc = rp_sumtree_update_f32(&sum_tree._layout, sum_tree._t32, iptr,
+                                           <const float *>vptr, v_stride, n, &bad)
+                if rc == RP_OK:
+                    rc = rp_mintree_update_f32(&min_tree._layout, min_tree._t32, iptr,
+                                               <const float *>vptr, v_stride, n, &bad)
+    if rc == RP_ERR_VALUE:
+        # The sum tree's check runs first and refuses what the min tree would: nothing written.
+        stored = (<const double *>vptr)[bad * v_stride] if sum_tree._fp64 else (<const float *>vptr)[bad * v_stride]
+        raise ValueError(
+            f"value {stored} at position {bad} cannot be stored in a sum segment tree: values "
+            f"must be finite and non-negative")
+    if rc != RP_OK:
+        raise IndexError(f"index {iptr[bad]} at position {bad} is out of range for size {sum_tree._layout.size}")
+    return argmax
+
+
 # =====================================================================================
 # Slices
 # =====================================================================================

@@ -131,7 +131,16 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
                                            int64_t n_exclude, const double *uniform, int64_t n,  \
                                            double p_min, double beta, double *scratch,           \
                                            int64_t scratch_len, int64_t *out_index,              \
-                                           SCALAR *out_priority, double *out_weight, int64_t *bad);
+                                           SCALAR *out_priority, double *out_weight, int64_t *bad); \
+    /* Check a prioritized-replay update before it is written: index[k] (k < n) is a leaf in      \
+     * [0, size) or negative (an item to skip: writers mark those with -1), and priority[k *      \
+     * priority_stride] (stride 0 broadcasts one value) is finite and >= 0 wherever index[k] is   \
+     * kept. Sets *skipped to the number of negative indices and *argmax to the first kept k with  \
+     * the largest priority (-1 when nothing is kept). Returns RP_OK, or RP_ERR_INDEX /           \
+     * RP_ERR_VALUE with *bad = k. Reads only; O(n). */                                          \
+    int rp_priority_scan_##SUFFIX(const int64_t *index, int64_t n, int64_t size,                 \
+                                  const SCALAR *priority, int64_t priority_stride,               \
+                                  int64_t *skipped, int64_t *argmax, int64_t *bad);
 
 RP_SEGTREE_DECLARE(float, f32)
 RP_SEGTREE_DECLARE(double, f64)

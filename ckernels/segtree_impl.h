@@ -619,6 +619,35 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
     return RP_OK;
 }
 
+int FN(rp_priority_scan)(const int64_t *index, int64_t n, int64_t size, const SCALAR *priority,
+                         int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad) {
+    int64_t negative = 0, best = -1;
+    SCALAR highest = 0;
+    for (int64_t k = 0; k < n; k++) {
+        const int64_t i = index[k];
+        if (i < 0) {
+            negative++;
+            continue;
+        }
+        if (RP_UNLIKELY(i >= size)) {
+            *bad = k;
+            return RP_ERR_INDEX;
+        }
+        const SCALAR p = priority[k * priority_stride];
+        if (RP_UNLIKELY(!(p >= 0 && p <= SCALAR_MAX))) { /* NaN, negative or infinite */
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+        if (best < 0 || p > highest) {
+            highest = p;
+            best = k;
+        }
+    }
+    *skipped = negative;
+    *argmax = best;
+    return RP_OK;
+}
+
 #undef NODE_LINES
 #undef FN
 #undef RP_CAT

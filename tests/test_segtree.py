@@ -436,3 +436,88 @@ def test_bfloat16_priorities_are_widened():
     tree = replay.SumSegmentTreeFp32(4)
     tree[torch.tensor([0, 1])] = torch.tensor([0.5, 2.0], dtype=torch.bfloat16)
     assert tree.values().tolist() == [0.5, 2.0, 0.0, 0.0]
+
+
+# --------------------------------------------------------------------------- update_priority_pair
+
+PAIRS = [
+    (replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32),
+    (replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64),
+]
+
+
+def _leaves(tree):
+    return np.asarray(tree[np.arange(tree.size)], dtype=np.float64)
+
+
+@pytest.mark.parametrize("sum_cls,min_cls", PAIRS)
+@settings(max_examples=150, deadline=None)
+@given(
+    size=st.integers(1, 40),
+    n=st.integers(0, 30),
+    scalar_priority=st.booleans(),
+    as_tensor=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_update_priority_pair_matches_model(sum_cls, min_cls, size, n, scalar_priority, as_tensor, seed):
+    rng = np.random.default_rng(seed)
+    sum_tree, min_tree = sum_cls(size), min_cls(size)
+    sum_model, min_model = Model(sum_cls, size), Model(min_cls, size)
+    for _ in range(3):
+        index = rng.integers(-1, size, n)  # -1 marks an item to skip; repeats allowed
+        priority = rng.random(1 if scalar_priority else n) * 10
+        if n and not scalar_priority:
+            priority[rng.integers(0, n)] = priority.max()  # a tie: the first one wins
+        value = (priority + 1e-8) ** 0.7
+        kept = index >= 0
+        expected_argmax = -1
+        if kept.any():
+            full = np.broadcast_to(priority, (n,))
+            candidates = np.flatnonzero(kept)
+            expected_argmax = int(candidates[np.argmax(full[candidates])])
+        args = (index, value, priority)
+        if as_tensor:
+            args = tuple(torch.as_tensor(a) for a in args)
+        assert replay.update_priority_pair(sum_tree, min_tree, *args) == expected_argmax
+        stored = np.broadcast_to(value, (n,)).astype(_dtype(sum_cls))
+        sum_model.update(index[kept], stored[kept])
+        min_model.update(index[kept], stored[kept])
+        np.testing.assert_array_equal(_leaves(sum_tree), sum_model.leaves)
+        np.testing.assert_array_equal(_leaves(min_tree), min_model.leaves)
+        np.testing.assert_allclose(sum_tree.query(0, size), sum_model.query(0, size), rtol=1e-5)
+        assert min_tree.query(0, size) == min_model.query(0, size)
+
+
+@pytest.mark.parametrize("sum_cls,min_cls", PAIRS)
+def test_update_priority_pair_rejects_bad_input_whole(sum_cls, min_cls):
+    sum_tree, min_tree = sum_cls(8), min_cls(8)
+    replay.update_priority_pair(sum_tree, min_tree, np.arange(8), np.arange(1.0, 9.0), np.arange(1.0, 9.0))
+    before = _leaves(sum_tree), _leaves(min_tree)
+    index = np.array([1, 2, 3])
+    good = np.array([1.0, 2.0, 3.0])
+    cases = [
+        (IndexError, "index 8 at position 2 is out of range for size 8", (np.array([1, 2, 8]), good, good)),
+        (ValueError, "priority=nan at position 1", (index, good, np.array([1.0, np.nan, 3.0]))),
+        (ValueError, "priority=-1.0 at position 0", (index, good, np.array([-1.0, 2.0, 3.0]))),
+        (ValueError, "priority=inf at position 2", (index, good, np.array([1.0, 2.0, np.inf]))),
+        (ValueError, "value inf at position 1", (index, np.array([1.0, np.inf, 3.0]), good)),
+        (ValueError, "value must be a scalar or hold as many", (index, good[:2], good)),
+        (ValueError, "priority must be a scalar or hold as many", (index, good, good[:2])),
+        (TypeError, "index must hold integers", (good, good, good)),
+    ]
+    for error, message, args in cases:
+        with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
+            replay.update_priority_pair(sum_tree, min_tree, *args)
+        np.testing.assert_array_equal(_leaves(sum_tree), before[0])
+        np.testing.assert_array_equal(_leaves(min_tree), before[1])
+    # a bad priority at a skipped index is not looked at
+    assert replay.update_priority_pair(sum_tree, min_tree, np.array([-1, 4]), good[:2], np.array([np.nan, 2.0])) == 1
+    # every index skipped: nothing written
+    assert replay.update_priority_pair(sum_tree, min_tree, np.array([-1, -1]), good[:2], good[:2]) == -1
+    with pytest.raises(TypeError, match="a sum tree, then a min tree"):
+        replay.update_priority_pair(sum_tree, sum_cls(8), index, good, good)
+    with pytest.raises(TypeError, match="share a size and dtype"):
+        replay.update_priority_pair(sum_tree, min_cls(9), index, good, good)
+    other = PAIRS[1][1] if min_cls is PAIRS[0][1] else PAIRS[0][1]
+    with pytest.raises(TypeError, match="share a size and dtype"):
+        replay.update_priority_pair(sum_tree, other(8), index, good, good)

@@ -101,6 +101,8 @@ def _replay_module():
 
 
 _REPLAY = _replay_module()
+# One call writing a priority update into both trees (None with an older replay build).
+_REPLAY_UPDATE = getattr(_REPLAY, "update_priority_pair", None)
 
 
 def _on_cpu(tensor) -> bool:
@@ -956,6 +958,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             and index.device.type == "cpu"
             and not index.is_floating_point()
             and index.dtype != torch.bool
+            and _REPLAY_UPDATE is not None
             and _is_replay_tree(self._sum_tree)
             and self._update_with_kernels(index, priority)
         ):
@@ -1047,17 +1050,19 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         self._max_priority = (maxval, maxidx)
 
     def _update_with_kernels(self, index: torch.Tensor, priority) -> bool:
-        """The common update (a 1-D CPU index) with one conversion and one kernel call per tree.
+        """The common update (a 1-D CPU index) in one ``replay`` call for both trees.
 
-        Returns ``False``, having changed nothing, when the input needs the general path
-        (which also produces every error message).
+        ``replay.update_priority_pair`` checks the indices and priorities, skips the ``-1``
+        indices and finds the largest priority in one pass, then writes both trees. Returns
+        ``False``, having changed nothing, when the input needs the general path (which also
+        produces every error message).
         """
         if not isinstance(priority, torch.Tensor):
             if not isinstance(priority, (int, float)) or isinstance(priority, bool):
                 return False
             priority = torch.tensor(float(priority))
         priority = priority.detach()
-        if priority.device.type != "cpu" or not priority.is_floating_point():
+        if not priority.is_cpu or not priority.is_floating_point():
             return False
         if priority.numel() > 1 and priority.shape != index.shape:
             if priority.numel() != index.shape[0]:
@@ -1065,43 +1070,25 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             priority = priority.reshape(index.shape)
         elif priority.numel() <= 1:
             priority = priority.reshape(())
-        index_np = index.numpy()
-        if index_np.dtype != np.int64:
-            index_np = index_np.astype(np.int64)
-        priority_np = priority.numpy()
-        if index_np.size:
-            if index_np.min() < 0:
-                # -1 marks items a writer skipped (MaxValueWriter): drop them.
-                keep = index_np >= 0
-                if not keep.any():
-                    return True
-                index_np = index_np[keep]
-                if priority.ndim:
-                    priority = priority[torch.from_numpy(keep)]
-                    priority_np = priority.numpy()
-            if index_np.max() >= self._max_capacity:
-                return False
-        else:
-            return True
-        # A NaN makes the argmax NaN and fails the comparison: the general path reports it.
-        argmax = int(priority_np.argmax()) if priority.ndim else 0
-        highest = float(priority_np.reshape(-1)[argmax])
-        if not (highest < math.inf and priority_np.min() >= 0):
+        # torch computes the stored values, so that they match torchrl's to the last bit
+        value = priority.add(self._eps).pow_(self._alpha)
+        try:
+            argmax = _REPLAY_UPDATE(self._sum_tree, self._min_tree, index, value, priority)
+        except (IndexError, ValueError, TypeError):
             return False
+        if argmax < 0:
+            return True  # every index was -1
+        highest = priority[argmax] if priority.ndim else priority
         cur_max_priority, cur_max_priority_index = self._max_priority
-        if cur_max_priority is None or highest > float(cur_max_priority):
-            max_p = priority[argmax] if priority.ndim else priority
+        if cur_max_priority is None or float(highest) > float(cur_max_priority):
             cur_max_priority, cur_max_priority_index = self._max_priority = (
-                max_p,
-                torch.tensor(int(index_np[argmax] if priority.ndim else index_np[0])),
+                highest,
+                torch.tensor(int(index[argmax])),
             )
-        value = torch.pow(priority + self._eps, self._alpha).numpy()
-        self._sum_tree.update(index_np, value)
-        self._min_tree.update(index_np, value)
         if (
             self._max_priority_within_buffer
             and cur_max_priority_index is not None
-            and (index_np == int(cur_max_priority_index)).any()
+            and bool((index == int(cur_max_priority_index)).any())
         ):
             self._rebuild_max_priority()
         return True
