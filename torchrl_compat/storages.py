@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import atexit
+import functools
 import logging
 import multiprocessing as mp
 import os
@@ -28,7 +29,7 @@ import textwrap
 import threading
 import warnings
 import weakref
-from collections import OrderedDict
+from collections import deque, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from copy import copy
 from multiprocessing.context import get_spawning_popen
@@ -201,6 +202,42 @@ def _remove_tree(path: str) -> bool:
 # =============================================================================
 
 _LEN_TYPECODE = "q"  # int64: see TensorStorage's note on the shared length
+
+# Write journal (see TensorStorage, "write journal"): how many of its own writes a process
+# remembers. A reader further behind reads the whole storage again.
+_JOURNAL_LENGTH = 64
+
+# Journal cursor of a change that may have touched every item (initialization, emptying,
+# loading).
+_ALL_ITEMS = object()
+
+
+def _cursor_size(cursor) -> int:
+    """The number of indices a journal entry keeps alive by holding ``cursor``."""
+    if isinstance(cursor, torch.Tensor):
+        return cursor.numel()
+    if isinstance(cursor, np.ndarray):
+        return cursor.size
+    if isinstance(cursor, list):
+        return len(cursor)
+    return 1  # ints, slices and ranges are O(1)
+
+
+def _rewrites_items(method):
+    """Records a call to ``method`` as a change of every item in the write journal.
+
+    Done once the call returns or raises: a reader that syncs in between would take
+    the half-done change as complete.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._note_write(_ALL_ITEMS)
+
+    return wrapper
 
 
 class Storage(*_torchrl_twin("Storage")):
@@ -832,6 +869,9 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         shared = mp.Value(_LEN_TYPECODE, value)
         self.__dict__["_len_value"] = shared
         self.__dict__["_len_shared"] = shared.get_obj()
+        if self.__dict__.get("_writes_value") is None:
+            # with the length, so that a storage forked before its first write shares both
+            self._make_shared_writes()
         return shared
 
     @property
@@ -881,6 +921,130 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
     @compile_disable()
     def _len_slow(self):
         return self._len
+
+    # ---------------------------------------------------------- write journal
+    # Readers that derive something from the stored items (the trajectory ends of a
+    # SliceSampler) follow the writes instead of reading the whole storage each time.
+    # Every write adds one to a counter shared like the length (``_writes_value``, an
+    # int64 ``mp.Value``, so that writes made in other processes are seen) and records
+    # ``(count, cursor, indices held)`` in a journal local to the process. A change that
+    # may touch any item (initialization, emptying, loading) records no cursor: readers
+    # behind it read everything again. ``_writes_since`` tells a reader what it missed.
+
+    def _make_shared_writes(self, value: int = 0):
+        # one lock (and one semaphore) for both shared counters
+        length = self.__dict__.get("_len_value")
+        lock = length.get_lock() if hasattr(length, "get_lock") else True
+        shared = mp.Value(_LEN_TYPECODE, value, lock=lock)
+        self.__dict__["_writes_value"] = shared
+        self.__dict__["_writes_shared"] = shared.get_obj()
+        return shared
+
+    def _writes_raw(self):
+        """The shared write counter's raw int64, made if missing (``None`` if compilable)."""
+        d = self.__dict__
+        raw = d.get("_writes_shared")
+        if raw is None and not self._compilable:
+            shared = d.get("_writes_value")
+            if shared is None:
+                shared = self._make_shared_writes()
+            raw = d["_writes_shared"] = shared.get_obj()
+        return raw
+
+    def _note_write(self, cursor) -> None:
+        """Counts a write at ``cursor`` (``_ALL_ITEMS``: anywhere) and journals it. O(1).
+
+        Called once the items are written, so that a reader seeing the new count reads
+        the new items.
+        """
+        d = self.__dict__
+        raw = d.get("_writes_shared")
+        if raw is None or is_compiling():
+            self._note_write_slow(cursor)
+            return
+        # under the lock: two processes writing at once must get distinct counts
+        with d["_writes_value"].get_lock():
+            raw.value = count = raw.value + 1
+        self._journal_append(count, cursor)
+
+    def _note_write_slow(self, cursor) -> None:
+        d = self.__dict__
+        if self._compilable:
+            # Never shared (compilable storages refuse it): a plain int, as the length,
+            # that torch.compile can trace. Compiled writes leave a gap in the journal,
+            # which readers answer by reading everything.
+            count = d.get("_writes_value", 0) + 1
+            d["_writes_value"] = count
+            if not is_compiling():
+                self._journal_append(count, cursor)
+        elif is_compiling():
+            self._note_write_eager(cursor)
+        else:
+            self._writes_raw()
+            self._note_write(cursor)
+
+    # the shared counter is a ctypes object that torch.compile cannot trace
+    @compile_disable()
+    def _note_write_eager(self, cursor) -> None:
+        self._note_write(cursor)
+
+    def _journal_append(self, count: int, cursor) -> None:
+        d = self.__dict__
+        journal = d.get("_write_journal")
+        if journal is None:
+            journal = d["_write_journal"] = deque()
+            d["_journal_rows"] = 0
+        if cursor is _ALL_ITEMS:
+            journal.clear()
+            d["_journal_rows"] = 0
+            return
+        rows = _cursor_size(cursor)
+        journal.append((count, cursor, rows))
+        held = d["_journal_rows"] + rows
+        # Index tensors are held by reference: keep at most about one index per slot
+        # alive. A reader that far behind would read as much as a full rescan anyway.
+        while len(journal) > _JOURNAL_LENGTH or (held > self.max_size and journal):
+            held -= journal.popleft()[2]
+        d["_journal_rows"] = held
+
+    def _writes_since(self, count: int | None) -> tuple[int, list | None]:
+        """The cursors written since the write counter read ``count``.
+
+        Args:
+            count (int or None): the count returned by an earlier call, or ``None`` to
+                read the counter only.
+
+        Returns:
+            a tuple ``(now, cursors)``: ``now`` is the current count, to pass to the next
+            call; ``cursors`` lists the cursors of the writes ``count + 1`` to ``now`` in
+            the order they were made (empty when nothing was written), or is ``None``
+            when they are not all known here (``count`` is ``None``, writes made in
+            another process, more writes than the journal holds, or a change that may
+            have touched every item): the caller must then read the whole storage.
+            Cursors are the objects passed to :meth:`set` (ints, slices, ranges, index
+            tensors, arrays or lists), not copies. O(journal length).
+        """
+        d = self.__dict__
+        raw = d.get("_writes_shared")
+        if raw is None:
+            raw = self._writes_raw()
+        # an aligned int64 load, atomic as the length's
+        now = d.get("_writes_value", 0) if raw is None else raw.value
+        if count is None:
+            return now, None
+        missed = now - count
+        if missed == 0:
+            return now, []
+        # one C-level copy under the GIL: a writer thread cannot change it halfway
+        journal = list(d.get("_write_journal") or ())
+        if missed < 0 or missed > len(journal):
+            return now, None
+        entries = journal[len(journal) - missed :]
+        # counts are distinct, but threads may journal them out of order
+        for expected, entry in enumerate(entries, count + 1):
+            if entry[0] != expected:
+                return now, None
+        return now, [entry[1] for entry in entries]
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -1006,11 +1170,18 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_len_shared", None)
+        state.pop("_writes_shared", None)
+        # the journal lists this process's writes: a copy starts without any
+        state.pop("_write_journal", None)
+        state.pop("_journal_rows", None)
         if get_spawning_popen() is None:
-            # plain pickling: the length travels as a number
+            # plain pickling: the length and the write count travel as numbers
             length = self._len
             state.pop("_len_value", None)
             state["len__context"] = length
+            writes = self._writes_since(None)[0]
+            state.pop("_writes_value", None)
+            state["writes__context"] = writes
         elif not self.initialized:
             if not getattr(self, "shared_init", False):
                 raise RuntimeError(
@@ -1054,6 +1225,17 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         shared = state.get("_len_value")
         if shared is not None and hasattr(shared, "get_obj"):
             state["_len_shared"] = shared.get_obj()
+        writes = state.pop("writes__context", None)
+        if writes is not None:
+            if not state["_compilable"]:
+                length = state.get("_len_value")
+                lock = length.get_lock() if hasattr(length, "get_lock") else True
+                state["_writes_value"] = mp.Value(_LEN_TYPECODE, writes, lock=lock)
+            else:
+                state["_writes_value"] = writes
+        shared = state.get("_writes_value")
+        if shared is not None and hasattr(shared, "get_obj"):
+            state["_writes_shared"] = shared.get_obj()
         self.__dict__.update(state)
 
     # ------------------------------------------------------------ state dict
@@ -1075,6 +1257,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             "_len": self._len,
         }
 
+    @_rewrites_items
     def load_state_dict(self, state_dict):
         _storage = copy(state_dict["_storage"])
         if isinstance(_storage, torch.Tensor):
@@ -1134,36 +1317,42 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
                     f"consider using a tuple instead, as lists are used within `extend` "
                     f"for per-item addition."
                 )
-        is_tc = is_tensor_collection(data)
-        if not self.initialized:
-            if not isinstance(cursor, INT_CLASSES):
-                if is_tc:
-                    self._init(data[0])
+        try:
+            is_tc = is_tensor_collection(data)
+            if not self.initialized:
+                if not isinstance(cursor, INT_CLASSES):
+                    if is_tc:
+                        self._init(data[0])
+                    else:
+                        self._init(tree_map(lambda x: x[0], data))
                 else:
-                    self._init(tree_map(lambda x: x[0], data))
-            else:
-                self._init(data)
-        if is_tc:
-            # Only a locked (shared) storage caches its keys: extra keys in the data
-            # (e.g. added by a policy) cannot reach its shared memory, so drop them.
-            storage_keys = self._storage_keys
-            if storage_keys is not None:
-                data = data.select(*storage_keys, strict=False)
-            try:
+                    self._init(data)
+            if is_tc:
+                # Only a locked (shared) storage caches its keys: extra keys in the data
+                # (e.g. added by a policy) cannot reach its shared memory, so drop them.
+                storage_keys = self._storage_keys
+                if storage_keys is not None:
+                    data = data.select(*storage_keys, strict=False)
+                try:
+                    self._storage[cursor] = data
+                except RuntimeError as e:
+                    if "locked" in str(e).lower():
+                        self._raise_informative_lock_error(data, e)
+                    raise
+            elif isinstance(data, torch.Tensor) and isinstance(
+                self._storage, torch.Tensor
+            ):
                 self._storage[cursor] = data
-            except RuntimeError as e:
-                if "locked" in str(e).lower():
-                    self._raise_informative_lock_error(data, e)
-                raise
-        elif isinstance(data, torch.Tensor) and isinstance(
-            self._storage, torch.Tensor
-        ):
-            self._storage[cursor] = data
-        else:
-            self._set_tree_map(cursor, data, self._storage)
-        if set_cursor:
-            self._get_new_len(data, cursor)
-            self._last_cursor = cursor
+            else:
+                self._set_tree_map(cursor, data, self._storage)
+            if set_cursor:
+                self._get_new_len(data, cursor)
+                self._last_cursor = cursor
+        except BaseException:
+            # part of the items may be written: readers must read everything again
+            self._note_write(_ALL_ITEMS)
+            raise
+        self._note_write(cursor)
 
     def _wait_for_init(self):
         pass
@@ -1298,9 +1487,15 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             return _storage[index]
         return tree_map(lambda x: x[index], _storage)
 
+    @_rewrites_items
     def _empty(self):
         # the data keeps its structure: resetting the length is enough
         self._len = 0
+
+    @_rewrites_items
+    def loads(self, path):
+        """Loads the storage content from ``path`` through its checkpointer."""
+        super().loads(path)
 
     def _init(self):
         raise NotImplementedError(
@@ -1503,6 +1698,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
 
         return max_size_along_dim0
 
+    @_rewrites_items
     def _init_standard(
         self,
         data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
@@ -1532,6 +1728,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
         if hasattr(out, "shape"):
             logger.info(f"Initialized LazyTensorStorage with {out.shape} shape")
 
+    @_rewrites_items
     def _init_coordinator(
         self,
         data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
@@ -1550,6 +1747,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
         self.max_size = memmap_storage.max_size
         self._storage = memmap_storage._storage
 
+    @_rewrites_items
     def _wait_for_init(self) -> None:
         # wait till the coordinator has initialized the memmap
         self._init_event.wait()
@@ -1700,6 +1898,7 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
             "_len": self._len,
         }
 
+    @_rewrites_items
     def load_state_dict(self, state_dict):
         _storage = copy(state_dict["_storage"])
         if isinstance(_storage, torch.Tensor):
@@ -1759,6 +1958,7 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
     def _init_coordinator(self, data: TensorDictBase | torch.Tensor | Any) -> None:
         return self._init_standard(data)
 
+    @_rewrites_items
     def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
         if self.device == "auto":
             self.device = _device_of(data)

@@ -1,0 +1,609 @@
+"""TrajectoryEnds and the storages' write journal.
+
+Every result of ``TrajectoryEnds.bounds`` is compared with a full read of the end signal
+through ``replay.find_start_stop_traj``, as ``SliceSampler`` computes it.
+"""
+import doctest
+import multiprocessing as mp
+import pickle
+
+import numpy as np
+import pytest
+import replay
+import torch
+from hypothesis import given, settings, strategies as st
+from tensordict import TensorDict
+
+import torchrl.data.replay_buffers.storages as trl
+
+import torchrl_compat._trajectory_ends as te_module
+import torchrl_compat.storages as ours
+from torchrl_compat._trajectory_ends import TrajectoryEnds
+
+KEY = ("next", "done")
+JOIN_TIMEOUT = 60
+STORAGES = ["LazyTensorStorage", "LazyMemmapStorage"]
+
+
+def make_td(done, end_shape="[N, 1]"):
+    done = torch.as_tensor(done)
+    if end_shape == "[N, 1]":
+        done = done.unsqueeze(-1)
+    n = done.shape[0]
+    return TensorDict({"obs": torch.randn(n, 2), KEY: done}, batch_size=[n])
+
+
+def reference(storage):
+    """What SliceSampler computes from the whole signal (``cache_values=False``)."""
+    return replay.find_start_stop_traj(
+        end=storage[:][KEY].squeeze()[: len(storage)],
+        at_capacity=storage._is_full,
+        cursor=storage._last_cursor,
+    )
+
+
+def check(ends, storage):
+    """``ends.bounds`` equals the full read, or is ``None`` exactly where that raises."""
+    got = ends.bounds(storage)
+    try:
+        expected = reference(storage)
+    except (IndexError, RuntimeError) as error:
+        expected = error
+    if isinstance(expected, Exception):
+        assert got is None, (got, expected)
+        return None
+    assert got is not None, expected
+    for mine, theirs in zip(got, expected):
+        assert mine.dtype == theirs.dtype == torch.int64
+        assert torch.equal(mine, theirs), (got, expected)
+    return got
+
+
+class CountingEnds(TrajectoryEnds):
+    """Counts the rows of the end signal read in full scans and in row reads."""
+
+    def __init__(self, end_key):
+        super().__init__(end_key)
+        self.scanned = 0
+        self.read = 0
+
+    def _scan(self, signal):
+        self.scanned += signal.size
+        return super()._scan(signal)
+
+    def _read(self, signal, rows):
+        self.read += rows.size
+        return super()._read(signal, rows)
+
+
+def make_storage(cls_name, capacity, **kwargs):
+    return getattr(ours, cls_name)(capacity, **kwargs)
+
+
+def filled(cls_name, capacity, done, **kwargs):
+    storage = make_storage(cls_name, capacity, **kwargs)
+    done = torch.as_tensor(done)
+    storage.set(torch.arange(done.shape[0]), make_td(done))
+    return storage
+
+
+# -----------------------------------------------------------------------------
+# random write sequences against the full read
+# -----------------------------------------------------------------------------
+OPS = ["extend", "extend", "extend", "add", "slice", "range", "random", "setitem", "mask",
+       "fail", "empty", "load", "burst"]
+
+
+def _draw_done(data, n, dtype):
+    p = data.draw(st.sampled_from([0.0, 0.1, 0.5, 1.0]), label="p")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+    done = torch.from_numpy(rng.random(n) < p)
+    return done if dtype == torch.bool else done.to(dtype)
+
+
+def _apply(data, storage, op, capacity, state, end_shape, dtype):
+    """Applies one write operation, the way torchrl's writers and buffers issue them."""
+    td = lambda n: make_td(_draw_done(data, n, dtype), end_shape)  # noqa: E731
+    if op == "extend":  # RoundRobinWriter.extend
+        n = data.draw(st.integers(1, 2 * capacity), label="n")
+        cursor = torch.arange(state["cursor"], state["cursor"] + n) % capacity
+        state["cursor"] = (state["cursor"] + n) % capacity
+        storage.set(cursor, td(n))
+    elif op == "add":  # RoundRobinWriter.add
+        storage.set(state["cursor"], td(1)[0])
+        state["cursor"] = (state["cursor"] + 1) % capacity
+    elif op == "burst":  # more writes than the journal holds
+        for _ in range(data.draw(st.integers(60, 70), label="burst")):
+            storage.set(state["cursor"], td(1)[0])
+            state["cursor"] = (state["cursor"] + 1) % capacity
+    elif op == "slice":
+        a = data.draw(st.integers(0, capacity - 1), label="a")
+        b = data.draw(st.integers(a + 1, capacity), label="b")
+        storage.set(slice(a, b), td(b - a))
+    elif op == "range":
+        a = data.draw(st.integers(0, capacity - 1), label="a")
+        n = data.draw(st.integers(1, capacity - a), label="n")
+        storage.set(range(a, a + n), td(n))
+    elif op in ("random", "setitem"):
+        index = data.draw(
+            st.lists(st.integers(-capacity, capacity - 1), min_size=1, max_size=capacity),
+            label="index",
+        )
+        kind = data.draw(st.sampled_from(["tensor", "list", "array"]), label="kind")
+        cursor = {"tensor": torch.tensor, "list": list, "array": np.array}[kind](index)
+        if op == "setitem":
+            storage[cursor] = td(len(index))
+        else:
+            storage.set(cursor, td(len(index)), set_cursor=data.draw(st.booleans()))
+    elif op == "mask":
+        mask = torch.tensor(data.draw(st.lists(st.booleans(), min_size=capacity,
+                                               max_size=capacity), label="mask"))
+        storage.set(mask, td(int(mask.sum())), set_cursor=data.draw(st.booleans()))
+    elif op == "fail":  # an index out of range: the write raises
+        with pytest.raises(IndexError):
+            storage.set(torch.tensor([0, capacity + 2]), td(2))
+    elif op == "empty":  # ReplayBuffer.empty
+        storage._empty()
+    elif op == "load":
+        donor = make_storage(type(storage).__name__, capacity)
+        n = data.draw(st.integers(1, capacity), label="n")
+        donor.set(torch.arange(n), td(n))
+        storage.load_state_dict(donor.state_dict())
+
+
+@pytest.mark.parametrize("end_shape", ["[N, 1]", "[N]"])
+@pytest.mark.parametrize("cls_name", STORAGES)
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_bounds_match_full_read(cls_name, end_shape, data):
+    capacity = data.draw(st.integers(1, 50), label="capacity")
+    dtype = data.draw(st.sampled_from([torch.bool, torch.bool, torch.uint8, torch.float32]))
+    storage = make_storage(cls_name, capacity)
+    every_write = TrajectoryEnds(KEY)  # checked after every write
+    now_and_then = TrajectoryEnds(KEY)  # misses some writes, then catches up
+    state = {"cursor": 0}
+    assert every_write.bounds(storage) is None  # not initialized yet
+    for _ in range(data.draw(st.integers(1, 12), label="steps")):
+        op = data.draw(st.sampled_from(OPS), label="op")
+        if not storage.initialized and op in ("mask", "fail", "empty", "load"):
+            op = "extend"
+        _apply(data, storage, op, capacity, state, end_shape, dtype)
+        check(every_write, storage)
+        if data.draw(st.booleans(), label="check now_and_then"):
+            check(now_and_then, storage)
+    check(now_and_then, storage)
+
+
+# -----------------------------------------------------------------------------
+# cost: rows read
+# -----------------------------------------------------------------------------
+@pytest.mark.parametrize("cls_name", STORAGES)
+def test_a_write_of_k_rows_reads_k_rows(cls_name):
+    capacity = 10_000
+    rng = np.random.default_rng(0)
+    storage = make_storage(cls_name, capacity)
+    ends = CountingEnds(KEY)
+    cursor = 0
+    for _ in range(10):
+        index = torch.arange(cursor, cursor + 1000) % capacity
+        storage.set(index, make_td(rng.random(1000) < 0.01))
+        cursor += 1000
+    check(ends, storage)
+    assert ends.scanned == capacity and ends.read == 0
+    for k in (1, 7, 300, 1, 2500):
+        before = ends.read
+        index = torch.arange(cursor, cursor + k) % capacity  # wraps around the end
+        storage.set(index, make_td(rng.random(k) < 0.05))
+        cursor += k
+        check(ends, storage)
+        assert ends.read - before == k
+    # several writes between two calls: each row once
+    before = ends.read
+    storage.set(torch.arange(10, 20), make_td(rng.random(10) < 0.5))
+    storage.set(15, make_td(torch.tensor([True]))[0])
+    storage[torch.tensor([18, 18, 40])] = make_td(torch.tensor([False, True, True]))
+    check(ends, storage)
+    assert ends.read - before == 11
+    # nothing written: nothing read
+    before = ends.read
+    check(ends, storage)
+    assert ends.read == before
+    assert ends.scanned == capacity
+
+
+def test_full_reads_happen_when_needed():
+    storage = filled("LazyTensorStorage", 20, torch.arange(12) % 5 == 4)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert ends.scanned == 20
+    for _ in range(70):  # more than the journal holds
+        storage.set(3, make_td(torch.tensor([True]))[0])
+    check(ends, storage)
+    assert ends.scanned == 40
+    storage._empty()
+    storage.set(torch.arange(3), make_td(torch.tensor([False, True, False])))
+    check(ends, storage)
+    assert ends.scanned == 60
+    # the data replaced behind the storage's back: a new end tensor
+    storage._storage = storage._storage.clone()
+    storage._storage[KEY][5] = True
+    check(ends, storage)
+    assert ends.scanned == 80
+    # the length decreased without a recorded write
+    storage._len = 2
+    check(ends, storage)
+    assert ends.scanned == 100
+    # another storage
+    other = filled("LazyTensorStorage", 20, torch.arange(20) % 3 == 0)
+    check(ends, other)
+    assert ends.scanned == 120
+    check(ends, other)
+    assert ends.scanned == 120
+
+
+def test_results_are_shared_until_the_next_write():
+    done = torch.arange(10) % 4 == 1
+    storage = filled("LazyTensorStorage", 10, done)  # full, last cursor at row 9
+    ends = TrajectoryEnds(KEY)
+    first = check(ends, storage)
+    # nothing written: the same tensors, as SliceSampler's cache gives them
+    assert all(a is b for a, b in zip(first, ends.bounds(storage)))
+    # rows rewritten with what they held, same cursor row: still the same
+    storage.set(torch.tensor([8, 9]), make_td(done[8:]))
+    assert all(a is b for a, b in zip(first, check(ends, storage)))
+    # a new end: new tensors, the old ones untouched
+    before = [t.clone() for t in first]
+    storage.set(torch.tensor([2, 9]), make_td(torch.tensor([True, False])))
+    second = check(ends, storage)
+    assert all(a is not b for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, before))
+
+
+# -----------------------------------------------------------------------------
+# writes made in other processes
+# -----------------------------------------------------------------------------
+def _child_write(storage, start, done):
+    storage.set(torch.arange(start, start + len(done)), make_td(torch.tensor(done)))
+
+
+def _shared(cls_name, tmp_path, capacity, done):
+    kwargs = {"scratch_dir": tmp_path / "mm"} if cls_name == "LazyMemmapStorage" else {}
+    storage = filled(cls_name, capacity, done, **kwargs)
+    if cls_name == "LazyTensorStorage":
+        storage._storage.share_memory_()  # a forked child writes into shared pages only
+    return storage
+
+
+def _run(context, target, args):
+    process = context.Process(target=target, args=args)
+    process.start()
+    process.join(JOIN_TIMEOUT)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+        pytest.fail(f"child process {process.pid} did not finish within {JOIN_TIMEOUT}s")
+    assert process.exitcode == 0
+
+
+@pytest.mark.parametrize("cls_name", STORAGES)
+def test_forked_child_write_is_seen(tmp_path, cls_name):
+    storage = _shared(cls_name, tmp_path, 20, [False, False, True] + [False] * 9)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    count = ends._count
+    _run(mp.get_context("fork"), _child_write, (storage, 12, [False, False, True, False]))
+    assert len(storage) == 16
+    now, cursors = storage._writes_since(count)
+    assert now == count + 1 and cursors is None  # not in this process's journal
+    got = check(ends, storage)
+    assert ends.scanned == 40
+    assert 14 in got[1].flatten().tolist()
+    # the parent's own writes are followed again afterwards
+    storage.set(torch.arange(16, 18), make_td(torch.tensor([True, False])))
+    check(ends, storage)
+    assert ends.scanned == 40 and ends.read == 2
+
+
+def test_spawned_child_write_is_counted(tmp_path):
+    storage = _shared("LazyTensorStorage", tmp_path, 20, [False, True, False])
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    count = ends._count
+    _run(mp.get_context("spawn"), _child_write, (storage, 3, [False, True]))
+    assert storage._writes_since(count) == (count + 1, None)
+    got = check(ends, storage)
+    assert ends.scanned == 40
+    assert got[1].flatten().tolist() == [1, 4]
+
+
+def test_plain_pickle_gets_its_own_counter():
+    storage = filled("LazyTensorStorage", 10, [False, True, False])
+    now = storage._writes_since(None)[0]
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy._writes_since(None)[0] == now
+    assert copy._writes_since(now) == (now, [])
+    cursor = torch.arange(3, 5)
+    storage.set(cursor, make_td(torch.tensor([True, False])))
+    assert storage._writes_since(now) == (now + 1, [cursor])
+    assert copy._writes_since(now) == (now, [])
+    copy.set(2, make_td(torch.tensor([True]))[0])
+    assert copy._writes_since(now) == (now + 1, [2])
+    ends = TrajectoryEnds(KEY)
+    check(ends, copy)
+    check(ends, storage)
+    # a tracker pickles without its storage and starts over
+    clone = pickle.loads(pickle.dumps(ends))
+    assert clone.end_key == KEY and clone._count is None
+    check(clone, storage)
+
+
+# -----------------------------------------------------------------------------
+# the write journal
+# -----------------------------------------------------------------------------
+@pytest.mark.parametrize("cls_name", STORAGES)
+def test_journal_lists_cursors_in_order(cls_name):
+    storage = make_storage(cls_name, 30)
+    assert storage._writes_since(None) == (0, None)
+    first = torch.arange(4)
+    storage.set(first, make_td(torch.zeros(4, dtype=torch.bool)))
+    now = storage._writes_since(None)[0]
+    assert now == 2  # the initialization, then the write
+    assert storage._writes_since(0) == (2, None)  # the initialization may change anything
+    assert storage._writes_since(1) == (2, [first])
+    cursors = [slice(2, 5), range(3, 6), [1, 2], np.array([7]), 9, torch.tensor([8, 8])]
+    for cursor in cursors[:-2]:
+        n = len(range(30)[cursor]) if isinstance(cursor, slice) else len(cursor)
+        storage.set(cursor, make_td(torch.zeros(n, dtype=torch.bool)))
+    storage.set(cursors[-2], make_td(torch.zeros(1, dtype=torch.bool))[0], set_cursor=False)
+    storage[cursors[-1]] = make_td(torch.zeros(2, dtype=torch.bool))
+    since, listed = storage._writes_since(now)
+    assert since == now + len(cursors)
+    assert len(listed) == len(cursors)
+    assert all(a is b for a, b in zip(listed, cursors))
+    assert storage._writes_since(since) == (since, [])
+    assert storage._writes_since(since + 1) == (since, None)  # a count from elsewhere
+
+
+def test_journal_is_bounded():
+    storage = filled("LazyTensorStorage", 1000, torch.zeros(10, dtype=torch.bool))
+    now = storage._writes_since(None)[0]
+    for i in range(100):
+        storage.set(i, make_td(torch.tensor([False]))[0])
+    assert storage._writes_since(now) == (now + 100, None)
+    since, cursors = storage._writes_since(now + 36)
+    assert since == now + 100 and cursors == list(range(36, 100))
+    # the index tensors held add up to at most max_size rows
+    small = filled("LazyTensorStorage", 10, torch.zeros(2, dtype=torch.bool))
+    now = small._writes_since(None)[0]
+    for _ in range(3):
+        small.set(torch.arange(6), make_td(torch.zeros(6, dtype=torch.bool)))
+    assert small._writes_since(now + 1) == (now + 3, None)
+    assert len(small._writes_since(now + 2)[1]) == 1
+    assert small.__dict__["_journal_rows"] == 6
+
+
+@pytest.mark.parametrize("cls_name", STORAGES)
+def test_wholesale_changes_are_unknown_writes(tmp_path, cls_name):
+    storage = filled(cls_name, 10, [False, True, False, True])
+    donor = filled(cls_name, 10, [True] * 7)
+
+    def unknown_after(change):
+        now = storage._writes_since(None)[0]
+        change()
+        since, cursors = storage._writes_since(now)
+        assert since > now and cursors is None
+        # later writes are journalled again
+        storage.set(0, make_td(torch.tensor([False]))[0])
+        assert storage._writes_since(since) == (since + 1, [0])
+
+    unknown_after(storage._empty)
+    unknown_after(lambda: storage.load_state_dict(donor.state_dict()))
+    donor.dumps(tmp_path / "ckpt")
+    unknown_after(lambda: storage.loads(tmp_path / "ckpt"))
+
+    def failing_write():
+        with pytest.raises(IndexError):
+            storage.set(torch.tensor([1, 12]), make_td(torch.tensor([True, True])))
+
+    unknown_after(failing_write)
+    ends = TrajectoryEnds(KEY)
+    check(ends, storage)
+
+
+def test_compilable_storage_counts_in_a_plain_int():
+    storage = ours.LazyTensorStorage(8, compilable=True)
+    storage.set(torch.arange(3), make_td(torch.tensor([False, True, False])))
+    assert storage.__dict__["_writes_value"] == 2
+    assert storage._writes_since(1) == (2, [storage._last_cursor])
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy.__dict__["_writes_value"] == 2
+    check(TrajectoryEnds(KEY), storage)
+
+
+# -----------------------------------------------------------------------------
+# cursors and unsupported storages
+# -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "cursor",
+    [7, -1, np.int64(3), torch.tensor([2, 9]), range(4, 8), range(0), slice(0, 10), [1, 2],
+     torch.tensor(5), torch.tensor([]), 10, torch.tensor([1.0])],
+    ids=repr,
+)
+def test_full_storage_cursor_kinds(cursor):
+    storage = filled("LazyTensorStorage", 10, torch.arange(10) % 4 == 0)
+    storage._last_cursor = cursor
+    check(TrajectoryEnds(KEY), storage)
+
+
+def test_storage_built_on_data():
+    done = torch.arange(12) % 5 == 2
+    storage = ours.TensorStorage(make_td(done))
+    ends = CountingEnds(KEY)
+    check(ends, storage)  # full, no cursor: the last trajectory runs on to the first row
+    storage.set(torch.tensor([11, 0]), make_td(torch.tensor([True, False])))
+    check(ends, storage)
+    assert ends.scanned == 12 and ends.read == 2
+
+
+def test_length_set_past_the_capacity():
+    storage = filled("LazyTensorStorage", 10, torch.arange(10) % 4 == 1)
+    storage._len = 13  # by hand: the full read takes the 10 rows, not at capacity
+    check(TrajectoryEnds(KEY), storage)
+
+
+def test_unsupported_storages():
+    td = make_td(torch.tensor([False, True, False]))
+    theirs = trl.LazyTensorStorage(10)
+    theirs.set(torch.arange(3), td)
+    two_dim = ours.LazyTensorStorage(12, ndim=2)
+    two_dim_done = torch.zeros(3, 4, 1, dtype=torch.bool)
+    two_dim.set(torch.arange(3), TensorDict({KEY: two_dim_done}, [3, 4]))
+    plain = ours.LazyTensorStorage(10)
+    plain.set(torch.arange(3), torch.zeros(3, 2))
+    wide = ours.LazyTensorStorage(10)
+    wide.set(torch.arange(3), TensorDict({KEY: torch.zeros(3, 2, dtype=torch.bool)}, [3]))
+    bf16 = ours.LazyTensorStorage(10)
+    bf16.set(torch.arange(3), TensorDict({KEY: torch.zeros(3, 1, dtype=torch.bfloat16)}, [3]))
+    listed = ours.ListStorage(10)
+    listed.set(0, td[0])
+    for storage in (theirs, two_dim, plain, listed, ours.LazyTensorStorage(10)):
+        assert not TrajectoryEnds.supports(storage)
+        assert TrajectoryEnds(KEY).bounds(storage) is None
+    for storage in (wide, bf16):
+        assert TrajectoryEnds.supports(storage)
+        ends = TrajectoryEnds(KEY)
+        assert ends.bounds(storage) is None and not ends.update(storage)
+    ok = filled("LazyTensorStorage", 10, [False, True, False])
+    assert TrajectoryEnds(KEY).update(ok)
+    with pytest.raises(KeyError):
+        TrajectoryEnds(("next", "missing")).bounds(ok)
+    # a storage of length 1: the full read raises, bounds defers to it
+    one = filled("LazyTensorStorage", 10, [True])
+    assert TrajectoryEnds(KEY).bounds(one) is None
+    with pytest.raises(IndexError):
+        reference(one)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(te_module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 5 and result.failed == 0
+
+
+# -----------------------------------------------------------------------------
+# trajectory ids
+# -----------------------------------------------------------------------------
+IDS_KEY = "episode"
+IDS_OPS = ["extend", "extend", "extend", "add", "slice", "random", "empty", "burst"]
+
+
+def reference_ids(storage):
+    """What SliceSampler computes from the whole id signal (``traj_key``)."""
+    return replay.find_start_stop_traj(
+        trajectory=storage[:][IDS_KEY],
+        at_capacity=storage._is_full,
+        cursor=storage._last_cursor,
+    )
+
+
+def check_ids(ends, storage):
+    got = ends.bounds(storage)
+    try:
+        expected = reference_ids(storage)
+    except (IndexError, RuntimeError) as error:
+        expected = error
+    if isinstance(expected, Exception):
+        assert got is None, (got, expected)
+        return
+    if got is None:
+        # only where the full path gives no trajectory (one-step storages) or its cursor rules
+        assert len(storage) < 2 or storage._is_full, expected
+        return
+    for mine, theirs in zip(got, expected):
+        assert mine.dtype == theirs.dtype == torch.int64
+        assert torch.equal(mine, theirs), (got, expected)
+
+
+@pytest.mark.parametrize("cls_name", STORAGES)
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_bounds_from_ids_match_full_read(cls_name, data):
+    capacity = data.draw(st.integers(1, 40), label="capacity")
+    storage = make_storage(cls_name, capacity)
+    every_write = TrajectoryEnds(IDS_KEY, from_ids=True)
+    now_and_then = TrajectoryEnds(IDS_KEY, from_ids=True)
+    state = {"cursor": 0, "episode": 0}
+
+    def td(n):
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
+        p = data.draw(st.sampled_from([0.0, 0.2, 0.7]), label="p")
+        # ids grow by one at each new episode, and come back after wrapping
+        steps = rng.random(n) < p
+        ids = state["episode"] + np.cumsum(steps)
+        state["episode"] = int(ids[-1]) if n else state["episode"]
+        return TensorDict({IDS_KEY: torch.as_tensor(ids % 7), "obs": torch.randn(n, 2)}, [n])
+
+    for _ in range(data.draw(st.integers(1, 12), label="steps")):
+        op = data.draw(st.sampled_from(IDS_OPS), label="op")
+        if not storage.initialized and op == "empty":
+            op = "extend"
+        if op == "extend":
+            n = data.draw(st.integers(1, 2 * capacity), label="n")
+            storage.set(torch.arange(state["cursor"], state["cursor"] + n) % capacity, td(n))
+            state["cursor"] = (state["cursor"] + n) % capacity
+        elif op == "add":
+            storage.set(state["cursor"], td(1)[0])
+            state["cursor"] = (state["cursor"] + 1) % capacity
+        elif op == "burst":
+            for _ in range(data.draw(st.integers(60, 70), label="burst")):
+                storage.set(state["cursor"], td(1)[0])
+                state["cursor"] = (state["cursor"] + 1) % capacity
+        elif op == "slice":
+            a = data.draw(st.integers(0, capacity - 1), label="a")
+            b = data.draw(st.integers(a + 1, capacity), label="b")
+            storage.set(slice(a, b), td(b - a))
+        elif op == "random":
+            index = data.draw(st.lists(st.integers(0, capacity - 1), min_size=1, max_size=capacity))
+            storage.set(torch.tensor(index), td(len(index)))
+        elif op == "empty":
+            storage._empty()
+            state["cursor"] = 0
+        check_ids(every_write, storage)
+        if data.draw(st.booleans(), label="check now_and_then"):
+            check_ids(now_and_then, storage)
+    check_ids(now_and_then, storage)
+
+
+def test_ids_write_reads_only_neighbouring_pairs():
+    capacity = 1000
+    storage = make_storage("LazyTensorStorage", capacity)
+    ids = torch.arange(capacity) // 10
+    storage.set(torch.arange(capacity), TensorDict({IDS_KEY: ids}, [capacity]))
+
+    class Counting(TrajectoryEnds):
+        scanned = read = 0
+
+        def _scan(self, signal):
+            Counting.scanned += signal.size
+            return super()._scan(signal)
+
+        def _read(self, signal, rows):
+            Counting.read += rows.size
+            return super()._read(signal, rows)
+
+    ends = Counting(IDS_KEY, from_ids=True)
+    check_ids(ends, storage)
+    assert Counting.scanned == capacity and Counting.read == 0
+    storage.set(torch.arange(995, 1005) % capacity, TensorDict({IDS_KEY: torch.full((10,), 500)}, [10]))
+    check_ids(ends, storage)
+    # pairs (t, t + 1) named by t: 994..998 and 0..4 (row 999 vs row 0 is read apart)
+    assert Counting.scanned == capacity and Counting.read == 10
+    before = Counting.read
+    check_ids(ends, storage)
+    assert Counting.read == before
+    assert ends.bounds(storage) is ends.bounds(storage)  # nothing written: the same tensors
+
+
+def test_ids_of_shape_n1_are_left_to_the_full_read():
+    storage = make_storage("LazyTensorStorage", 10)
+    storage.set(torch.arange(10), TensorDict({IDS_KEY: (torch.arange(10) // 3).unsqueeze(-1)}, [10]))
+    assert TrajectoryEnds(IDS_KEY, from_ids=True).bounds(storage) is None

@@ -1,0 +1,437 @@
+"""Trajectory ends of a storage, kept up to date as the storage is written.
+
+A ``SliceSampler`` without ``cache_values`` needs the start, stop and length of every
+trajectory at each ``sample`` call. Reading the whole end-of-trajectory signal for that
+costs O(capacity) per call; :class:`TrajectoryEnds` instead follows the writes made
+through :meth:`~torchrl_compat.storages.TensorStorage.set` (see
+``TensorStorage._writes_since``) and reads the signal only at the rows written since its
+last call, so a call costs O(number of trajectories + rows written).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+
+import numpy as np
+import torch
+from tensordict import is_tensor_collection
+
+__all__ = ["TrajectoryEnds"]
+
+_NO_ENDS = np.empty(0, dtype=np.int64)
+
+
+class TrajectoryEnds:
+    """The trajectory ends of a storage, followed through its writes.
+
+    Keeps the sorted rows where the ``end_key`` entry of a storage is nonzero. Each call
+    asks the storage which cursors were written since the previous one and reads the
+    end signal at those rows only; it reads the whole signal (one vectorised pass) on
+    first use, after a write made in another process, when more writes were made than
+    the storage's journal holds, after the storage was initialized, emptied or loaded,
+    when the end tensor was replaced, and when the length decreased.
+
+    Only 1-D storages of ``torchrl_compat`` (:class:`~torchrl_compat.TensorStorage` and
+    its subclasses) holding a tensordict are followed, with an end entry on the CPU
+    holding one value per step (shape ``[max_size]`` or ``[max_size, 1, ...]``) of a
+    dtype numpy knows; :meth:`bounds` returns ``None`` for anything else, and the caller
+    then reads the whole signal as before.
+
+    The object holds a weak reference to the storage it follows: keep one per storage.
+    Passing another storage starts over with a full read.
+
+    Args:
+        end_key (NestedKey): the key of the end-of-trajectory signal in the storage, e.g.
+            ``("next", "done")``, or of the trajectory ids with ``from_ids=True``.
+
+    Keyword Args:
+        from_ids (bool, optional): if ``True``, ``end_key`` holds trajectory ids and an end is
+            wherever the id changes from one step to the next (the last filled step of a full
+            storage ends when its id differs from the first step's), as
+            ``replay.find_start_stop_traj(trajectory=...)`` reads them. Defaults to ``False``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import LazyTensorStorage
+        >>> from torchrl_compat._trajectory_ends import TrajectoryEnds
+        >>> storage = LazyTensorStorage(6)
+        >>> done = torch.tensor([False, True, False, False, True, False]).unsqueeze(-1)
+        >>> storage.set(torch.arange(4), TensorDict({("next", "done"): done[:4]}, [4]))
+        >>> ends = TrajectoryEnds(("next", "done"))
+        >>> start, stop, lengths = ends.bounds(storage)
+        >>> start.flatten().tolist(), stop.flatten().tolist(), lengths.tolist()
+        ([0, 2], [1, 3], [2, 2])
+        >>> storage.set(torch.arange(4, 6), TensorDict({("next", "done"): done[4:]}, [2]))
+        >>> start, stop, lengths = ends.bounds(storage)  # reads rows 4 and 5 only
+        >>> start.flatten().tolist(), stop.flatten().tolist(), lengths.tolist()
+        ([0, 2, 5], [1, 4, 5], [2, 3, 1])
+
+    .. note:: :meth:`bounds` returns the same tensors again for as long as no end changes
+        (as ``SliceSampler``'s cache does): read them, do not modify them in place.
+
+    .. note:: Only writes made through :meth:`~torchrl_compat.TensorStorage.set` (or
+        ``storage[index] = data``) are seen. Editing in place a tensor read from the
+        storage (``storage[:]["done"][3] = True``), or an index tensor after passing it
+        to ``set``, goes unnoticed until the next full read.
+    """
+
+    def __init__(self, end_key, *, from_ids: bool = False):
+        self.end_key = end_key
+        self.from_ids = from_ids
+        # a sampler may be used from several threads (prefetching buffers)
+        self._lock = threading.Lock()
+        self._forget()
+
+    def _forget(self) -> None:
+        self._storage_ref = None  # weak reference to the storage followed
+        self._signal_ref = None  # weak reference to its end tensor at the last read
+        self._signal_layout = None  # (data_ptr, shape) of that tensor
+        self._count = None  # the storage's write count at the last read
+        self._length = 0  # len(storage) at the last read
+        # sorted rows (over the whole capacity) where end != 0; with ids, the rows t whose id
+        # differs from row t + 1's
+        self._ends = _NO_ENDS
+        self._last_differs = False  # with ids: the last filled row's id differs from row 0's
+        self._result = None  # (ends, what else the result depends on, the result)
+
+    def __getstate__(self):
+        # weak references do not pickle; a copy starts with a full read
+        return {"end_key": self.end_key, "from_ids": self.from_ids}
+
+    def __setstate__(self, state):
+        self.__init__(state["end_key"], from_ids=state.get("from_ids", False))
+
+    def __repr__(self):
+        return f"{type(self).__name__}(end_key={self.end_key!r}, num_ends={self._ends.size})"
+
+    # ------------------------------------------------------------------ public
+    @staticmethod
+    def supports(storage) -> bool:
+        """Whether ``storage`` can be followed: a 1-D ``torchrl_compat`` tensor storage
+        holding an initialized tensordict (the end entry is checked by :meth:`bounds`)."""
+        return (
+            callable(getattr(storage, "_writes_since", None))
+            and getattr(storage, "ndim", None) == 1
+            and bool(getattr(storage, "initialized", False))
+            and is_tensor_collection(getattr(storage, "_storage", None))
+        )
+
+    def update(self, storage) -> bool:
+        """Brings the ends up to date with the writes made to ``storage``.
+
+        Args:
+            storage (Storage): the storage to follow.
+
+        Returns:
+            ``True`` if the storage is followed, ``False`` if it is not supported (see
+            the class description).
+
+        Raises:
+            KeyError: if the storage holds no ``end_key`` entry.
+        """
+        with self._lock:
+            return self._update(storage) is not None
+
+    def bounds(self, storage):
+        """Start, stop and length of every trajectory in ``storage``.
+
+        Updates the ends (see :meth:`update`), then derives the result from them in
+        O(number of trajectories).
+
+        Args:
+            storage (Storage): the storage to read.
+
+        Returns:
+            ``(start_idx, stop_idx, lengths)``: CPU int64 tensors of shapes
+            ``[num_traj, 1]``, ``[num_traj, 1]`` and ``[num_traj]``, equal to
+            ``replay.find_start_stop_traj(end=storage[:][end_key].squeeze()[:len(storage)],
+            at_capacity=storage._is_full, cursor=storage._last_cursor)``; or ``None``
+            when the storage is not supported, or when that call would not give a
+            result this one reproduces: a storage of length 0 or 1 (the squeezed signal
+            is not 1-D and the call raises), or a full storage whose ``_last_cursor`` is
+            neither an int, a non-empty range nor a non-empty 1-D integer or bool
+            tensor, or is out of range. On ``None`` the caller computes the result from
+            the whole signal, which gives the same values or the same error as before.
+
+        Raises:
+            KeyError: if the storage holds no ``end_key`` entry.
+        """
+        with self._lock:
+            length = self._update(storage)
+            ends = self._ends
+            last_differs = self._last_differs
+            cached = self._result
+        if length is None:
+            return None
+        full = length == storage.max_size
+        # the filled rows (a length past the capacity, only set by hand, reads them all)
+        length = min(length, storage.max_size)
+        if length < 2:
+            return None
+        row = None
+        if full:
+            cursor = storage._last_cursor
+            if cursor is not None:
+                row = _cursor_row(cursor, length)
+                if row is None:
+                    return None
+        # Nothing written since the last call: the same tensors (as a cache would give).
+        depends_on = (length, full, row, last_differs)
+        if cached is not None and cached[0] is ends and cached[1] == depends_on:
+            return cached[2]
+        # rows past the length hold stale or uninitialized data: not part of the signal
+        # (with ids, the pair of rows length - 1 and length is not either)
+        stops = ends[: np.searchsorted(ends, length - 1 if self.from_ids else length)]
+        if row is not None:
+            stops = _with_row(stops, row)
+        if not full or (self.from_ids and last_differs):
+            stops = _with_row(stops, length - 1)
+        if stops.size:
+            if np.may_share_memory(stops, ends):
+                stops = stops.copy()  # the result must not change with the next patch
+        else:
+            # no end at all: one trajectory over the whole storage
+            stops = np.array([length - 1], dtype=np.int64)
+        starts = np.empty_like(stops)
+        np.add(stops[:-1], 1, out=starts[1:])
+        # the first trajectory starts after the last end, wrapping to the first row
+        last = int(stops[-1])
+        starts[0] = last + 1 if last + 1 < length else 0
+        lengths = stops - starts
+        lengths += 1
+        # only the first trajectory can wrap
+        if lengths[0] <= 0:
+            lengths[0] += length
+        result = (
+            torch.from_numpy(starts.reshape(-1, 1)),
+            torch.from_numpy(stops.reshape(-1, 1)),
+            torch.from_numpy(lengths),
+        )
+        with self._lock:
+            if self._ends is ends:
+                self._result = (ends, depends_on, result)
+        return result
+
+    # ---------------------------------------------------------------- internals
+    def _update(self, storage) -> int | None:
+        """Syncs with ``storage``; returns the length read, ``None`` if unsupported."""
+        if not self.supports(storage):
+            self._forget()
+            return None
+        same_storage = self._storage_ref is not None and self._storage_ref() is storage
+        # The count is read before any item: a write finishing meanwhile is counted
+        # after this call's count, so the next call reads its rows again.
+        count, cursors = storage._writes_since(self._count if same_storage else None)
+        tensor = storage._storage[self.end_key]  # KeyError if missing, as storage[:]
+        signal = _signal_view(tensor, storage.max_size)
+        if self.from_ids and isinstance(tensor, torch.Tensor) and tensor.ndim != 1:
+            signal = None  # ids of shape [N, 1] read as a 2-D signal by the full path
+        if signal is None:
+            self._forget()
+            return None
+        length = len(storage)
+        layout = (tensor.data_ptr(), tuple(tensor.shape))
+        rows = None
+        if (
+            cursors is not None
+            and self._signal_ref is not None
+            and self._signal_ref() is tensor
+            and self._signal_layout == layout
+            and length >= self._length
+        ):
+            rows = _written_rows(cursors, signal.shape[0])
+            if rows is not None and self.from_ids:
+                rows = _pairs_touched(rows, signal.shape[0])
+        ends = self._scan(signal) if rows is None else self._patch(signal, rows)
+        if self.from_ids:
+            last = min(length, signal.shape[0]) - 1
+            self._last_differs = last > 0 and bool(signal[last] != signal[0])
+        if not same_storage:
+            self._storage_ref = weakref.ref(storage)
+        self._signal_ref = weakref.ref(tensor)
+        self._signal_layout = layout
+        self._count = count
+        self._length = length
+        self._ends = ends
+        return length
+
+    def _scan(self, signal: np.ndarray) -> np.ndarray:
+        """All the rows where ``signal`` is nonzero (ids: differs from the next row). O(capacity)."""
+        if self.from_ids:
+            return np.flatnonzero(signal[:-1] != signal[1:]).astype(np.int64, copy=False)
+        return np.flatnonzero(signal).astype(np.int64, copy=False)
+
+    def _read(self, signal: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Whether ``signal`` is nonzero (ids: differs from the next row) at each of ``rows``.
+        O(len(rows))."""
+        if self.from_ids:
+            return signal[rows] != signal[rows + 1]
+        return signal[rows] != 0
+
+    def _patch(self, signal: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The ends with ``rows`` (sorted, distinct) read again.
+
+        O(len(rows) log num_ends), plus O(num_ends) when an end appeared or vanished.
+        """
+        ends = self._ends
+        if not rows.size:
+            return ends
+        flags = self._read(signal, rows)
+        position = np.searchsorted(ends, rows)
+        if ends.size:
+            was_end = ends[np.minimum(position, ends.size - 1)] == rows
+        else:
+            was_end = np.zeros(rows.size, dtype=bool)
+        if np.array_equal(was_end, flags):
+            # rows rewritten with what they held (most rows are not ends): no copy
+            return ends
+        vanished = position[was_end & ~flags]
+        if vanished.size:
+            keep = np.ones(ends.size, dtype=bool)
+            keep[vanished] = False
+            ends = ends[keep]
+        appeared = rows[flags & ~was_end]
+        if appeared.size:
+            ends = np.insert(ends, np.searchsorted(ends, appeared), appeared)
+        return ends
+
+
+def _signal_view(tensor, max_size: int) -> np.ndarray | None:
+    """A 1-D numpy view over all the rows of the end entry, or ``None`` if unsupported."""
+    if (
+        not isinstance(tensor, torch.Tensor)
+        or tensor.ndim == 0
+        or tensor.shape[0] != max_size
+        or math.prod(tensor.shape[1:]) != 1
+        or tensor.device.type != "cpu"
+    ):
+        return None
+    try:
+        array = tensor.numpy()
+    except (TypeError, RuntimeError):  # no numpy dtype (bfloat16...), conj / neg bits
+        return None
+    # basic indexing drops the unit dimensions without ever copying
+    signal = array[(slice(None),) + (0,) * (array.ndim - 1)]
+    if signal.dtype == np.bool_:
+        # uninitialized storage rows may hold bool bytes other than 0 and 1: compare
+        # the bytes, as replay.find_start_stop_traj does
+        signal = signal.view(np.uint8)
+    return signal
+
+
+def _written_rows(cursors: list, size: int) -> np.ndarray | None:
+    """The sorted distinct rows in ``[0, size)`` written through ``cursors``.
+
+    Returns ``None`` when a cursor is of a kind not handled here (the caller then reads
+    everything). O(rows log rows).
+    """
+    parts = []
+    for cursor in cursors:
+        rows = _cursor_rows(cursor, size)
+        if rows is None:
+            return None
+        parts.append(rows)
+    if not parts:
+        return _NO_ENDS
+    rows = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    if rows.size > 1:
+        distinct = rows[1:] != rows[:-1]
+        if not distinct.all():
+            rows = rows[np.concatenate(([True], distinct))]
+    return rows
+
+
+def _pairs_touched(rows: np.ndarray, size: int) -> np.ndarray:
+    """The pairs ``(t, t + 1)`` of rows, named by ``t``, that a write of the sorted distinct
+    ``rows`` may change: ``rows`` and ``rows - 1``, within ``[0, size - 1)``."""
+    both = np.concatenate((rows - 1, rows))
+    both = both[(both >= 0) & (both < size - 1)]
+    return np.unique(both)
+
+
+def _cursor_rows(cursor, size: int) -> np.ndarray | None:
+    """The rows in ``[0, size)`` a write at ``cursor`` touches (repeats allowed)."""
+    if isinstance(cursor, bool):
+        return None  # indexing with True adds a dimension
+    if isinstance(cursor, (int, np.integer)):
+        cursor = int(cursor)
+        if not -size <= cursor < size:
+            return None
+        return np.array([cursor % size], dtype=np.int64)
+    if isinstance(cursor, slice):
+        try:
+            return np.arange(*cursor.indices(size), dtype=np.int64)
+        except (TypeError, ValueError):
+            return None
+    if isinstance(cursor, range):
+        rows = np.arange(cursor.start, cursor.stop, cursor.step, dtype=np.int64)
+    elif isinstance(cursor, torch.Tensor):
+        if cursor.device.type != "cpu" or cursor.requires_grad:
+            cursor = cursor.detach().cpu()
+        if cursor.dtype == torch.bool:
+            return _mask_rows(cursor.numpy(), size)
+        if cursor.is_floating_point() or cursor.is_complex() or cursor.dtype == torch.uint8:
+            return None  # uint8 tensors index as masks (deprecated)
+        rows = cursor.numpy()
+    elif isinstance(cursor, (np.ndarray, list)):
+        rows = np.asarray(cursor)
+        if rows.ndim != 1:
+            return None
+        if rows.dtype == np.bool_:
+            return _mask_rows(rows, size)
+        if rows.dtype.kind not in "iu" or rows.dtype == np.uint8:
+            return None
+    else:
+        return None  # tuples (several dimensions), ellipsis...
+    rows = rows.reshape(-1).astype(np.int64, copy=False)
+    if not rows.size:
+        return rows
+    low, high = int(rows.min()), int(rows.max())
+    if low < -size or high >= size:
+        return None
+    return np.where(rows < 0, rows + size, rows) if low < 0 else rows
+
+
+def _mask_rows(mask: np.ndarray, size: int) -> np.ndarray | None:
+    if mask.shape != (size,):
+        return None
+    return np.flatnonzero(mask).astype(np.int64, copy=False)
+
+
+def _cursor_row(cursor, length: int) -> int | None:
+    """The row a full storage's last cursor closes, read as ``replay.find_start_stop_traj``
+    reads it: an int, or the last element of a range or of a 1-D integer or bool tensor.
+
+    Returns ``None`` for any other cursor and for a row outside ``[-length, length)``:
+    ``replay`` raises for most of them, and reading the whole signal reproduces that.
+    """
+    if isinstance(cursor, torch.Tensor):
+        if (
+            cursor.ndim != 1
+            or not cursor.numel()
+            or cursor.is_floating_point()
+            or cursor.is_complex()
+        ):
+            return None
+        row = int(cursor[-1])  # a mask's last flag, as replay reads it, for bool
+    elif isinstance(cursor, range):
+        if not len(cursor):
+            return None
+        row = cursor[-1]
+    elif isinstance(cursor, (int, np.integer)):
+        row = int(cursor)
+    else:
+        return None
+    if not -length <= row < length:
+        return None
+    return row % length
+
+
+def _with_row(ends: np.ndarray, row: int) -> np.ndarray:
+    """The sorted ``ends`` with ``row`` added if absent. O(len(ends))."""
+    position = int(np.searchsorted(ends, row))
+    if position < ends.size and ends[position] == row:
+        return ends
+    return np.concatenate((ends[:position], np.array([row], dtype=np.int64), ends[position:]))
