@@ -3,8 +3,12 @@
 Run in the torch 2.9.1 reference environment, where torchrl's compiled trees load:
 ``/opt/ref291/bin/python -m pytest bench/test_bench_samplers.py --benchmark-group-by=group``.
 Elsewhere the torchrl prioritized references are skipped. Workloads: a full
-``LazyTensorStorage`` of 2^20 transitions (torchrl's class, for both sides), episodes of
-1000 steps with a ``("next", "done")`` key, batch 256, slices of 32.
+``LazyTensorStorage`` of 2^20 transitions, episodes of 1000 steps with a
+``("next", "done")`` key, batch 256, slices of 32. Unless a test id says ``own-storage``,
+both sides sample torchrl's storage class; ``own-storage`` is ours on
+``torchrl_compat.LazyTensorStorage`` with the same data, which is how the drop-in is used
+(and where the slice samplers follow the storage's writes instead of reading the whole
+end signal at every call).
 """
 import os
 import sys
@@ -17,6 +21,7 @@ from torchrl.data.replay_buffers import LazyTensorStorage
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torchrl_compat.samplers as ours  # noqa: E402
+import torchrl_compat.storages as our_storages  # noqa: E402
 
 N = 1 << 20
 N_LARGE = 1 << 23
@@ -32,15 +37,18 @@ IMPLS = [
 ALL_IMPLS = [pytest.param(trl, id="torchrl"), pytest.param(ours, id="ours")]
 
 
-def _episodes(n):
-    torch.manual_seed(0)
-    done = torch.zeros(n, 1, dtype=torch.bool)
-    done[EPISODE - 1 :: EPISODE] = True
-    data = TensorDict(
-        {"obs": torch.arange(n), ("next", "done"): done, "episode": torch.arange(n) // EPISODE}, [n]
+def _episode_data(start, n):
+    step = torch.arange(start, start + n)
+    return TensorDict(
+        {"obs": step, ("next", "done"): (step % EPISODE == EPISODE - 1).unsqueeze(-1), "episode": step // EPISODE},
+        [n],
     )
-    st = LazyTensorStorage(n)
-    st.set(torch.arange(n), data)
+
+
+def _episodes(n, storage_cls=LazyTensorStorage):
+    torch.manual_seed(0)
+    st = storage_cls(n)
+    st.set(torch.arange(n), _episode_data(0, n))
     return st
 
 
@@ -50,13 +58,36 @@ def storage():
 
 
 @pytest.fixture(scope="module")
+def own_storage():
+    return _episodes(N, our_storages.LazyTensorStorage)
+
+
+@pytest.fixture(scope="module")
 def large_storage():
     return _episodes(N_LARGE)
 
 
 @pytest.fixture(scope="module")
+def large_own_storage():
+    return _episodes(N_LARGE, our_storages.LazyTensorStorage)
+
+
+@pytest.fixture(scope="module")
 def small_storage():
     return _episodes(N_PRIORITIZED_SLICES)
+
+
+@pytest.fixture(scope="module")
+def small_own_storage():
+    return _episodes(N_PRIORITIZED_SLICES, our_storages.LazyTensorStorage)
+
+
+# (module, which storage): torchrl on its storage; ours on torchrl's and on its own
+SIDES = [
+    pytest.param(trl, "torchrl", id="torchrl"),
+    pytest.param(ours, "torchrl", id="ours"),
+    pytest.param(ours, "own", id="ours-own-storage"),
+]
 
 
 def _prioritized(module):
@@ -87,10 +118,11 @@ def test_prioritized_update(benchmark, module):
     benchmark.pedantic(sampler.update_priority, setup=setup, rounds=200, warmup_rounds=5)
 
 
-@pytest.mark.parametrize("module", ALL_IMPLS)
-def test_random_sample(benchmark, storage, module):
+@pytest.mark.parametrize("module,which", SIDES)
+def test_random_sample(benchmark, storage, own_storage, module, which):
     benchmark.group = "RandomSampler.sample"
-    benchmark.pedantic(module.RandomSampler().sample, args=(storage, BATCH), rounds=300, warmup_rounds=5)
+    st = own_storage if which == "own" else storage
+    benchmark.pedantic(module.RandomSampler().sample, args=(st, BATCH), rounds=300, warmup_rounds=5)
 
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
@@ -103,13 +135,14 @@ def test_without_replacement_first_batch(benchmark, storage, module):
     benchmark.pedantic(lambda s, st, b: s.sample(st, b), setup=setup, rounds=10)
 
 
-@pytest.mark.parametrize("module", ALL_IMPLS)
-def test_without_replacement_steady(benchmark, storage, module):
+@pytest.mark.parametrize("module,which", SIDES)
+def test_without_replacement_steady(benchmark, storage, own_storage, module, which):
     benchmark.group = "SamplerWithoutReplacement steady state"
     torch.manual_seed(3)
+    st = own_storage if which == "own" else storage
     sampler = module.SamplerWithoutReplacement()
-    sampler.sample(storage, BATCH)
-    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=300, warmup_rounds=5)
+    sampler.sample(st, BATCH)
+    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=300, warmup_rounds=5)
 
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
@@ -127,7 +160,7 @@ def test_without_replacement_epoch(benchmark, storage, module):
     benchmark.pedantic(epoch, setup=setup, rounds=3)
 
 
-@pytest.mark.parametrize("module", ALL_IMPLS)
+@pytest.mark.parametrize("module,which", SIDES)
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -136,25 +169,46 @@ def test_without_replacement_epoch(benchmark, storage, module):
         pytest.param(dict(end_key=("next", "done"), cache_values=True), id="cache_values"),
     ],
 )
-def test_slice_sample(benchmark, storage, module, kwargs):
+def test_slice_sample(benchmark, storage, own_storage, module, which, kwargs):
     benchmark.group = f"SliceSampler.sample 2^20 {'-'.join(f'{k}={v}' for k, v in kwargs.items())}"
     torch.manual_seed(4)
     sampler = module.SliceSampler(slice_len=SLICE, **kwargs)
-    rounds = 100 if kwargs.get("cache_values") else 20
-    benchmark.pedantic(sampler.sample, args=(storage, BATCH), rounds=rounds, warmup_rounds=1)
+    rounds = 100 if kwargs.get("cache_values") or which == "own" else 20
+    st = own_storage if which == "own" else storage
+    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=rounds, warmup_rounds=1)
 
 
-@pytest.mark.parametrize("module", ALL_IMPLS)
-def test_slice_sample_large(benchmark, large_storage, module):
+@pytest.mark.parametrize("module,which", SIDES)
+def test_slice_sample_large(benchmark, large_storage, large_own_storage, module, which):
     benchmark.group = "SliceSampler.sample 2^23 end_key"
     torch.manual_seed(5)
     sampler = module.SliceSampler(slice_len=SLICE, end_key=("next", "done"))
-    benchmark.pedantic(sampler.sample, args=(large_storage, BATCH), rounds=5, warmup_rounds=1)
+    st = large_own_storage if which == "own" else large_storage
+    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=50 if which == "own" else 5, warmup_rounds=1)
 
 
-@pytest.mark.parametrize("module", IMPLS)
+@pytest.mark.parametrize("module,which", [SIDES[0], SIDES[2]])
+@pytest.mark.parametrize("kwargs", [dict(end_key=("next", "done")), dict(traj_key="episode")], ids=["end_key", "traj_key"])
+def test_slice_sample_after_each_write(benchmark, module, which, kwargs):
+    """A training loop: 256 new steps written (not timed), then one sample, on a full 2^20
+    storage that wraps around. Each side samples its own storage class."""
+    benchmark.group = f"SliceSampler.sample 2^20 after each write of 256 steps {'-'.join(kwargs)}"
+    st = _episodes(N, our_storages.LazyTensorStorage if which == "own" else LazyTensorStorage)
+    torch.manual_seed(7)
+    sampler = module.SliceSampler(slice_len=SLICE, **kwargs)
+    written = iter(range(N, 10**12, BATCH))
+
+    def write():
+        start = next(written)
+        st.set(torch.arange(start, start + BATCH) % N, _episode_data(start, BATCH))
+        return (st, BATCH), {}
+
+    benchmark.pedantic(sampler.sample, setup=write, rounds=30 if module is trl else 200, warmup_rounds=1)
+
+
+@pytest.mark.parametrize("module,which", [pytest.param(trl, "torchrl", id="torchrl", marks=IMPLS[0].marks), SIDES[1], SIDES[2]])
 @pytest.mark.parametrize("cache_values", [True, False], ids=["cached", "uncached"])
-def test_prioritized_slice_sample(benchmark, small_storage, module, cache_values):
+def test_prioritized_slice_sample(benchmark, small_storage, small_own_storage, module, which, cache_values):
     benchmark.group = f"PrioritizedSliceSampler.sample 1e5 {'cached' if cache_values else 'uncached'}"
     torch.manual_seed(6)
     sampler = module.PrioritizedSliceSampler(
@@ -162,4 +216,5 @@ def test_prioritized_slice_sample(benchmark, small_storage, module, cache_values
     )
     sampler.update_priority(torch.arange(N_PRIORITIZED_SLICES), torch.rand(N_PRIORITIZED_SLICES))
     rounds = 100 if cache_values else 20
-    benchmark.pedantic(sampler.sample, args=(small_storage, BATCH), rounds=rounds, warmup_rounds=2)
+    st = small_own_storage if which == "own" else small_storage
+    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=rounds, warmup_rounds=2)

@@ -647,3 +647,49 @@ def test_prioritized_slice_state_and_left_span_warning(tmp_path):
     assert other._alpha == 1.0
     other.mark_update(torch.tensor([0]))
     assert other._sum_tree[0] == pytest.approx(float(other.default_priority))
+
+
+# --------------------------------------------------------------------------- writes followed
+
+
+@pytest.mark.parametrize("key", ["end_key", "traj_key"])
+@pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, storage_cls):
+    """On torchrl_compat storages the trajectory bounds follow the writes: the samples equal
+    those of a full read of the signal at every call, and the signal is read whole once."""
+    import torchrl_compat.storages as our_storages
+    from torchrl_compat._trajectory_ends import TrajectoryEnds
+
+    scans = []
+    original_scan = TrajectoryEnds._scan
+    monkeypatch.setattr(TrajectoryEnds, "_scan", lambda self, s: scans.append(s.size) or original_scan(self, s))
+    capacity = 300
+    storage = getattr(our_storages, storage_cls)(capacity)
+    rng = np.random.default_rng(0)
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    tracked = ours.SliceSampler(slice_len=4, **kwargs)
+    full_read = ours.SliceSampler(slice_len=4, **kwargs)
+    full_read._tracked_bounds = lambda *args, **kw: None
+    tracked._rng, full_read._rng = generator(1), generator(1)
+    lengths = rng.integers(4, 30, 200)
+    episode = episodes_from_lengths(lengths)
+    data = episode_data(episode)
+    cursor = 0
+    for step in range(40):
+        k = int(rng.integers(1, 40))
+        index = torch.arange(cursor, cursor + k) % capacity
+        storage.set(index, data[cursor : cursor + k])
+        cursor += k
+        if len(storage) < 40:
+            continue
+        equal_outputs(tracked.sample(storage, 20), full_read.sample(storage, 20))
+    assert storage._is_full  # wrapped around, with a cursor
+    assert len(scans) == 1, scans
+
+
+def test_slice_sampler_on_torchrl_storage_reads_the_whole_signal():
+    storage = episode_storage([5, 7, 9])
+    sampler = ours.SliceSampler(slice_len=2, end_key=("next", "done"))
+    sampler._rng = generator(0)
+    sampler.sample(storage, 4)
+    assert not sampler.__dict__.get("_trajectory_ends")  # torchrl's storages journal nothing

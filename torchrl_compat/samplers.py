@@ -30,6 +30,7 @@ from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
 from tensordict.utils import NestedKey
 
 from . import _torch_slices
+from ._trajectory_ends import TrajectoryEnds
 from .utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index
 from ._sampler_deps import (
     _auto_device,
@@ -1427,6 +1428,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         state = super().__getstate__()
         state["_cache"] = {}
         state.pop("_shortest", None)
+        state.pop("_trajectory_ends", None)
         return state
 
     def extend(self, index: torch.Tensor) -> None:
@@ -1508,6 +1510,11 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         if self._fetch_traj:
             # We first try with the traj_key
             try:
+                vals = self._tracked_bounds(storage, self._used_traj_key, from_ids=True)
+                if vals is not None:
+                    if self.cache_values:
+                        self._cache["stop-and-length"] = vals
+                    return vals
                 if isinstance(storage, TensorStorage):
                     trajectory = storage[:][self._used_traj_key]
                 else:
@@ -1532,6 +1539,11 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                 raise
 
         else:
+            vals = self._tracked_bounds(storage, self.end_key, from_ids=False)
+            if vals is not None:
+                if self.cache_values:
+                    self._cache["stop-and-length"] = vals
+                return vals
             try:
                 try:
                     done = storage[:][self.end_key]
@@ -1552,6 +1564,23 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                     self._fetch_traj = True
                     return self._get_stop_and_length(storage, fallback=False)
                 raise
+
+    def _tracked_bounds(self, storage, key, *, from_ids: bool):
+        """``(start_idx, stop_idx, lengths)`` from trajectory ends kept up to date with the
+        storage's writes (:class:`._trajectory_ends.TrajectoryEnds`): O(trajectories + rows
+        written) instead of a read of the whole signal. ``None`` for storages that do not
+        journal their writes (torchrl's own, N-D ones...) or a missing key: the caller then
+        reads the whole signal, which also raises its errors."""
+        if not self._use_cpu_kernels or not TrajectoryEnds.supports(storage):
+            return None
+        trackers = self.__dict__.setdefault("_trajectory_ends", {})
+        tracker = trackers.get((key, from_ids))
+        if tracker is None:
+            tracker = trackers[(key, from_ids)] = TrajectoryEnds(key, from_ids=from_ids)
+        try:
+            return tracker.bounds(storage)
+        except KeyError:
+            return None
 
     def _adjusted_batch_size(self, batch_size):
         if self.num_slices is not None:
