@@ -925,3 +925,18 @@ def test_cuda_auto_device_from_data():
     store = O.LazyTensorStorage(4, device="auto")
     store.set(range(2), torch.zeros(2, 3, device="cuda"))
     assert store.device.type == "cuda" and store._storage.device.type == "cuda"
+
+
+def test_rand_given_ndim_eager_and_under_torch_compile():
+    storage = O.LazyTensorStorage(10)
+    storage.set(torch.arange(10), TensorDict({"obs": torch.arange(10)}, [10]))
+    eager = storage._rand_given_ndim(64)
+    assert eager.shape == (64,) and eager.dtype == torch.int64 and bool(((eager >= 0) & (eager < 10)).all())
+    compiled = torch.compile(lambda: storage._rand_given_ndim(64), backend="eager")
+    for _ in range(3):  # back-to-back calls: the draw stays outside the graph
+        out = compiled()
+        assert out.shape == (64,) and bool(((out >= 0) & (out < 10)).all())
+    torch.manual_seed(0)
+    first = storage._rand_given_ndim(8)
+    torch.manual_seed(0)
+    assert torch.equal(first, storage._rand_given_ndim(8))

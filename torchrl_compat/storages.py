@@ -1128,9 +1128,16 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         if _total_shape is not None:
             return torch.Size([self._len_along_dim0] + list(_total_shape[1:]))
 
-    # Without this, torch.compile recompiles for back-to-back calls.
-    @compile_disable()
     def _rand_given_ndim(self, batch_size):
+        # Under torch.compile the draw runs outside the graph (compiled, it recompiles for
+        # back-to-back calls); eagerly, the disabled wrapper's frame switch costs about as
+        # much as the draw itself, so it is skipped.
+        if is_compiling():
+            return self._rand_given_ndim_eager(batch_size)
+        return self._rand_given_ndim_impl(batch_size)
+
+    @compile_disable()
+    def _rand_given_ndim_eager(self, batch_size):
         return self._rand_given_ndim_impl(batch_size)
 
     def _rand_given_ndim_impl(self, batch_size):
