@@ -69,6 +69,34 @@ cdef object _int64_data(object x, str name, const int64_t **data, int64_t *n):
     return arr
 
 
+cdef object _real_data(object x, str name, const float **f32, const double **f64, int64_t *n):
+    """``x`` flattened to float32 (when it is float32) or float64: sets one of ``f32`` /
+    ``f64`` (the other stays NULL) and ``n``, and returns the object owning the memory."""
+    cdef const float[::1] v32
+    cdef const double[::1] v64
+    f32[0] = NULL
+    f64[0] = NULL
+    if _is_plain_cpu_tensor(x, _TORCH_FLOAT32):
+        n[0] = x.numel()
+        f32[0] = <const float *><uintptr_t>x.data_ptr()
+        return x
+    if _is_plain_cpu_tensor(x, _TORCH_FLOAT64):
+        n[0] = x.numel()
+        f64[0] = <const double *><uintptr_t>x.data_ptr()
+        return x
+    arr = _as_array(x)
+    arr = _as_value_array(arr, np.float32 if arr.dtype == np.float32 else np.float64, name)
+    n[0] = arr.shape[0]
+    if n[0]:
+        if arr.dtype == np.float32:
+            v32 = arr
+            f32[0] = &v32[0]
+        else:
+            v64 = arr
+            f64[0] = &v64[0]
+    return arr
+
+
 cdef object _tensor_to_numpy(object tensor):
     """A numpy view of a CPU tensor (a host copy for other devices)."""
     if tensor.is_cpu and not tensor.requires_grad:
@@ -801,8 +829,6 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
     cdef const void *vptr = NULL
     cdef const float *p32 = NULL
     cdef const double *p64 = NULL
-    cdef const float[::1] p32_view
-    cdef const double[::1] p64_view
     cdef int64_t n, n_value, n_priority, v_stride, p_stride, skipped = 0, argmax = -1, bad = 0
     cdef int rc
     if sum_tree._is_min or not min_tree._is_min:
@@ -815,20 +841,7 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
     if _is_scalar_real(value):
         value = np.array([value], dtype=sum_tree._dtype)
     value_owner = _value_data(value, sum_tree, "value", &vptr, &n_value)
-    if _is_plain_cpu_tensor(priority, _TORCH_FLOAT32):
-        p_owner = priority
-        p32 = <const float *><uintptr_t>priority.data_ptr()
-        n_priority = priority.numel()
-    elif _is_plain_cpu_tensor(priority, _TORCH_FLOAT64):
-        p_owner = priority
-        p64 = <const double *><uintptr_t>priority.data_ptr()
-        n_priority = priority.numel()
-    else:
-        p_owner = _as_value_array(priority, np.float64, "priority")
-        n_priority = p_owner.shape[0]
-        if n_priority:
-            p64_view = p_owner
-            p64 = &p64_view[0]
+    p_owner = _real_data(priority, "priority", &p32, &p64, &n_priority)
     for name, count in (("value", n_value), ("priority", n_priority)):
         if count != n and count != 1:
             raise ValueError(
@@ -1271,8 +1284,6 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     cdef const int64_t *length_ptr = NULL
     cdef const int64_t *traj_ptr = NULL
     cdef const int64_t *seq_ptr = NULL
-    cdef const float[::1] u32_view
-    cdef const double[::1] u64_view
     cdef const float *u32 = NULL
     cdef const double *u64 = NULL
     cdef int64_t[:, ::1] out_view
@@ -1300,27 +1311,7 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
             f"lengths must have shape ({m},) to match start of shape {tuple(shape)}, "
             f"got {_shape_of(lengths)}")
     traj_owner = _int64_data(traj, "traj", &traj_ptr, &n)
-    if _is_plain_cpu_tensor(uniform, _TORCH_FLOAT32):
-        u_owner = uniform
-        u32 = <const float *><uintptr_t>uniform.data_ptr()
-        numel = uniform.numel()
-    elif _is_plain_cpu_tensor(uniform, _TORCH_FLOAT64):
-        u_owner = uniform
-        u64 = <const double *><uintptr_t>uniform.data_ptr()
-        numel = uniform.numel()
-    else:
-        u_owner = _as_array(uniform)
-        if u_owner.dtype != np.float32:
-            u_owner = _as_value_array(u_owner, np.float64, "uniform")
-        u_owner = np.ascontiguousarray(u_owner.reshape(-1))
-        numel = u_owner.shape[0]
-        if numel:
-            if u_owner.dtype == np.float32:
-                u32_view = u_owner
-                u32 = &u32_view[0]
-            else:
-                u64_view = u_owner
-                u64 = &u64_view[0]
+    u_owner = _real_data(uniform, "uniform", &u32, &u64, &numel)
     if numel != n:
         raise ValueError(
             f"uniform must have shape ({n},) to match traj, got shape {_shape_of(uniform)}")

@@ -253,6 +253,27 @@ int rp_slice_starts(const uint8_t *end, int64_t length, int64_t groups, int64_t 
     return RP_OK;
 }
 
+/* The rows of one slice: (t0 + i, coord[1], ..., coord[ndim - 1]) for i < steps, the time
+ * column taken modulo storage_length. O(steps * ndim). */
+static void write_slice(const int64_t *coord, int64_t t0, int64_t steps, int64_t ndim,
+                        int64_t storage_length, int64_t *dst) {
+    /* Floor modulo, so that starts past either end of the storage wrap like torch's `%`. */
+    int64_t t = t0 % storage_length;
+    if (t < 0) t += storage_length;
+    if (ndim == 1) {
+        for (int64_t i = 0; i < steps; ++i) {
+            dst[i] = t;
+            if (++t == storage_length) t = 0;
+        }
+        return;
+    }
+    for (int64_t i = 0; i < steps; ++i) {
+        dst[i * ndim] = t;
+        memcpy(dst + i * ndim + 1, coord + 1, (size_t)(ndim - 1) * sizeof *coord);
+        if (++t == storage_length) t = 0;
+    }
+}
+
 int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim, const int64_t *seq_length,
                      bool uniform, int64_t storage_length, int64_t *out, int64_t *bad) {
     if (storage_length < 1 || ndim < 1) {
@@ -269,22 +290,7 @@ int rp_slice_indices(const int64_t *start, int64_t n, int64_t ndim, const int64_
     for (int64_t k = 0; k < n; ++k) {
         const int64_t steps = uniform ? seq_length[0] : seq_length[k];
         const int64_t *first = start + k * ndim;
-        /* Floor modulo, so that negative starts wrap like torch's `%`. */
-        int64_t t = first[0] % storage_length;
-        if (t < 0) t += storage_length;
-        int64_t *dst = out + row * ndim;
-        if (ndim == 1) {
-            for (int64_t i = 0; i < steps; ++i) {
-                dst[i] = t;
-                if (++t == storage_length) t = 0;
-            }
-        } else {
-            for (int64_t i = 0; i < steps; ++i) {
-                dst[i * ndim] = t;
-                memcpy(dst + i * ndim + 1, first + 1, (size_t)(ndim - 1) * sizeof *first);
-                if (++t == storage_length) t = 0;
-            }
-        }
+        write_slice(first, first[0], steps, ndim, storage_length, out + row * ndim);
         row += steps;
     }
     return RP_OK;
@@ -354,22 +360,7 @@ int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t 
             *bad = k;
             return RP_ERR_VALUE;
         }
-        /* Floor modulo, so that starts past either end of the storage wrap like torch's `%`. */
-        int64_t t = (first[0] + r) % storage_length;
-        if (t < 0) t += storage_length;
-        int64_t *dst = out + row * ndim;
-        if (ndim == 1) {
-            for (int64_t i = 0; i < steps; ++i) {
-                dst[i] = t;
-                if (++t == storage_length) t = 0;
-            }
-        } else {
-            for (int64_t i = 0; i < steps; ++i) {
-                dst[i * ndim] = t;
-                memcpy(dst + i * ndim + 1, first + 1, (size_t)(ndim - 1) * sizeof *first);
-                if (++t == storage_length) t = 0;
-            }
-        }
+        write_slice(first, first[0] + r, steps, ndim, storage_length, out + row * ndim);
         row += steps;
         if (row > 0) {
             truncated[row - 1] = 1;

@@ -1308,9 +1308,18 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         found, the ``end_key`` is used to reconstruct the episodes.
 
     .. note:: On CPU, trajectory starts and stops and the slice indices come from
-        ``replay``'s C kernels (one pass each, GIL released). On an accelerator (the end
-        signal's device, or ``use_gpu``) they are computed with a few vectorised torch ops
-        there; only the checks that can raise synchronise with the host.
+        ``replay``'s C kernels (GIL released): the draws become storage indices and
+        truncation flags in one pass (``replay.sample_slice_index``). On an accelerator
+        (the end signal's device, or ``use_gpu``) they are computed with a few vectorised
+        torch ops there; only the checks that can raise synchronise with the host.
+
+    .. note:: Without ``cache_values``, torchrl reads the whole end signal (or the
+        trajectory ids) at every call: O(capacity), milliseconds at a million steps. On
+        ``torchrl_compat``'s tensor storages, which journal their writes, the trajectory
+        ends are instead kept up to date by reading only the rows written since the last
+        call (O(trajectories + rows written)), with the same results; other storages, and
+        writes made in another process, are read whole as torchrl does. Editing the end
+        signal in place behind the storage's back is not seen until the next whole read.
 
     Examples:
         >>> import torch
