@@ -113,6 +113,15 @@ cdef object _tensor_to_numpy(object tensor):
     return tensor.resolve_conj().resolve_neg().numpy()
 
 
+cdef object _from_numpy(object array):
+    """``torch.from_numpy(array)``, torch imported on first use."""
+    global _FROM_NUMPY
+    if _FROM_NUMPY is None:
+        import torch
+        _FROM_NUMPY = torch.from_numpy
+    return _FROM_NUMPY(array)
+
+
 cdef object _numpy_to_like(object array, object like):
     """``array`` as a torch tensor on ``like``'s device when ``like`` is a tensor."""
     if _is_tensor(like):
@@ -163,7 +172,7 @@ cdef object _as_value_array(object x, object dtype, str name):
 # =====================================================================================
 # Segment trees
 # =====================================================================================
-from cpython.long cimport PyLong_Check
+from cpython.long cimport PyLong_Check, PyLong_CheckExact
 
 cdef object _ALIGN_BYTES = 64
 
@@ -1648,12 +1657,15 @@ cdef class PermutationEpoch:
         Returns:
             an int64 CPU tensor, empty once the epoch is exhausted.
         """
-        if isinstance(batch_size, bool) or not hasattr(type(batch_size), "__index__"):
-            raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
-        cdef object wanted = operator.index(batch_size)
+        cdef object wanted
+        if PyLong_CheckExact(batch_size):  # the common case, without the generic checks
+            wanted = batch_size
+        else:
+            if isinstance(batch_size, bool) or not hasattr(type(batch_size), "__index__"):
+                raise TypeError(f"batch_size must be an int, got {type(batch_size).__name__}")
+            wanted = operator.index(batch_size)
         if wanted < 0:
             raise ValueError(f"batch_size must be non-negative, got batch_size={wanted}")
-        import torch
         cdef int64_t batch, bad = 0
         cdef int rc = RP_OK
         cdef int64_t[::1] out_view
@@ -1661,7 +1673,7 @@ cdef class PermutationEpoch:
             batch = min(wanted, self._n - self._consumed)
             out = np.empty(batch, dtype=np.int64)
             if batch == 0:
-                return torch.from_numpy(out)
+                return _from_numpy(out)
             out_view = out
             if not self._is_dense and (self._n <= _DENSE_BELOW
                                        or self._used + batch > self._n // _SPARSE_FRACTION):
@@ -1681,7 +1693,7 @@ cdef class PermutationEpoch:
                 raise ValueError(f"permutation kernel rejected argument {bad} "
                                  f"(n={self._n}, consumed={self._consumed}, batch={batch})")
             self._consumed += batch
-        return torch.from_numpy(out)
+        return _from_numpy(out)
 
     def __reduce__(self):
         return (_rebuild_permutation_epoch, (), self.__getstate__())
