@@ -693,3 +693,36 @@ def test_slice_sampler_on_torchrl_storage_reads_the_whole_signal():
     sampler._rng = generator(0)
     sampler.sample(storage, 4)
     assert not sampler.__dict__.get("_trajectory_ends")  # torchrl's storages journal nothing
+
+
+def test_prioritized_slice_sampler_follows_writes():
+    """Without cache_values, PrioritizedSliceSampler on a torchrl_compat storage (bounds and
+    excluded starts reused while no trajectory changes) samples what a full read gives."""
+    import torchrl_compat.storages as our_storages
+
+    capacity = 200
+    storage = our_storages.LazyTensorStorage(capacity)
+    rng = np.random.default_rng(3)
+    data = episode_data(episodes_from_lengths(rng.integers(5, 25, 200)))
+    samplers = []
+    for follow in (True, False):
+        sampler = ours.PrioritizedSliceSampler(capacity, 0.8, 0.5, slice_len=4, end_key=("next", "done"))
+        if not follow:
+            sampler._tracked_bounds = lambda *args, **kw: None
+        sampler._rng = generator(5)
+        samplers.append(sampler)
+    priorities = torch.as_tensor(rng.random(capacity) + 0.1)
+    cursor = 0
+    for step in range(30):
+        k = int(rng.integers(1, 30))
+        index = torch.arange(cursor, cursor + k) % capacity
+        storage.set(index, data[cursor : cursor + k])
+        cursor += k
+        for sampler in samplers:
+            sampler.extend(index)
+            sampler.update_priority(index, priorities[index])
+        if len(storage) < 30:
+            continue
+        for _ in range(2):  # a second call reuses the bounds and the excluded starts
+            equal_outputs(samplers[0].sample(storage, 12), samplers[1].sample(storage, 12))
+    assert storage._is_full

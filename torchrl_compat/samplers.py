@@ -367,6 +367,9 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
         # A generator cannot be pickled; the buffer sets it again after loading.
         state = copy(self.__dict__)
         state["_rng"] = None
+        # Per-call caches, rebuilt on first use (they may hold a storage's tensors).
+        for name in ("_shortest", "_trajectory_ends", "_preceding_of"):
+            state.pop(name, None)
         return state
 
 
@@ -1436,8 +1439,6 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             )
         state = super().__getstate__()
         state["_cache"] = {}
-        state.pop("_shortest", None)
-        state.pop("_trajectory_ends", None)
         return state
 
     def extend(self, index: torch.Tensor) -> None:
@@ -2198,19 +2199,32 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         cached = self._cache.get("preceding_stop_idx")
         if cached is not None and cached[0] == key:
             return cached[1]
+        # Without cache_values, the bounds of a storage that journals its writes come back
+        # as the same tensors while no trajectory changed: so do the excluded positions.
+        full = storage._is_full
+        last = self.__dict__.get("_preceding_of")
+        if (
+            last is not None
+            and last[0] is lengths
+            and last[1] is start_idx
+            and last[2] == (key, full)
+        ):
+            return last[3]
         numel = storage.shape.numel()
         if int(lengths.sum()) != numel:
             raise RuntimeError("Wrong shapes / arange configuration")
         preceding_stop_idx = _torch_slices.excluded_start_positions(
             lengths, seq_length, self.span[1], self.strict_length
         )
-        if storage._is_full:
+        if full:
             # At capacity the first trajectory starts at start_idx[0], not at 0.
             total_shape = storage._total_shape
             offset = _ravel(start_idx[0].tolist(), total_shape)
             preceding_stop_idx = (preceding_stop_idx + offset) % total_shape.numel()
         if self.cache_values:
             self._cache["preceding_stop_idx"] = (key, preceding_stop_idx)
+        else:
+            self.__dict__["_preceding_of"] = (lengths, start_idx, (key, full), preceding_stop_idx)
         return preceding_stop_idx
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
