@@ -726,3 +726,17 @@ def test_prioritized_slice_sampler_follows_writes():
         for _ in range(2):  # a second call reuses the bounds and the excluded starts
             equal_outputs(samplers[0].sample(storage, 12), samplers[1].sample(storage, 12))
     assert storage._is_full
+
+
+@pytest.mark.parametrize("key", ["end_key", "traj_key"])
+def test_slice_sampler_compile_matches_eager(key):
+    """compile=True (here with the eager backend, which traces without a C++ toolchain) runs
+    the index step through torch.compile and samples what the uncompiled sampler does."""
+    storage = wrapped_storage()
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    compiled = ours.SliceSampler(slice_len=4, compile={"backend": "eager"}, **kwargs)
+    eager = ours.SliceSampler(slice_len=4, **kwargs)
+    assert compiled.compile and not compiled._kernel_slices(torch.zeros(1, 1, dtype=torch.long))
+    compiled._rng, eager._rng = generator(2), generator(2)
+    for _ in range(3):
+        equal_outputs(compiled.sample(storage, 12), eager.sample(storage, 12))
