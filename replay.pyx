@@ -1376,6 +1376,107 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     return (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
 
 
+def patch_ends(ends, rows, flags):
+    """Sorted end rows with some rows read again.
+
+    Args:
+        ends (np.ndarray): strictly increasing int64 end rows.
+        rows (np.ndarray): strictly increasing int64 rows read again.
+        flags (np.ndarray): one bool (or byte) per row, true where the row is an end now.
+
+    Returns:
+        the updated strictly increasing int64 ends: ``ends`` itself when nothing changed, a
+        new array otherwise.
+
+    Raises:
+        ValueError: for rows that are not strictly increasing, or mismatched sizes.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.patch_ends(np.array([2, 5, 9]), np.array([5, 6]), np.array([False, True])).tolist()
+        [2, 6, 9]
+    """
+    cdef const int64_t *ends_ptr = NULL
+    cdef const int64_t *rows_ptr = NULL
+    cdef const uint8_t[::1] flag_view
+    cdef int64_t[::1] out_view
+    cdef int64_t n_ends, n_rows, n_out = 0
+    cdef bint changed = False
+    cdef int rc
+    ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
+    rows_owner = _int64_data(rows, "rows", &rows_ptr, &n_rows)
+    flag_arr = np.ascontiguousarray(_as_array(flags).reshape(-1))
+    if flag_arr.dtype != np.uint8:
+        flag_arr = (flag_arr != 0).view(np.uint8)
+    if flag_arr.shape[0] != n_rows:
+        raise ValueError(
+            f"flags must hold one value per row, got {flag_arr.shape[0]} flags for {n_rows} rows")
+    if n_rows == 0:
+        return ends
+    flag_view = flag_arr
+    out = np.empty(n_ends + n_rows, dtype=np.int64)
+    out_view = out
+    with nogil:
+        rc = rp_slice_patch_ends(ends_ptr, n_ends, rows_ptr, &flag_view[0], n_rows,
+                                 &out_view[0], &n_out, &changed)
+    if rc != RP_OK:
+        raise ValueError(f"rows must be strictly increasing, got {rows_ptr[n_out]} at position {n_out}")
+    return out[:n_out] if changed else ends
+
+
+def bounds_from_ends(ends, limit, length, forced=()):
+    """Start, stop and length of the trajectories of a 1-D signal, from its sorted end rows.
+
+    What :func:`find_start_stop_traj` returns for a 1-D signal whose ends (after its cursor
+    and closing rules) are the entries of ``ends`` below ``limit`` plus the ``forced`` rows,
+    computed in O(number of ends) instead of a pass over the signal.
+
+    Args:
+        ends (np.ndarray): strictly increasing int64 rows where the signal ends a trajectory.
+        limit (int): only the ends below it count (the filled part of the signal).
+        length (int): the number of rows of the signal (at least 1).
+        forced (sequence of int, optional): rows that end a trajectory whatever ``ends`` says
+            (the cursor row, the last row); ``-1`` entries are skipped; at most 8.
+
+    Returns:
+        ``(start, stop, lengths)``: int64 arrays of shapes ``[n, 1]``, ``[n, 1]``, ``[n]``.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> start, stop, lengths = replay.bounds_from_ends(np.array([1, 4]), 6, 6)
+        >>> start.ravel().tolist(), stop.ravel().tolist(), lengths.tolist()
+        ([5, 2], [1, 4], [3, 3])
+    """
+    cdef const int64_t *ends_ptr = NULL
+    cdef int64_t forced_rows[8]
+    cdef int64_t[:, ::1] start_view
+    cdef int64_t[:, ::1] stop_view
+    cdef int64_t[::1] length_view
+    cdef int64_t n_ends, n_forced = 0, n_out = 0, c_limit = limit, c_length = length
+    cdef int rc
+    ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
+    for row in forced:
+        if n_forced == 8:
+            raise ValueError(f"at most 8 forced rows, got {len(forced)}")
+        forced_rows[n_forced] = row
+        n_forced += 1
+    if c_length < 1:
+        raise ValueError(f"length must be at least 1, got length={length}")
+    start = np.empty((n_ends + n_forced + 1, 1), dtype=np.int64)
+    stop = np.empty((n_ends + n_forced + 1, 1), dtype=np.int64)
+    lengths = np.empty(n_ends + n_forced + 1, dtype=np.int64)
+    start_view = start
+    stop_view = stop
+    length_view = lengths
+    with nogil:
+        rc = rp_slice_bounds_from_ends(ends_ptr, n_ends, c_limit, c_length, forced_rows, n_forced,
+                                       &start_view[0, 0], &stop_view[0, 0], &length_view[0],
+                                       &n_out)
+    if rc != RP_OK:
+        raise ValueError(f"forced rows must lie in [-1, {length}), got {list(forced)}")
+    return start[:n_out], stop[:n_out], lengths[:n_out]
+
+
 # =====================================================================================
 # Permutations
 # =====================================================================================

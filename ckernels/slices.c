@@ -376,3 +376,83 @@ int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t 
     }
     return RP_OK;
 }
+
+int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows,
+                        const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
+                        bool *changed) {
+    for (int64_t k = 1; k < n_rows; ++k) {
+        if (rows[k] <= rows[k - 1]) {
+            *n_out = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    int64_t i = 0, k = 0, o = 0;
+    bool differs = false;
+    while (i < n_ends || k < n_rows) {
+        if (k == n_rows || (i < n_ends && ends[i] < rows[k])) {
+            out[o++] = ends[i++]; /* an end no write touched */
+            continue;
+        }
+        const bool was_end = i < n_ends && ends[i] == rows[k];
+        const bool is_end = flags[k] != 0;
+        if (is_end) out[o++] = rows[k];
+        differs |= was_end != is_end;
+        i += was_end;
+        ++k;
+    }
+    *n_out = o;
+    *changed = differs;
+    return RP_OK;
+}
+
+int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                              const int64_t *forced, int64_t n_forced, int64_t *start,
+                              int64_t *stop, int64_t *lengths, int64_t *n_out) {
+    if (length < 1) {
+        *n_out = -1;
+        return RP_ERR_VALUE;
+    }
+    for (int64_t f = 0; f < n_forced; ++f) {
+        if (forced[f] < -1 || forced[f] >= length) {
+            *n_out = -1;
+            return RP_ERR_VALUE;
+        }
+    }
+    /* The forced rows, sorted and without duplicates (there are at most a few). */
+    int64_t extra[8];
+    int64_t n_extra = 0;
+    for (int64_t f = 0; f < n_forced && n_extra < 8; ++f) {
+        const int64_t r = forced[f];
+        if (r < 0) continue;
+        int64_t p = 0;
+        while (p < n_extra && extra[p] < r) ++p;
+        if (p < n_extra && extra[p] == r) continue;
+        for (int64_t q = n_extra; q > p; --q) extra[q] = extra[q - 1];
+        extra[p] = r;
+        ++n_extra;
+    }
+    /* Merge the ends below limit with the forced rows. */
+    int64_t i = 0, e = 0, o = 0;
+    while ((i < n_ends && ends[i] < limit) || e < n_extra) {
+        int64_t r;
+        if (e == n_extra || (i < n_ends && ends[i] < limit && ends[i] <= extra[e])) {
+            r = ends[i++];
+            if (e < n_extra && extra[e] == r) ++e;
+        } else {
+            r = extra[e++];
+        }
+        stop[o++] = r;
+    }
+    if (o == 0) stop[o++] = length - 1; /* no end at all: one trajectory to the last row */
+    int64_t previous = stop[o - 1];
+    for (int64_t k = 0; k < o; ++k) {
+        const int64_t start_t = previous + 1 == length ? 0 : previous + 1;
+        int64_t span = stop[k] - start_t + 1;
+        if (span <= 0) span += length;
+        start[k] = start_t;
+        lengths[k] = span;
+        previous = stop[k];
+    }
+    *n_out = o;
+    return RP_OK;
+}

@@ -112,6 +112,29 @@ int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t 
                           int64_t storage_length, int64_t *out, uint8_t *truncated,
                           int64_t *rows, int64_t *bad);
 
+/* Merge re-read rows into a sorted list of end rows: ends[0..n_ends) is strictly increasing;
+ * rows[0..n_rows) is strictly increasing and flags[k] != 0 when rows[k] is an end now, 0 when
+ * it is not. out (room for n_ends + n_rows) receives the updated strictly increasing ends and
+ * *n_out their count; *changed is set to whether they differ from ends (out then need not be
+ * used). Returns RP_OK, or RP_ERR_VALUE with *n_out = k when rows is not strictly increasing
+ * at k (nothing meaningful written). O(n_ends + n_rows). */
+int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows,
+                        const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
+                        bool *changed);
+
+/* Trajectories of a 1-D signal of `length` rows whose ends are the sorted rows ends[0..n_ends)
+ * that are < limit, plus the rows forced[0..n_forced) (each in [0, length), any order, -1
+ * entries skipped; duplicates of ends allowed). As rp_slice_starts computes them for one group:
+ * stop[k] are the effective ends in increasing order; start[k] is one past the previous end,
+ * the first one past the last end (wrapping to 0); lengths[k] = stop - start + 1, plus length
+ * when <= 0; no effective end at all gives one trajectory ending at length - 1. The outputs
+ * hold n_ends + n_forced + 1 entries; *n_out receives how many were written. Returns RP_OK, or
+ * RP_ERR_VALUE (*n_out = -1) for length < 1 or a forced row outside [-1, length).
+ * O(n_ends + n_forced^2). */
+int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                              const int64_t *forced, int64_t n_forced, int64_t *start,
+                              int64_t *stop, int64_t *lengths, int64_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

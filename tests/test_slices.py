@@ -386,3 +386,64 @@ def test_slice_indices_errors(name):
         fn(start.float(), 2, 5)
     with pytest.raises(ValueError, match=r"got shape \(2, 2, 1\)"):
         fn(start.unsqueeze(-1), 2, 5)
+
+
+# --------------------------------------------------------------------------- sorted end rows
+
+
+@SETTINGS
+@given(
+    length=st.integers(1, 60),
+    density=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+    forced=st.lists(st.integers(-1, 59), max_size=3),
+    limit_cut=st.integers(0, 2),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_bounds_from_ends_match_find_start_stop_traj(length, density, forced, limit_cut, seed):
+    rng = np.random.default_rng(seed)
+    end = rng.random(length) < density
+    ends = np.flatnonzero(end).astype(np.int64)
+    forced = [r for r in forced if r < length]
+    limit = max(length - limit_cut, 0)
+    # the reference: the same signal with the ends at or past limit cleared, forced rows set
+    signal = end.copy()
+    signal[limit:] = False
+    for row in forced:
+        if row >= 0:
+            signal[row] = True
+    start, stop, lengths = replay.bounds_from_ends(ends, limit, length, forced)
+    ref = replay.find_start_stop_traj(end=torch.as_tensor(signal), at_capacity=True)
+    for got, expected in zip((start, stop, lengths), ref):
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, expected.numpy())
+
+
+@SETTINGS
+@given(
+    size=st.integers(1, 80),
+    seed=st.integers(0, 2**32 - 1),
+    n_rows=st.integers(0, 30),
+)
+def test_patch_ends_matches_a_rescan(size, seed, n_rows):
+    rng = np.random.default_rng(seed)
+    end = rng.random(size) < rng.random()
+    ends = np.flatnonzero(end).astype(np.int64)
+    rows = np.unique(rng.integers(0, size, n_rows)).astype(np.int64)
+    flags = rng.random(rows.size) < 0.5
+    end[rows] = flags
+    patched = replay.patch_ends(ends, rows, flags)
+    np.testing.assert_array_equal(patched, np.flatnonzero(end))
+    assert (patched is ends) == np.array_equal(np.flatnonzero(end), ends)
+
+
+def test_sorted_end_kernels_reject_bad_input():
+    with pytest.raises(ValueError, match="rows must be strictly increasing, got 3 at position 2"):
+        replay.patch_ends(np.array([1, 5]), np.array([2, 4, 3]), np.array([True, False, True]))
+    with pytest.raises(ValueError, match="one value per row"):
+        replay.patch_ends(np.array([1, 5]), np.array([2, 4]), np.array([True]))
+    with pytest.raises(ValueError, match=r"forced rows must lie in \[-1, 6\)"):
+        replay.bounds_from_ends(np.array([1]), 6, 6, [6])
+    with pytest.raises(ValueError, match="length must be at least 1"):
+        replay.bounds_from_ends(np.array([], dtype=np.int64), 0, 0)
+    with pytest.raises(TypeError, match="ends must hold integers"):
+        replay.bounds_from_ends(np.array([1.0]), 6, 6)

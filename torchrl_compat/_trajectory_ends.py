@@ -17,6 +17,11 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
+try:  # the sorted-ends kernels; without them, storages are read whole (supports() is False)
+    import replay as _replay
+except ImportError:  # pragma: no cover - replay is built with the package
+    _replay = None
+
 __all__ = ["TrajectoryEnds"]
 
 _NO_ENDS = np.empty(0, dtype=np.int64)
@@ -112,7 +117,8 @@ class TrajectoryEnds:
         """Whether ``storage`` can be followed: a 1-D ``torchrl_compat`` tensor storage
         holding an initialized tensordict (the end entry is checked by :meth:`bounds`)."""
         return (
-            callable(getattr(storage, "_writes_since", None))
+            _replay is not None
+            and callable(getattr(storage, "_writes_since", None))
             and getattr(storage, "ndim", None) == 1
             and bool(getattr(storage, "initialized", False))
             and is_tensor_collection(getattr(storage, "_storage", None))
@@ -181,33 +187,14 @@ class TrajectoryEnds:
         depends_on = (length, full, row, last_differs)
         if cached is not None and cached[0] is ends and cached[1] == depends_on:
             return cached[2]
-        # rows past the length hold stale or uninitialized data: not part of the signal
-        # (with ids, the pair of rows length - 1 and length is not either)
-        stops = ends[: np.searchsorted(ends, length - 1 if self.from_ids else length)]
-        if row is not None:
-            stops = _with_row(stops, row)
+        # Rows past the length hold stale or uninitialized data: not part of the signal (with
+        # ids, the pair of rows length - 1 and length is not either). One C pass over the ends.
+        forced = [row] if row is not None else []
         if not full or (self.from_ids and last_differs):
-            stops = _with_row(stops, length - 1)
-        if stops.size:
-            if np.may_share_memory(stops, ends):
-                stops = stops.copy()  # the result must not change with the next patch
-        else:
-            # no end at all: one trajectory over the whole storage
-            stops = np.array([length - 1], dtype=np.int64)
-        starts = np.empty_like(stops)
-        np.add(stops[:-1], 1, out=starts[1:])
-        # the first trajectory starts after the last end, wrapping to the first row
-        last = int(stops[-1])
-        starts[0] = last + 1 if last + 1 < length else 0
-        lengths = stops - starts
-        lengths += 1
-        # only the first trajectory can wrap
-        if lengths[0] <= 0:
-            lengths[0] += length
-        result = (
-            torch.from_numpy(starts.reshape(-1, 1)),
-            torch.from_numpy(stops.reshape(-1, 1)),
-            torch.from_numpy(lengths),
+            forced.append(length - 1)
+        limit = length - 1 if self.from_ids else length
+        result = tuple(
+            torch.from_numpy(array) for array in _replay.bounds_from_ends(ends, limit, length, forced)
         )
         with self._lock:
             if self._ends is ends:
@@ -271,31 +258,11 @@ class TrajectoryEnds:
         return signal[rows] != 0
 
     def _patch(self, signal: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The ends with ``rows`` (sorted, distinct) read again.
-
-        O(len(rows) log num_ends), plus O(num_ends) when an end appeared or vanished.
-        """
-        ends = self._ends
+        """The ends with ``rows`` (sorted, distinct) read again: the same array when none
+        changed. O(len(rows) + num_ends), one C merge."""
         if not rows.size:
-            return ends
-        flags = self._read(signal, rows)
-        position = np.searchsorted(ends, rows)
-        if ends.size:
-            was_end = ends[np.minimum(position, ends.size - 1)] == rows
-        else:
-            was_end = np.zeros(rows.size, dtype=bool)
-        if np.array_equal(was_end, flags):
-            # rows rewritten with what they held (most rows are not ends): no copy
-            return ends
-        vanished = position[was_end & ~flags]
-        if vanished.size:
-            keep = np.ones(ends.size, dtype=bool)
-            keep[vanished] = False
-            ends = ends[keep]
-        appeared = rows[flags & ~was_end]
-        if appeared.size:
-            ends = np.insert(ends, np.searchsorted(ends, appeared), appeared)
-        return ends
+            return self._ends
+        return _replay.patch_ends(self._ends, rows, self._read(signal, rows))
 
 
 def _signal_view(tensor, max_size: int) -> np.ndarray | None:
@@ -427,11 +394,3 @@ def _cursor_row(cursor, length: int) -> int | None:
     if not -length <= row < length:
         return None
     return row % length
-
-
-def _with_row(ends: np.ndarray, row: int) -> np.ndarray:
-    """The sorted ``ends`` with ``row`` added if absent. O(len(ends))."""
-    position = int(np.searchsorted(ends, row))
-    if position < ends.size and ends[position] == row:
-        return ends
-    return np.concatenate((ends[:position], np.array([row], dtype=np.int64), ends[position:]))
