@@ -150,6 +150,9 @@ cdef extern from "ckernels/perm.h" nogil:
     int rp_perm_randperm(rp_prng_state *st, int64_t n, int64_t bucket_bits,
                          int64_t bucket_capacity, int64_t *counts, int64_t counts_len,
                          int32_t *scratch, int64_t scratch_len, int64_t *out, int64_t *bad)
+    int rp_perm_shuffle(rp_prng_state *st, int64_t n, const int64_t *values, int64_t bucket_bits,
+                        int64_t bucket_capacity, int64_t *counts, int64_t counts_len,
+                        int32_t *scratch, int64_t scratch_len, int64_t *out, int64_t *bad)
     int rp_perm_sparse_next_batch(rp_prng_state *st, int64_t n, int64_t consumed,
                                   int64_t *keys, int64_t *vals, int64_t capacity,
                                   int64_t *used, int64_t batch, int64_t *out, int64_t *bad)

@@ -1512,10 +1512,10 @@ cdef int64_t _check_count(object n, str func, str name) except -1:
     return value
 
 
-cdef object _randperm_array(int64_t n, uint64_t seed, int64_t bucket_bits=-1,
-                            int64_t bucket_capacity=-1):
-    """A numpy int64 permutation of range(n) drawn from xoshiro256** seeded with ``seed``."""
-    cdef rp_prng_state state
+cdef object _bucketed_shuffle(rp_prng_state *state, int64_t n, const int64_t *values,
+                              int64_t bucket_bits=-1, int64_t bucket_capacity=-1):
+    """A numpy int64 array of ``values[0..n)`` (of ``range(n)`` when ``values`` is NULL) in a
+    uniformly random order, drawn from ``state`` by the bucketed shuffle (see perm.h)."""
     cdef int64_t bits, capacity, bad = 0, counts_len = 0, scratch_len = 0
     cdef int rc
     rp_perm_randperm_layout(n, &bits, &capacity)
@@ -1538,15 +1538,26 @@ cdef object _randperm_array(int64_t n, uint64_t seed, int64_t bucket_bits=-1,
         scratch_view = np.empty(scratch_len, dtype=np.int32)
         counts_ptr = &counts_view[0]
         scratch_ptr = &scratch_view[0]
-    rp_prng_seed(&state, seed)
     with nogil:
-        rc = rp_perm_randperm(&state, n, bits, capacity, counts_ptr, counts_len, scratch_ptr,
-                              scratch_len, &out_view[0], &bad)
+        if values == NULL:
+            rc = rp_perm_randperm(state, n, bits, capacity, counts_ptr, counts_len, scratch_ptr,
+                                  scratch_len, &out_view[0], &bad)
+        else:
+            rc = rp_perm_shuffle(state, n, values, bits, capacity, counts_ptr, counts_len,
+                                 scratch_ptr, scratch_len, &out_view[0], &bad)
     if rc != RP_OK:
-        names = ("n", "bucket_bits", "bucket_capacity", "counts_len", "scratch_len")
-        raise ValueError(f"rp_perm_randperm rejected {names[bad]} (n={n}, bucket_bits={bits}, "
+        names = ("n", "bucket_bits", "bucket_capacity", "counts_len", "scratch_len", "values")
+        raise ValueError(f"the bucketed shuffle rejected {names[bad]} (n={n}, bucket_bits={bits}, "
                          f"bucket_capacity={capacity})")
     return out
+
+
+cdef object _randperm_array(int64_t n, uint64_t seed, int64_t bucket_bits=-1,
+                            int64_t bucket_capacity=-1):
+    """A numpy int64 permutation of range(n) drawn from xoshiro256** seeded with ``seed``."""
+    cdef rp_prng_state state
+    rp_prng_seed(&state, seed)
+    return _bucketed_shuffle(&state, n, NULL, bucket_bits, bucket_capacity)
 
 
 def randperm(n, *, generator=None):
@@ -1594,6 +1605,19 @@ def _py_randperm(n, seed, bucket_bits=-1, bucket_capacity=-1):
     """
     return _randperm_array(_check_count(n, "_py_randperm", "n"), <uint64_t>(seed & _UINT64_MASK),
                            bucket_bits, bucket_capacity)
+
+
+def _py_shuffle(values, seed, bucket_bits=-1, bucket_capacity=-1):
+    """Test hook: ``values`` (int64) in the random order the bucketed shuffle gives for a raw
+    64-bit seed, with the layout overridable as in :func:`_py_randperm`."""
+    cdef rp_prng_state state
+    cdef const int64_t *ptr = NULL
+    cdef int64_t n = 0
+    owner = _int64_data(values, "values", &ptr, &n)
+    rp_prng_seed(&state, <uint64_t>(seed & _UINT64_MASK))
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    return _bucketed_shuffle(&state, n, ptr, bucket_bits, bucket_capacity)
 
 
 def _py_prng_u64(seed, count):
@@ -1748,6 +1772,32 @@ cdef class PermutationEpoch:
         with self._lock:
             if not self._is_dense:
                 self._to_dense()
+
+    def shuffle_rest(self):
+        """Returns every element not handed out yet, in a uniformly random order, and ends the
+        epoch.
+
+        One bucketed shuffle of the remaining elements (cache-friendly, O(remaining), as
+        :func:`randperm`) instead of ``remaining`` lazy Fisher-Yates steps, each a cache miss
+        on a large epoch: a caller that will read the whole epoch batch by batch can then
+        slice the result. The order of the epoch stays uniformly random: the elements already
+        handed out were drawn uniformly, and the rest is shuffled uniformly.
+
+        Returns:
+            an int64 CPU tensor of ``remaining`` elements (empty once the epoch is exhausted).
+        """
+        cdef int64_t m
+        cdef const int64_t[::1] rest_view
+        with self._lock:
+            m = self._n - self._consumed
+            if m == 0:
+                return _from_numpy(np.empty(0, dtype=np.int64))
+            if not self._is_dense:
+                self._to_dense()
+            rest_view = self._dense[self._consumed:self._n]
+            out = _bucketed_shuffle(&self._state, m, &rest_view[0])
+            self._consumed = self._n
+        return _from_numpy(out)
 
     def next_batch(self, batch_size):
         """Returns the next ``min(batch_size, remaining)`` elements of the epoch.

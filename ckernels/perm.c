@@ -91,9 +91,54 @@ void rp_perm_randperm_layout(int64_t n, int64_t *bucket_bits, int64_t *bucket_ca
     *bucket_capacity = mu + 8 * (int64_t)sqrt((double)mu) + 64;
 }
 
+/* In-place Fisher-Yates of out[0..n) (any n >= 0), a random word per step. */
+static void rp_shuffle_in_place(rp_prng_state *st, int64_t n, int64_t *out) {
+    for (int64_t k = n - 1; k > 0; k--) {
+        const int64_t j = (int64_t)rp_prng_bounded_u64(st, (uint64_t)k + 1);
+        const int64_t v = out[k];
+        out[k] = out[j];
+        out[j] = v;
+    }
+}
+
+/* rp_perm_randperm and rp_perm_shuffle: the bucketed shuffle of values[0..n), or of 0..n-1
+ * when values is NULL. */
+static int rp_bucketed_shuffle(rp_prng_state *st, int64_t n, const int64_t *values,
+                               int64_t bucket_bits, int64_t bucket_capacity, int64_t *counts,
+                               int64_t counts_len, int32_t *scratch, int64_t scratch_len,
+                               int64_t *out, int64_t *bad);
+
 int rp_perm_randperm(rp_prng_state *st, int64_t n, int64_t bucket_bits, int64_t bucket_capacity,
                      int64_t *counts, int64_t counts_len, int32_t *scratch, int64_t scratch_len,
                      int64_t *out, int64_t *bad) {
+    return rp_bucketed_shuffle(st, n, NULL, bucket_bits, bucket_capacity, counts, counts_len,
+                               scratch, scratch_len, out, bad);
+}
+
+int rp_perm_shuffle(rp_prng_state *st, int64_t n, const int64_t *values, int64_t bucket_bits,
+                    int64_t bucket_capacity, int64_t *counts, int64_t counts_len,
+                    int32_t *scratch, int64_t scratch_len, int64_t *out, int64_t *bad) {
+    if (bucket_bits > 0) {
+        /* The buckets hold int32: check the values fit before anything is written. */
+        int32_t ok = 1;
+        for (int64_t i = 0; i < n; i++) ok &= (values[i] >= 0) & (values[i] <= INT32_MAX);
+        if (!ok) {
+            for (int64_t i = 0; i < n; i++) {
+                if (values[i] < 0 || values[i] > INT32_MAX) {
+                    *bad = 5;
+                    return RP_ERR_VALUE;
+                }
+            }
+        }
+    }
+    return rp_bucketed_shuffle(st, n, values, bucket_bits, bucket_capacity, counts, counts_len,
+                               scratch, scratch_len, out, bad);
+}
+
+static int rp_bucketed_shuffle(rp_prng_state *st, int64_t n, const int64_t *values,
+                               int64_t bucket_bits, int64_t bucket_capacity, int64_t *counts,
+                               int64_t counts_len, int32_t *scratch, int64_t scratch_len,
+                               int64_t *out, int64_t *bad) {
     if (n < 0) { *bad = 0; return RP_ERR_VALUE; }
     if (bucket_bits < 0 || bucket_bits > RP_PERM_MAX_BUCKET_BITS
         || (bucket_bits > 0 && n > INT32_MAX)) {
@@ -101,7 +146,12 @@ int rp_perm_randperm(rp_prng_state *st, int64_t n, int64_t bucket_bits, int64_t 
         return RP_ERR_VALUE;
     }
     if (bucket_bits == 0) {
-        rp_shuffle_identity(st, n, out);
+        if (values == NULL) {
+            rp_shuffle_identity(st, n, out);
+        } else {
+            if (n > 0) memcpy(out, values, (size_t)n * sizeof *out);
+            rp_shuffle_in_place(st, n, out);
+        }
         return RP_OK;
     }
     const int64_t n_buckets = (int64_t)1 << bucket_bits;
@@ -131,7 +181,7 @@ int rp_perm_randperm(rp_prng_state *st, int64_t n, int64_t bucket_bits, int64_t 
             w >>= shift;
             const int64_t f = fill[b];
             if (RP_UNLIKELY(f == bucket_capacity)) { overflow = true; break; }
-            scratch[start[b] + f] = (int32_t)i;
+            scratch[start[b] + f] = (int32_t)(values != NULL ? values[i] : i);
             fill[b] = f + 1;
         }
     }
@@ -157,7 +207,7 @@ int rp_perm_randperm(rp_prng_state *st, int64_t n, int64_t bucket_bits, int64_t 
             const int64_t stop = (n - i < per_word) ? n : i + per_word;
             for (; i < stop; i++, w >>= shift) {
                 const uint64_t b = w & mask;
-                scratch[start[b] + fill[b]++] = (int32_t)i;
+                scratch[start[b] + fill[b]++] = (int32_t)(values != NULL ? values[i] : i);
             }
         }
     }

@@ -54,6 +54,15 @@ int rp_perm_randperm(rp_prng_state *st, int64_t n, int64_t bucket_bits, int64_t 
                      int64_t *counts, int64_t counts_len, int32_t *scratch, int64_t scratch_len,
                      int64_t *out, int64_t *bad);
 
+/* rp_perm_randperm for given values: fill out[0..n) with values[0..n) in a uniformly random
+ * order, with the same buckets and passes. With bucket_bits >= 1 every value must lie in
+ * [0, INT32_MAX] (the buckets hold int32); otherwise RP_ERR_VALUE with *bad = 5, writing
+ * nothing. With bucket_bits = 0, out is a copy of values shuffled in place. Other arguments
+ * and return codes as rp_perm_randperm's. O(n). */
+int rp_perm_shuffle(rp_prng_state *st, int64_t n, const int64_t *values, int64_t bucket_bits,
+                    int64_t bucket_capacity, int64_t *counts, int64_t counts_len,
+                    int32_t *scratch, int64_t scratch_len, int64_t *out, int64_t *bad);
+
 /* Draw the next `batch` elements of the lazy Fisher-Yates over range(n) whose first
  * `consumed` steps are done, with displaced positions kept in the hash map (keys, vals) of
  * `capacity` slots (a power of two; empty slots have key -1). Writes out[0..batch), inserts or

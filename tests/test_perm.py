@@ -175,6 +175,23 @@ def _layout_draws(n, count, bits, capacity):
     return [replay._py_randperm(n, seed, bits, capacity).tolist() for seed in range(count)]
 
 
+def _shuffle_draws(n, count, bits, capacity):
+    # The values path of the bucketed shuffle: values in reverse order come out uniformly.
+    values = np.arange(n)[::-1].copy()
+    return [replay._py_shuffle(values, seed, bits, capacity).tolist() for seed in range(count)]
+
+
+def _shuffle_rest_draws(n, count, first):
+    g = torch.Generator().manual_seed(7)
+    draws = []
+    for _ in range(count):
+        epoch = replay.PermutationEpoch(n, generator=g)
+        head = epoch.next_batch(first).tolist()
+        draws.append(head + epoch.shuffle_rest().tolist())
+        assert epoch.remaining == 0 and epoch.shuffle_rest().numel() == 0
+    return draws
+
+
 def _epoch_draws(n, count, batch_sizes):
     g = torch.Generator().manual_seed(99)
     draws = []
@@ -209,6 +226,10 @@ SOURCES = {
     "buckets": lambda n, c: _layout_draws(n, c, 2, 8),
     "bucket-overflow": lambda n, c: _layout_draws(n, c, 2, 0),
     "epoch-dense": lambda n, c: _epoch_draws(n, c, [3, 1, 2]),
+    "shuffle-values-buckets": lambda n, c: _shuffle_draws(n, c, 2, 8),
+    "shuffle-values-overflow": lambda n, c: _shuffle_draws(n, c, 2, 0),
+    "shuffle-values-in-place": lambda n, c: _shuffle_draws(n, c, 0, 0),
+    "epoch-shuffle-rest": lambda n, c: _shuffle_rest_draws(n, c, 1),
 }
 
 
@@ -239,6 +260,8 @@ def test_all_permutations_equally_likely(source, request):
         draws = _epoch_draws(n, count, [1])
     elif source in ("buckets", "bucket-overflow"):
         draws = _layout_draws(n, count, 1, 4 if source == "buckets" else 0)
+    elif source in ("shuffle-values-buckets", "shuffle-values-overflow"):
+        draws = _shuffle_draws(n, count, 1, 4 if source == "shuffle-values-buckets" else 0)
     else:
         draws = SOURCES[source](n, count)
     assert _permutation_chi2(draws, n) < CHI2_999[23]
@@ -415,3 +438,35 @@ def test_densify_keeps_the_permutation():
     rest = a.next_batch(100_000)
     assert a.remaining == 0
     assert sorted(torch.cat([first_a, middle, rest]).tolist()) == list(range(100_000))
+
+
+def test_shuffle_rest_of_a_large_epoch_covers_each_element_once():
+    n = 1 << 16  # large enough for the bucketed path
+    g = torch.Generator().manual_seed(3)
+    for first in (0, 1, 300, n // 2):
+        epoch = replay.PermutationEpoch(n, generator=g)
+        parts = [epoch.next_batch(first)] if first else []
+        if first == n // 2:
+            epoch.densify()
+        parts.append(epoch.shuffle_rest())
+        everything = torch.cat(parts)
+        assert everything.dtype == torch.int64 and torch.equal(everything.sort().values, torch.arange(n))
+        assert epoch.remaining == 0
+
+
+def test_shuffle_rest_is_seeded():
+    def run():
+        epoch = replay.PermutationEpoch(5000, generator=torch.Generator().manual_seed(11))
+        return torch.cat([epoch.next_batch(10), epoch.shuffle_rest()])
+
+    assert torch.equal(run(), run())
+
+
+def test_bucketed_shuffle_rejects_values_outside_int32():
+    with pytest.raises(ValueError, match="rejected values"):
+        replay._py_shuffle(np.array([1, -1, 3]), 0, 1, 4)
+    with pytest.raises(ValueError, match="rejected values"):
+        replay._py_shuffle(np.array([1, 2**31, 3]), 0, 1, 4)
+    # the in-place path takes any int64
+    out = replay._py_shuffle(np.array([-5, 2**40, 3]), 0, 0, 0)
+    assert sorted(out.tolist()) == [-5, 3, 2**40]

@@ -418,12 +418,14 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
     order when ``shuffle=False``), drawn on the storage's device.
 
-    .. note:: On CPU the permutation is drawn lazily by ``replay.PermutationEpoch``: each
-        batch, the first one included, costs O(batch) instead of a full ``torch.randperm``
-        (O(storage)). The seed comes from the buffer's generator or from torch's global
-        RNG, so seeded runs repeat, though with other permutations than torchrl's. The
-        ``_sample_list`` tensor of torchrl's ``state_dict`` / ``dumps`` is materialised
-        (O(remaining)) only when it is read.
+    .. note:: torchrl draws a full ``torch.randperm`` (O(storage)) before the first batch of
+        every epoch. On CPU the first batch here is drawn lazily by
+        ``replay.PermutationEpoch`` in O(batch); the second call shuffles the rest of the
+        epoch at once with a cache-friendly bucketed shuffle (about half a
+        ``torch.randperm``), and later batches are slices of it, as torchrl's are. The seed
+        comes from the buffer's generator or from torch's global RNG, so seeded runs repeat,
+        though with other permutations than torchrl's. The ``_sample_list`` tensor of
+        torchrl's ``state_dict`` / ``dumps`` is materialised (O(remaining)) only when read.
 
     Args:
         drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
@@ -472,9 +474,9 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         sd = TensorDict.load_memmap(path).to_dict()
         self.load_state_dict(sd)
 
-    # ``_sample_list`` (torchrl's state) is a property: on CPU an epoch is drawn batch by
-    # batch by ``replay.PermutationEpoch`` (O(batch) per batch, the first one included) and
-    # the rest of the permutation is only materialised as a tensor when it is read, e.g. by
+    # ``_sample_list`` (torchrl's state) is a property: on CPU the first batch of an epoch is
+    # drawn by ``replay.PermutationEpoch`` (O(batch)) and the rest of the permutation is only
+    # materialised as a tensor at the second batch or when it is read, e.g. by
     # ``state_dict`` / ``dumps``; sampling then continues from that tensor.
     @property
     def _sample_list(self):
@@ -534,11 +536,13 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
 
     def _single_sample(self, len_storage, batch_size):
         epoch = self.__dict__.get("_epoch")
+        if epoch is not None and epoch.remaining < epoch.n:
+            # The first batch came from the lazy shuffle (O(batch)); the rest of the epoch is
+            # now shuffled at once, cache-friendly (about half a torch.randperm), and later
+            # batches are slices of it, as torchrl's are.
+            self._sample_list = epoch.shuffle_rest()
+            epoch = None
         if epoch is not None:
-            if epoch.remaining < epoch.n and not epoch.is_dense:
-                # The first batch came from the sparse map (O(batch)); one O(n) pass now
-                # makes every later batch a plain dense Fisher-Yates step.
-                epoch.densify()
             index = epoch.next_batch(batch_size)
             remaining = epoch.remaining
         else:
