@@ -193,16 +193,23 @@ static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) 
 }
 
 /* The position of the first index outside [0, size) in index[0..n), or n. O(n). */
-static int64_t FN(first_bad_index)(const int64_t *index, int64_t n, int64_t size) {
+/* *in_order is set to whether index[k] == k for every k (a write of leaves 0..n-1 in order,
+ * which then needs no scatter), found in the same pass. */
+static int64_t FN(first_bad_index)(const int64_t *index, int64_t n, int64_t size, bool *in_order) {
+    int64_t shifted = 0; /* nonzero once some index[k] != k */
     for (int64_t k0 = 0; k0 < n; k0 += RP_CHECK_CHUNK) {
         const int64_t k1 = k0 + RP_CHECK_CHUNK < n ? k0 + RP_CHECK_CHUNK : n;
         int flag = 0;
         /* One unsigned comparison covers both ends: a negative index wraps past size. */
-        for (int64_t k = k0; k < k1; k++) flag |= (uint64_t)index[k] >= (uint64_t)size;
+        for (int64_t k = k0; k < k1; k++) {
+            flag |= (uint64_t)index[k] >= (uint64_t)size;
+            shifted |= index[k] ^ k;
+        }
         if (RP_UNLIKELY(flag))
             for (int64_t k = k0; k < k1; k++)
                 if ((uint64_t)index[k] >= (uint64_t)size) return k;
     }
+    *in_order = shifted == 0;
     return n;
 }
 
@@ -221,7 +228,8 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
     const int64_t size = layout->size;
     /* Check everything before writing anything; the first bad position wins, an index error
      * before a value error at the same position. */
-    const int64_t bad_index = FN(first_bad_index)(index, n, size);
+    bool in_order = false;
+    const int64_t bad_index = FN(first_bad_index)(index, n, size, &in_order);
     const int64_t bad_value = value_stride == 0 ? (FN(bad_value)(value[0], is_min) ? 0 : n)
                                                 : FN(first_bad_value)(value, bad_index, is_min);
     if (RP_UNLIKELY(bad_index < n || bad_value < n)) {
@@ -229,9 +237,13 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
         *bad = index_first ? bad_index : bad_value;
         return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
     }
-    if (n * 16 < size) /* a sparse batch: bring its leaves in before the writes */
-        for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
-    for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
+    if (in_order && value_stride == 1) {
+        memcpy(tree, value, (size_t)n * sizeof *tree); /* leaves 0..n-1, e.g. a dense rewrite */
+    } else {
+        if (n * 16 < size) /* a sparse batch: bring its leaves in before the writes */
+            for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
+        for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
+    }
     FN(refresh)(layout, tree, index, n, is_min);
     return RP_OK;
 }
