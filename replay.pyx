@@ -302,58 +302,49 @@ cdef class _SegmentTree:
         ``index``. A batch holding one bad index or value is rejected whole: the tree is
         left unchanged. A repeated index keeps its last value.
         """
-        cdef int64_t n, stride, bad = 0
+        cdef int64_t n, n_value, stride, bad = 0
         cdef int rc
-        cdef const int64_t[::1] idx
-        cdef const float[::1] v32
-        cdef const double[::1] v64
+        cdef const int64_t *iptr = NULL
+        cdef const void *vptr = NULL
         if _is_scalar_int(index):
             if not 0 <= index < self._layout.size:
                 raise IndexError(f"index {index} is out of range for size {self._layout.size}")
-            arr = np.array([index], dtype=np.int64)
-            if not _is_scalar_real(value):
-                vals = _as_value_array(value, self._dtype, "value")
-                if vals.shape[0] != 1:
-                    raise ValueError(
-                        f"a single index takes a single value, got value of shape {np.shape(value)}")
-            else:
-                vals = np.array([value], dtype=self._dtype)
-        else:
-            arr = _as_index_array(index, "index")
-            if _is_scalar_real(value):
-                vals = np.array([value], dtype=self._dtype)
-            else:
-                vals = _as_value_array(value, self._dtype, "value")
-                if vals.shape[0] != arr.shape[0] and vals.shape[0] != 1:
-                    raise ValueError(
-                        f"value must be a scalar or hold as many elements as index, got value of "
-                        f"shape {_shape_of(value)} and index of shape {_shape_of(index)}")
-        n = arr.shape[0]
+            index = np.array([index], dtype=np.int64)
+            if not _is_scalar_real(value) and _as_value_array(value, self._dtype, "value").shape[0] != 1:
+                raise ValueError(
+                    f"a single index takes a single value, got value of shape {np.shape(value)}")
+        if _is_scalar_real(value):
+            value = np.array([value], dtype=self._dtype)
+        # plain CPU tensors go straight to the kernel (data_ptr), anything else through numpy
+        arr = _int64_data(index, "index", &iptr, &n)
+        vals = _value_data(value, self, "value", &vptr, &n_value)
+        if n_value != n and n_value != 1:
+            raise ValueError(
+                f"value must be a scalar or hold as many elements as index, got value of "
+                f"shape {_shape_of(value)} and index of shape {_shape_of(index)}")
         if n == 0:
             return
-        stride = 0 if vals.shape[0] == 1 else 1
-        idx = arr
+        stride = 0 if n_value == 1 else 1
         with self._lock:
             if self._fp64:
-                v64 = vals
                 if self._is_min:
                     with nogil:
-                        rc = rp_mintree_update_f64(&self._layout, self._t64, &idx[0], &v64[0], stride, n, &bad)
+                        rc = rp_mintree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, &bad)
                 else:
                     with nogil:
-                        rc = rp_sumtree_update_f64(&self._layout, self._t64, &idx[0], &v64[0], stride, n, &bad)
+                        rc = rp_sumtree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, &bad)
             else:
-                v32 = vals
                 if self._is_min:
                     with nogil:
-                        rc = rp_mintree_update_f32(&self._layout, self._t32, &idx[0], &v32[0], stride, n, &bad)
+                        rc = rp_mintree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n, &bad)
                 else:
                     with nogil:
-                        rc = rp_sumtree_update_f32(&self._layout, self._t32, &idx[0], &v32[0], stride, n, &bad)
+                        rc = rp_sumtree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n, &bad)
         if rc == RP_ERR_INDEX:
-            _raise_index_error(arr, bad, self._layout.size)
+            _raise_index_error(_as_index_array(arr, "index"), bad, self._layout.size)
         if rc == RP_ERR_VALUE:
-            self._raise_value_error(vals[bad * stride], value, bad * stride)
+            stored = (<const double *>vptr)[bad * stride] if self._fp64 else (<const float *>vptr)[bad * stride]
+            self._raise_value_error(stored, value, bad * stride)
 
     def __setitem__(self, index, value):
         self.update(index, value)
@@ -529,28 +520,25 @@ cdef class _SumSegmentTree(_SegmentTree):
         """
         cdef int64_t n, bad = 0
         cdef int rc
-        cdef const float[::1] v32
-        cdef const double[::1] v64
+        cdef const void *vptr = NULL
         cdef int64_t[::1] ov
         if _is_scalar_real(value):
             vals = np.array([value], dtype=self._dtype)
             shape = None
         else:
             shape = _shape_of(value)
-            vals = _as_value_array(value, self._dtype, "value")
-        n = vals.shape[0]
+            vals = value
+        vals = _value_data(vals, self, "value", &vptr, &n)
         out = np.empty(n, dtype=np.int64)
         if n:
             ov = out
             with self._lock:
                 if self._fp64:
-                    v64 = vals
                     with nogil:
-                        rc = rp_sumtree_scan_lower_bound_f64(&self._layout, self._t64, &v64[0], n, &ov[0], &bad)
+                        rc = rp_sumtree_scan_lower_bound_f64(&self._layout, self._t64, <const double *>vptr, n, &ov[0], &bad)
                 else:
-                    v32 = vals
                     with nogil:
-                        rc = rp_sumtree_scan_lower_bound_f32(&self._layout, self._t32, &v32[0], n, &ov[0], &bad)
+                        rc = rp_sumtree_scan_lower_bound_f32(&self._layout, self._t32, <const float *>vptr, n, &ov[0], &bad)
             if rc != RP_OK:
                 raise ValueError(f"value nan at position {bad} cannot be searched for in a sum tree")
         if shape is None:
