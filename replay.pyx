@@ -765,23 +765,13 @@ cdef class MinSegmentTreeFp64(_SegmentTree):
 
 cdef object _value_data(object x, _SegmentTree tree, str name, const void **data, int64_t *n):
     """``x`` flattened to ``tree``'s dtype: sets ``data`` and ``n`` and returns the owner."""
-    cdef const float[::1] v32
-    cdef const double[::1] v64
-    if _is_plain_cpu_tensor(x, _TORCH_FLOAT64 if tree._fp64 else _TORCH_FLOAT32):
-        n[0] = x.numel()
-        data[0] = <const void *><uintptr_t>x.data_ptr()
-        return x
-    arr = _as_value_array(x, tree._dtype, name)
-    n[0] = arr.shape[0]
-    data[0] = NULL
-    if n[0]:
-        if tree._fp64:
-            v64 = arr
-            data[0] = &v64[0]
-        else:
-            v32 = arr
-            data[0] = &v32[0]
-    return arr
+    cdef const float *f32 = NULL
+    cdef const double *f64 = NULL
+    if not _is_plain_cpu_tensor(x, _TORCH_FLOAT64 if tree._fp64 else _TORCH_FLOAT32):
+        x = _as_value_array(x, tree._dtype, name)
+    owner = _real_data(x, name, &f32, &f64, n)
+    data[0] = <const void *>f64 if tree._fp64 else <const void *>f32
+    return owner
 
 
 def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index, value, priority):

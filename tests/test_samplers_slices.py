@@ -652,6 +652,19 @@ def test_prioritized_slice_state_and_left_span_warning(tmp_path):
 # --------------------------------------------------------------------------- writes followed
 
 
+def round_robin_writes(storage, data, rng, *, steps, longest):
+    """Writes ``steps`` batches of 1 to ``longest - 1`` rows of ``data`` one after the other,
+    wrapping around the storage as torchrl's RoundRobinWriter does; yields each cursor."""
+    capacity = storage.max_size
+    cursor = 0
+    for _ in range(steps):
+        k = int(rng.integers(1, longest))
+        index = torch.arange(cursor, cursor + k) % capacity
+        storage.set(index, data[cursor : cursor + k])
+        cursor += k
+        yield index
+
+
 @pytest.mark.parametrize("key", ["end_key", "traj_key"])
 @pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage"])
 def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, storage_cls):
@@ -671,18 +684,10 @@ def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, stora
     full_read = ours.SliceSampler(slice_len=4, **kwargs)
     full_read._tracked_bounds = lambda *args, **kw: None
     tracked._rng, full_read._rng = generator(1), generator(1)
-    lengths = rng.integers(4, 30, 200)
-    episode = episodes_from_lengths(lengths)
-    data = episode_data(episode)
-    cursor = 0
-    for step in range(40):
-        k = int(rng.integers(1, 40))
-        index = torch.arange(cursor, cursor + k) % capacity
-        storage.set(index, data[cursor : cursor + k])
-        cursor += k
-        if len(storage) < 40:
-            continue
-        equal_outputs(tracked.sample(storage, 20), full_read.sample(storage, 20))
+    data = episode_data(episodes_from_lengths(rng.integers(4, 30, 200)))
+    for _ in round_robin_writes(storage, data, rng, steps=40, longest=40):
+        if len(storage) >= 40:
+            equal_outputs(tracked.sample(storage, 20), full_read.sample(storage, 20))
     assert storage._is_full  # wrapped around, with a cursor
     assert len(scans) == 1, scans
 
@@ -712,12 +717,7 @@ def test_prioritized_slice_sampler_follows_writes():
         sampler._rng = generator(5)
         samplers.append(sampler)
     priorities = torch.as_tensor(rng.random(capacity) + 0.1)
-    cursor = 0
-    for step in range(30):
-        k = int(rng.integers(1, 30))
-        index = torch.arange(cursor, cursor + k) % capacity
-        storage.set(index, data[cursor : cursor + k])
-        cursor += k
+    for index in round_robin_writes(storage, data, rng, steps=30, longest=30):
         for sampler in samplers:
             sampler.extend(index)
             sampler.update_priority(index, priorities[index])
