@@ -129,6 +129,8 @@ cdef extern from "ckernels/slices.h" nogil:
                               bint uniform_length, int64_t span_left, int64_t span_right,
                               int64_t storage_length, int64_t *out, uint8_t *truncated,
                               int64_t *rows, int64_t *bad)
+    int rp_slice_gather_flags(const uint8_t *flags, int64_t length, const int64_t *rows,
+                              int64_t n, uint8_t *out, int64_t *bad)
     int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows,
                             const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
                             bint *changed)

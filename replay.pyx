@@ -27,11 +27,12 @@ cdef object _FROM_NUMPY = None
 cdef object _TORCH_INT64 = None
 cdef object _TORCH_FLOAT32 = None
 cdef object _TORCH_FLOAT64 = None
+cdef object _TORCH_BOOL = None
 
 
 cdef inline bint _is_tensor(object x):
     """True for a torch.Tensor; never imports torch (an unimported torch made no tensor)."""
-    global _TENSOR_TYPE, _FROM_NUMPY, _TORCH_INT64, _TORCH_FLOAT32, _TORCH_FLOAT64
+    global _TENSOR_TYPE, _FROM_NUMPY, _TORCH_INT64, _TORCH_FLOAT32, _TORCH_FLOAT64, _TORCH_BOOL
     if _TENSOR_TYPE is None:
         torch = sys.modules.get("torch")
         if torch is None:
@@ -40,6 +41,7 @@ cdef inline bint _is_tensor(object x):
         _TORCH_INT64 = torch.int64
         _TORCH_FLOAT32 = torch.float32
         _TORCH_FLOAT64 = torch.float64
+        _TORCH_BOOL = torch.bool
         _TENSOR_TYPE = torch.Tensor
     return isinstance(x, _TENSOR_TYPE)
 
@@ -1226,7 +1228,7 @@ cdef int64_t _span_code(object span, str name) except? -2:
 
 
 def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length, *,
-                       span=(False, False)):
+                       span=(False, False), flags=None):
     """Storage indices and truncation flags of sampled slices, from the sampler's draws.
 
     The index step of torchrl's ``SliceSampler._get_index`` in one C pass: slice ``k`` lies
@@ -1248,11 +1250,15 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     Keyword Args:
         span (tuple): ``(left, right)`` as in ``SliceSampler``: ``False`` (or 0), ``True``
             or a positive int each.
+        flags (sequence, optional): bool columns of the storage (``[storage rows, 1]`` CPU
+            tensors, or ``None`` entries) to read at the rows sampled, e.g. the ``done`` and
+            ``terminated`` entries; 1-D storages (``ndim == 1``) only.
 
     Returns:
         ``(index, truncated)``: the int64 ``[rows, ndim]`` indices, slice after slice, and
         the bool ``[rows, 1]`` flags marking the last row of every slice, as torch tensors
-        (numpy arrays when ``start`` is not a tensor).
+        (numpy arrays when ``start`` is not a tensor); with ``flags``, a third item: the list
+        of those columns read at the rows (bool ``[rows, 1]`` tensors, ``None`` for ``None``).
 
     Raises:
         IndexError: for a ``traj`` entry outside ``[0, num_traj)``.
@@ -1351,7 +1357,50 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     if rows != capacity:
         out = out[:rows]
         truncated = truncated[:rows]
-    return (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
+    result = (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
+    if flags is None:
+        return result
+    if ndim != 1:
+        raise ValueError(f"flags are read for 1-D storages only, got start of shape {tuple(shape)}")
+    return result + ([_gather_flags(column, out, rows) for column in flags],)
+
+
+cdef object _gather_flags(object column, object rows_array, int64_t n):
+    """``column[rows]`` for a bool column of one byte per storage row, as a [n, 1] tensor."""
+    cdef const int64_t[::1] row_view
+    cdef const uint8_t[::1] flag_view
+    cdef uint8_t[::1] out_view
+    cdef int64_t bad = 0
+    cdef int rc
+    cdef const uint8_t *flag_ptr = NULL
+    cdef int64_t length
+    if column is None:
+        return None
+    if _is_plain_cpu_tensor(column, _TORCH_BOOL) and column.dim() in (1, 2) and column.numel() == column.shape[0]:
+        length = column.shape[0]
+        flag_ptr = <const uint8_t *><uintptr_t>column.data_ptr()  # torch.bool is one byte
+        owner = column
+    else:
+        arr = _as_array(column)
+        if arr.dtype != np.bool_ or arr.ndim not in (1, 2) or (arr.ndim == 2 and arr.shape[1] != 1):
+            raise ValueError(
+                f"flags must be bool columns of shape [rows] or [rows, 1], got {arr.dtype} of "
+                f"shape {tuple(arr.shape)}")
+        owner = np.ascontiguousarray(arr.reshape(-1)).view(np.uint8)
+        length = owner.shape[0]
+        if length:
+            flag_view = owner
+            flag_ptr = &flag_view[0]
+    out = np.empty((n, 1), dtype=np.bool_)
+    if n:
+        row_view = rows_array.reshape(-1)
+        out_view = out.view(np.uint8).reshape(-1)
+        with nogil:
+            rc = rp_slice_gather_flags(flag_ptr, length, &row_view[0], n, &out_view[0], &bad)
+        if rc != RP_OK:
+            raise IndexError(
+                f"row {row_view[bad]} at position {bad} is out of range for flags of {length} rows")
+    return _from_numpy(out)
 
 
 def patch_ends(ends, rows, flags):

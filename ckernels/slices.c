@@ -456,3 +456,15 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
     *n_out = o;
     return RP_OK;
 }
+
+int rp_slice_gather_flags(const uint8_t *flags, int64_t length, const int64_t *rows, int64_t n,
+                          uint8_t *out, int64_t *bad) {
+    for (int64_t i = 0; i < n; ++i) {
+        if ((uint64_t)rows[i] >= (uint64_t)length) {
+            *bad = i;
+            return RP_ERR_INDEX;
+        }
+    }
+    for (int64_t i = 0; i < n; ++i) out[i] = flags[rows[i]] != 0;
+    return RP_OK;
+}

@@ -135,6 +135,12 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
                               const int64_t *forced, int64_t n_forced, int64_t *start,
                               int64_t *stop, int64_t *lengths, int64_t *n_out);
 
+/* Gather one byte flag per row: out[i] = flags[rows[i]] != 0 for i < n, where flags holds
+ * `length` rows of one byte (a bool column). Returns RP_OK, or RP_ERR_INDEX with *bad = i when
+ * rows[i] is outside [0, length) (nothing written). O(n). */
+int rp_slice_gather_flags(const uint8_t *flags, int64_t length, const int64_t *rows, int64_t n,
+                          uint8_t *out, int64_t *bad);
+
 #ifdef __cplusplus
 }
 #endif

@@ -270,6 +270,15 @@ def test_fused_slice_index_matches_torch_path(
     assert index.dtype == torch.int64 and truncated.dtype == torch.bool
     assert torch.equal(index, ref_index.reshape(-1, ndim))
     assert torch.equal(truncated, ref_truncated)
+    if ndim == 1:
+        # bool columns of the storage read at the sampled rows, as storage[index] would
+        done = torch.as_tensor(rng.random((storage_length, 1)) < 0.3)
+        *_, (got_done, got_none) = replay.sample_slice_index(
+            start, lengths, traj, uniform, seq_length, storage_length, span=span,
+            flags=(done, None),
+        )
+        assert got_none is None and got_done.dtype == torch.bool
+        assert torch.equal(got_done, done[(index[:, 0],)])
 
 
 def test_fused_slice_index_errors():
@@ -289,6 +298,13 @@ def test_fused_slice_index_errors():
         replay.sample_slice_index(start, lengths, traj * 0, uniform, 2, 8, span=(False, -1))
     with pytest.raises(TypeError, match="traj must hold integers"):
         replay.sample_slice_index(start, lengths, uniform, uniform, 2, 8)
+    column = torch.tensor([[False], [True], [False]])  # 3 rows: the slice in trajectory 1 is past its end
+    with pytest.raises(IndexError, match="row 6 at position 0 is out of range for flags of 3 rows"):
+        replay.sample_slice_index(start, lengths, traj * 0 + 1, uniform, 2, 8, flags=(column,))
+    with pytest.raises(ValueError, match="flags must be bool columns"):
+        replay.sample_slice_index(start, lengths, traj * 0, uniform, 2, 8, flags=(torch.zeros(8, 2, dtype=torch.bool),))
+    with pytest.raises(ValueError, match="1-D storages only"):
+        replay.sample_slice_index(torch.tensor([[0, 0], [5, 1]]), lengths, traj * 0, uniform, 2, 8, flags=(column,))
     # numpy in, numpy out; the inputs are untouched
     index, truncated = replay.sample_slice_index(
         start.numpy(), lengths.numpy(), np.array([1, 0]), np.array([0.0, 0.99]), 2, 8

@@ -248,6 +248,32 @@ def _gather_fields(storage, index, keys):
     return [gathered.get(key, default=None) for key in keys]
 
 
+def _flag_columns(storage, keys):
+    """The ``[rows, 1]`` bool CPU columns of a plain tensor storage at ``keys`` (``None`` for a
+    missing key), for ``replay.sample_slice_index`` to read at the sampled rows; ``None`` when
+    a column is of another kind (the caller then indexes the storage as torchrl does)."""
+    data = getattr(storage, "_storage", None)
+    if not (
+        type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
+        and getattr(storage, "initialized", False)
+        and isinstance(data, TensorDictBase)
+    ):
+        return None
+    columns = []
+    for key in keys:
+        value = data.get(key, None)
+        if value is not None and not (
+            isinstance(value, torch.Tensor)
+            and value.dtype is torch.bool
+            and value.ndim == 2
+            and value.shape[1] == 1
+            and value.is_cpu
+        ):
+            return None
+        columns.append(value)
+    return columns
+
+
 def _storage_device(storage) -> torch.device | None:
     device = getattr(storage, "device", None)
     if device is None or isinstance(device, str) and device == "auto":
@@ -368,7 +394,7 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
         state = copy(self.__dict__)
         state["_rng"] = None
         # Per-call caches, rebuilt on first use (they may hold a storage's tensors).
-        for name in ("_shortest", "_trajectory_ends", "_preceding_of"):
+        for name in ("_shortest", "_trajectory_ends", "_preceding_of", "_info_keys_of"):
             state.pop(name, None)
         return state
 
@@ -1746,14 +1772,22 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                     "The right and left span must be strictly lower than the sequence length"
                 )
         uniform = _rand(num_slices, lengths.device, self._rng)
-        index = truncated = None
+        index = truncated = gathered = None
         if num_slices and self._kernel_slices(start_idx):
+            # The done / terminated columns are read at the sampled rows in the same call.
+            flags = None
+            if self.truncated_key is not None and start_idx.shape[1] == 1:
+                flags = _flag_columns(storage, self._info_keys()[1:])
             try:
-                index, truncated = _REPLAY.sample_slice_index(
-                    start_idx, lengths, traj_idx, uniform, seq_length, storage_length, span=self.span
+                out = _REPLAY.sample_slice_index(
+                    start_idx, lengths, traj_idx, uniform, seq_length, storage_length,
+                    span=self.span, flags=flags,
                 )
             except ValueError:
                 pass  # a degenerate span: the torch ops below fail as torchrl's do
+            else:
+                index, truncated = out[0], out[1]
+                gathered = out[2] if flags is not None else None
         if index is None:
             index, seq_length = self._slices_with_torch(
                 lengths, start_idx, seq_length, storage_length, traj_idx, uniform
@@ -1761,16 +1795,18 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             if self.truncated_key is not None:
                 truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
         if self.truncated_key is not None:
-            truncated_key = self.truncated_key
-            done_key = _replace_last(truncated_key, "done")
-            terminated_key = _replace_last(truncated_key, "terminated")
-
+            truncated_key, done_key, terminated_key = self._info_keys()
             index = _as_long(index).unbind(-1)
-            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            if gathered is not None:
+                done, terminated = gathered
+                if done is not None:
+                    done.logical_or_(truncated)  # a fresh tensor of the kernel's
+            else:
+                done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+                if done is not None:
+                    done = done | truncated
             if done is None:
                 done = truncated.clone()
-            else:
-                done = done | truncated
             if terminated is None:
                 terminated = torch.zeros_like(truncated)
             return index, {
@@ -1780,6 +1816,19 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             }
         index = _as_long(index).unbind(-1)
         return index, {}
+
+    def _info_keys(self) -> tuple:
+        """``(truncated_key, done_key, terminated_key)`` of the info dictionary."""
+        keys = self.__dict__.get("_info_keys_of")
+        if keys is None or keys[0] != self.truncated_key:
+            truncated_key = self.truncated_key
+            keys = (
+                truncated_key,
+                _replace_last(truncated_key, "done"),
+                _replace_last(truncated_key, "terminated"),
+            )
+            self.__dict__["_info_keys_of"] = keys
+        return keys
 
     def _kernel_slices(self, start_idx: torch.Tensor) -> bool:
         """Whether the slice indices come from ``replay``'s fused kernel (CPU, not compiled)."""
