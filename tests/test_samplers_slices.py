@@ -681,9 +681,10 @@ def round_robin_writes(storage, data, rng, *, steps, longest):
         yield index
 
 
+@pytest.mark.parametrize("sampler_cls", ["SliceSampler", "SliceSamplerWithoutReplacement"])
 @pytest.mark.parametrize("key", ["end_key", "traj_key"])
 @pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage"])
-def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, storage_cls):
+def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, storage_cls, sampler_cls):
     """On torchrl_compat storages the trajectory bounds follow the writes: the samples equal
     those of a full read of the signal at every call, and the signal is read whole once."""
     import torchrl_compat.storages as our_storages
@@ -696,8 +697,8 @@ def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, stora
     storage = getattr(our_storages, storage_cls)(capacity)
     rng = np.random.default_rng(0)
     kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
-    tracked = ours.SliceSampler(slice_len=4, **kwargs)
-    full_read = ours.SliceSampler(slice_len=4, **kwargs)
+    tracked = getattr(ours, sampler_cls)(slice_len=4, **kwargs)
+    full_read = getattr(ours, sampler_cls)(slice_len=4, **kwargs)
     full_read._tracked_bounds = lambda *args, **kw: None
     tracked._rng, full_read._rng = generator(1), generator(1)
     data = episode_data(episodes_from_lengths(rng.integers(4, 30, 200)))
