@@ -497,6 +497,24 @@ cdef object _uniform_draws(object uniform, object batch_size, object seed):
     return us
 
 
+cdef _divide_in_place(object values, bint fp64, double by):
+    """``values /= by`` in the array's precision (``by`` rounded to it first, as torch does)."""
+    cdef float[::1] v32
+    cdef double[::1] v64
+    cdef float by32 = <float>by
+    cdef Py_ssize_t k
+    if not by > 0:
+        raise ValueError(f"relative_to must be positive, got relative_to={by}")
+    if fp64:
+        v64 = values
+        for k in range(v64.shape[0]):
+            v64[k] = v64[k] / by
+    else:
+        v32 = values
+        for k in range(v32.shape[0]):
+            v32[k] = v32[k] / by32
+
+
 cdef tuple _weight_request(object p_min, object beta, int64_t n):
     """``(p_min, beta, weight buffer)`` for the kernels: ``(1, 0, None)`` when no importance
     weights are asked for."""
@@ -548,7 +566,7 @@ cdef class _SumSegmentTree(_SegmentTree):
         return _numpy_to_like(out.reshape(shape), value)
 
     def sample_prioritized(self, num_valid, uniform=None, *, batch_size=None, seed=None,
-                           p_min=None, beta=None):
+                           p_min=None, beta=None, relative_to=None):
         """Draw leaves in proportion to their value, in one pass.
 
         Follows :class:`~torchrl.data.PrioritizedSampler`'s rules: the mass of draw ``k`` is
@@ -568,6 +586,9 @@ cdef class _SumSegmentTree(_SegmentTree):
             p_min (float, optional): the smallest priority, for importance weights.
             beta (float, optional): importance exponent; when given with ``p_min``, the third
                 output is ``(priority / p_min) ** -beta``.
+            relative_to (float, optional): when given, the priorities are returned divided
+                by it, in the tree's precision (as dividing the tree-dtype tensor by it in
+                torch gives, bit for bit).
 
         Returns:
             ``(index, priority, weight)``: int64 indices, the leaf values (tree dtype) and the
@@ -621,12 +642,14 @@ cdef class _SumSegmentTree(_SegmentTree):
                     f"no positive priority among the first {num_valid} leaves: cannot sample")
             if rc == RP_ERR_VALUE:
                 raise ValueError(f"uniform draw {us[bad]} at position {bad} is not in [0, 1]")
+        if relative_to is not None:
+            _divide_in_place(out_priority, self._fp64, relative_to)
         return (_numpy_to_like(out_index, like), _numpy_to_like(out_priority, like),
                 None if out_weight is None else _numpy_to_like(out_weight, like))
 
 
     def sample_prioritized_excluding(self, num_valid, exclude, uniform=None, *, batch_size=None,
-                                     seed=None, p_min=None, beta=None):
+                                     seed=None, p_min=None, beta=None, relative_to=None):
         """:meth:`sample_prioritized` with the leaves ``exclude`` treated as zero, for this call only.
 
         The tree is never modified (torchrl's slice sampler zeroes such leaves and restores them
@@ -643,7 +666,7 @@ cdef class _SumSegmentTree(_SegmentTree):
                 :meth:`sample_prioritized`).
 
         Keyword Args:
-            batch_size, seed, p_min, beta: as in :meth:`sample_prioritized`.
+            batch_size, seed, p_min, beta, relative_to: as in :meth:`sample_prioritized`.
 
         Returns:
             ``(index, priority, weight)`` as :meth:`sample_prioritized` does.
@@ -717,6 +740,8 @@ cdef class _SumSegmentTree(_SegmentTree):
                 raise ValueError(f"uniform draw {us[bad]} at position {bad} is not in [0, 1]")
             if rc != RP_OK:
                 raise IndexError(f"exclude value {int(ex[bad])} at position {bad} is invalid")
+        if relative_to is not None:
+            _divide_in_place(out_priority, self._fp64, relative_to)
         return (_numpy_to_like(out_index, like), _numpy_to_like(out_priority, like),
                 None if out_weight is None else _numpy_to_like(out_weight, like))
 

@@ -521,3 +521,22 @@ def test_update_priority_pair_rejects_bad_input_whole(sum_cls, min_cls):
     other = PAIRS[1][1] if min_cls is PAIRS[0][1] else PAIRS[0][1]
     with pytest.raises(TypeError, match="share a size and dtype"):
         replay.update_priority_pair(sum_tree, other(8), index, good, good)
+
+
+@pytest.mark.parametrize("cls", SUM_CLASSES)
+def test_relative_priorities_match_torch_division_bit_for_bit(cls):
+    """sample_prioritized(relative_to=p_min) divides in the tree's precision exactly as
+    torch's div_ does, so PrioritizedSampler's weights stay torchrl's to the last bit."""
+    rng = np.random.default_rng(0)
+    size = 4096
+    tree = cls(size)
+    values = (rng.random(size) * 10.0 ** rng.integers(-6, 6, size)).astype(_dtype(cls))
+    tree[np.arange(size)] = values
+    p_min = float(values.min())
+    for divisor in (p_min, 0.1, 3.0, 1e-30):
+        index, priority, _ = tree.sample_prioritized(size, batch_size=2048, seed=7)
+        _, relative, _ = tree.sample_prioritized(size, batch_size=2048, seed=7, relative_to=divisor)
+        expected = torch.from_numpy(priority.copy()).div_(divisor)
+        assert torch.equal(torch.from_numpy(relative), expected), divisor
+    with pytest.raises(ValueError, match="relative_to must be positive"):
+        tree.sample_prioritized(size, batch_size=4, seed=1, relative_to=0.0)

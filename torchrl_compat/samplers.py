@@ -793,7 +793,10 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
 
     def _follow_storage(self, storage) -> None:
         # Priorities live where the data lives, so a CUDA storage is sampled on CUDA.
-        device = _storage_device(storage) if storage is not None else None
+        device = getattr(storage, "device", None)
+        if device is None or (type(device) is torch.device and device.type == "cpu"):
+            return  # the common case, checked before building a torch.device
+        device = _storage_device(storage)
         if device is not None and device.type != "cpu" and device != _tree_device(self._sum_tree):
             self._use_trees("torch", device)
 
@@ -915,6 +918,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
                 seed=seed,
                 p_min=p_min if fp64 else None,
                 beta=self._beta if fp64 else None,
+                relative_to=None if fp64 else p_min,
             )
         except RuntimeError:
             raise RuntimeError(
@@ -924,7 +928,8 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         index = torch.from_numpy(index)
         if fp64:
             return index, torch.from_numpy(weight)
-        return index, torch.from_numpy(priority).div_(p_min).pow_(-self._beta)
+        # priority / p_min came from the kernel in fp32 (IEEE division: what torch's div_ gives)
+        return index, torch.from_numpy(priority).pow_(-self._beta)
 
     def _prioritized_sample(self, storage, batch_size: int, exclude=None):
         # len() once: a torchrl storage's __len__ goes through a torch.compile guard.
