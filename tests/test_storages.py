@@ -940,3 +940,22 @@ def test_rand_given_ndim_eager_and_under_torch_compile():
     first = storage._rand_given_ndim(8)
     torch.manual_seed(0)
     assert torch.equal(first, storage._rand_given_ndim(8))
+
+
+@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_set_under_torch_compile_keeps_the_length(cls_name, tmp_path):
+    kwargs = {"scratch_dir": tmp_path} if cls_name == "LazyMemmapStorage" else {}
+    storage = getattr(O, cls_name)(10, **kwargs)
+    storage.set(torch.arange(2), TensorDict({"a": torch.zeros(2)}, [2]))
+    before, _ = storage._writes_since(None)
+    write = torch.compile(
+        lambda start: storage.set(torch.arange(start, start + 2), TensorDict({"a": torch.ones(2)}, [2])),
+        backend="eager",
+    )
+    write(2)
+    write(4)
+    assert len(storage) == 6 and storage._len == 6
+    assert torch.equal(storage[:]["a"], torch.tensor([0.0, 0, 1, 1, 1, 1]))
+    # the write counter saw them too
+    count, _ = storage._writes_since(None)
+    assert count == before + 2

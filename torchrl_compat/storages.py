@@ -821,6 +821,8 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         against the filled length and index the buffer in one step (torchrl slices the
         whole storage first); an out-of-range index raises
         ``IndexError("index 12 at position 3 is out of range for a storage of length 10")``.
+        A write traced by ``torch.compile`` updates the shared length outside the graph,
+        where torchrl replaces it with a plain int that ``len()`` never reads again.
     """
 
     _storage = None
@@ -889,8 +891,13 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
 
     @_len.setter
     def _len(self, value):
-        if self._compilable or is_compiling():
+        if self._compilable:
             self.__dict__["_len_value"] = value
+            return
+        if is_compiling():
+            # torchrl replaces the shared length by an int here, which __len__ (reading the
+            # shared value) then never sees: update the shared value outside the graph.
+            self._set_len_eager(value)
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
@@ -898,11 +905,23 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         else:
             shared.value = value
 
+    # the shared length is a ctypes object that torch.compile cannot trace
+    @compile_disable()
+    def _set_len_eager(self, value) -> None:
+        self._len = value
+
+    @compile_disable()
+    def _add_len_eager(self, numel: int) -> None:
+        self._add_len(numel)
+
     def _add_len(self, numel: int) -> None:
         # read-modify-write under the Value's lock so that concurrent writers in several
         # processes don't lose each other's updates
-        if self._compilable or is_compiling():
+        if self._compilable:
             self._len = min(self._len + numel, self.max_size)
+            return
+        if is_compiling():
+            self._add_len_eager(numel)
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
