@@ -1453,7 +1453,7 @@ def patch_ends(ends, rows, flags):
     cdef const uint8_t[::1] flag_view
     cdef int64_t[::1] out_view
     cdef int64_t n_ends, n_rows, n_out = 0
-    cdef bint changed = False
+    cdef int changed = 0
     cdef int rc
     ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
     rows_owner = _int64_data(rows, "rows", &rows_ptr, &n_rows)

@@ -379,7 +379,7 @@ int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t 
 
 int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows,
                         const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
-                        bool *changed) {
+                        int *changed) {
     for (int64_t k = 1; k < n_rows; ++k) {
         if (rows[k] <= rows[k - 1]) {
             *n_out = k;

@@ -115,12 +115,12 @@ int rp_slice_sample_index(const int64_t *start, const int64_t *lengths, int64_t 
 /* Merge re-read rows into a sorted list of end rows: ends[0..n_ends) is strictly increasing;
  * rows[0..n_rows) is strictly increasing and flags[k] != 0 when rows[k] is an end now, 0 when
  * it is not. out (room for n_ends + n_rows) receives the updated strictly increasing ends and
- * *n_out their count; *changed is set to whether they differ from ends (out then need not be
- * used). Returns RP_OK, or RP_ERR_VALUE with *n_out = k when rows is not strictly increasing
+ * *n_out their count; *changed is set to 1 when they differ from ends, else 0 (out then need
+ * not be used). Returns RP_OK, or RP_ERR_VALUE with *n_out = k when rows is not strictly increasing
  * at k (nothing meaningful written). O(n_ends + n_rows). */
 int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows,
                         const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
-                        bool *changed);
+                        int *changed);
 
 /* Trajectories of a 1-D signal of `length` rows whose ends are the sorted rows ends[0..n_ends)
  * that are < limit, plus the rows forced[0..n_forced) (each in [0, length), any order, -1
