@@ -2323,6 +2323,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         info["priority_weight"] = torch.as_tensor(
             info["priority_weight"], device=lengths.device
         )
+        if (
+            isinstance(seq_length, int)
+            and starts.ndim == 1
+            and self._kernel_slices(starts)
+        ):
+            return self._expand_with_kernel(storage, starts, seq_length, num_slices, info)
         # every step of a slice, from its start
         index = self._tensor_slices_from_startend(
             seq_length, starts, storage_length=storage.shape[0]
@@ -2354,6 +2360,44 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             )
             return index, info
         return index.to(torch.long).unbind(-1), info
+
+    def _expand_with_kernel(self, storage, starts, seq_length: int, num_slices: int, info):
+        """The slices of ``seq_length`` steps from ``starts`` (1-D CPU storage), their truncation
+        flags and ``done`` / ``terminated`` columns in one ``replay.sample_slice_index`` call:
+        each start is a trajectory of its own, entered at its first step."""
+        n = starts.shape[0]
+        flags = None
+        if self.truncated_key is not None:
+            flags = _flag_columns(storage, self._info_keys()[1:])
+        out = _REPLAY.sample_slice_index(
+            starts.reshape(n, 1),
+            np.full(n, seq_length, dtype=np.int64),
+            np.arange(n, dtype=np.int64),
+            np.zeros(n, dtype=np.float32),
+            seq_length,
+            storage.shape[0],
+            flags=flags,
+        )
+        index, truncated = out[0], out[1]
+        info["priority_weight"] = info["priority_weight"].repeat_interleave(seq_length)
+        index = (index.reshape(-1),)
+        if self.truncated_key is None:
+            return index, info
+        truncated_key, done_key, terminated_key = self._info_keys()
+        if flags is not None:
+            done, terminated = out[2]
+            if done is not None:
+                done.logical_or_(truncated)
+        else:
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            if done is not None:
+                done = done | truncated
+        if done is None:
+            done = truncated.clone()
+        if terminated is None:
+            terminated = torch.zeros_like(truncated)
+        info.update({truncated_key: truncated, done_key: done, terminated_key: terminated})
+        return index, info
 
     def _empty(self):
         PrioritizedSampler._empty(self)
