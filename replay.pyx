@@ -265,7 +265,7 @@ cdef class _SegmentTree:
         """The value of leaf ``index``: a float for an int, an array / tensor of the tree's
         dtype and of ``index``'s shape for an integer array / tensor."""
         cdef int64_t i, n, bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef const int64_t[::1] idx
         cdef float[::1] o32
         cdef double[::1] o64
@@ -305,7 +305,7 @@ cdef class _SegmentTree:
         left unchanged. A repeated index keeps its last value.
         """
         cdef int64_t n, n_value, stride, bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef const int64_t *iptr = NULL
         cdef const void *vptr = NULL
         if _is_scalar_int(index):
@@ -426,7 +426,7 @@ cdef class _SegmentTree:
 
     def __setstate__(self, state):
         cdef int64_t bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef const float[::1] v32
         cdef const double[::1] v64
         if not isinstance(state, np.ndarray):
@@ -539,7 +539,7 @@ cdef class _SumSegmentTree(_SegmentTree):
         trees can return such leaves). NaN raises ValueError.
         """
         cdef int64_t n, bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef const void *vptr = NULL
         cdef int64_t[::1] ov
         if _is_scalar_real(value):
@@ -600,7 +600,7 @@ cdef class _SumSegmentTree(_SegmentTree):
             RuntimeError: when no leaf in ``[0, num_valid)`` is positive.
         """
         cdef int64_t n, nv, bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef double pmin = 1.0, b = 0.0
         cdef const double[::1] uv
         cdef int64_t[::1] oi
@@ -677,7 +677,7 @@ cdef class _SumSegmentTree(_SegmentTree):
             RuntimeError: when no leaf of ``[0, num_valid)`` outside ``exclude`` is positive.
         """
         cdef int64_t n, nv, m, bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef double pmin = 1.0, b = 0.0
         cdef const double[::1] uv
         cdef const int64_t[::1] ev
@@ -1772,7 +1772,7 @@ cdef class PermutationEpoch:
         cdef int64_t capacity = self._keys.shape[0]
         cdef int64_t need = 2 * (self._used + extra)
         cdef int64_t new_capacity, bad = 0, used = 0
-        cdef int rc
+        cdef int rc = RP_OK
         if need <= capacity:
             return 0
         new_capacity = capacity
@@ -1794,7 +1794,7 @@ cdef class PermutationEpoch:
     cdef int _to_dense(self) except -1:
         """Moves the remaining positions from the sparse map to a dense array. O(n)."""
         cdef int64_t bad = 0
-        cdef int rc
+        cdef int rc = RP_OK
         cdef int64_t[::1] dense = np.empty(max(self._n, 1), dtype=np.int64)
         with nogil:
             rc = rp_perm_map_materialize(self._n, self._consumed, &self._keys[0], &self._vals[0],
