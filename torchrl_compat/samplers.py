@@ -1799,28 +1799,29 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             )
             if self.truncated_key is not None:
                 truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
-        if self.truncated_key is not None:
-            truncated_key, done_key, terminated_key = self._info_keys()
-            index = _as_long(index).unbind(-1)
-            if gathered is not None:
-                done, terminated = gathered
-                if done is not None:
-                    done.logical_or_(truncated)  # a fresh tensor of the kernel's
-            else:
-                done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
-                if done is not None:
-                    done = done | truncated
-            if done is None:
-                done = truncated.clone()
-            if terminated is None:
-                terminated = torch.zeros_like(truncated)
-            return index, {
-                truncated_key: truncated,
-                done_key: done,
-                terminated_key: terminated,
-            }
         index = _as_long(index).unbind(-1)
-        return index, {}
+        if self.truncated_key is None:
+            return index, {}
+        return index, self._truncation_info(storage, index, truncated, gathered)
+
+    def _truncation_info(self, storage, index, truncated, gathered=None) -> dict:
+        """The ``truncated`` / ``done`` / ``terminated`` entries of the info dictionary: the
+        storage's done (or-ed with the truncation flags) and terminated at ``index``, from
+        ``gathered`` when the index kernel already read them."""
+        truncated_key, done_key, terminated_key = self._info_keys()
+        if gathered is not None:
+            done, terminated = gathered
+            if done is not None:
+                done.logical_or_(truncated)  # a fresh tensor of the kernel's
+        else:
+            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            if done is not None:
+                done = done | truncated
+        if done is None:
+            done = truncated.clone()
+        if terminated is None:
+            terminated = torch.zeros_like(truncated)
+        return {truncated_key: truncated, done_key: done, terminated_key: terminated}
 
     def _info_keys(self) -> tuple:
         """``(truncated_key, done_key, terminated_key)`` of the info dictionary."""
@@ -2340,26 +2341,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             info["priority_weight"], seq_length
         )
 
+        truncated = None
         if self.truncated_key is not None:
-            truncated_key = self.truncated_key
-            done_key = _replace_last(truncated_key, "done")
-            terminated_key = _replace_last(truncated_key, "terminated")
-
             truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
-            index = index.to(torch.long).unbind(-1)
-            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
-            done = truncated.clone() if done is None else done | truncated
-            if terminated is None:
-                terminated = torch.zeros_like(truncated)
-            info.update(
-                {
-                    truncated_key: truncated,
-                    done_key: done,
-                    terminated_key: terminated,
-                }
-            )
-            return index, info
-        return index.to(torch.long).unbind(-1), info
+        index = _as_long(index).unbind(-1)
+        if truncated is not None:
+            info.update(self._truncation_info(storage, index, truncated))
+        return index, info
 
     def _expand_with_kernel(self, storage, starts, seq_length: int, num_slices: int, info):
         """The slices of ``seq_length`` steps from ``starts`` (1-D CPU storage), their truncation
@@ -2381,22 +2369,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         index, truncated = out[0], out[1]
         info["priority_weight"] = info["priority_weight"].repeat_interleave(seq_length)
         index = (index.reshape(-1),)
-        if self.truncated_key is None:
-            return index, info
-        truncated_key, done_key, terminated_key = self._info_keys()
-        if flags is not None:
-            done, terminated = out[2]
-            if done is not None:
-                done.logical_or_(truncated)
-        else:
-            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
-            if done is not None:
-                done = done | truncated
-        if done is None:
-            done = truncated.clone()
-        if terminated is None:
-            terminated = torch.zeros_like(truncated)
-        info.update({truncated_key: truncated, done_key: done, terminated_key: terminated})
+        if self.truncated_key is not None:
+            info.update(self._truncation_info(storage, index, truncated, out[2] if flags is not None else None))
         return index, info
 
     def _empty(self):
