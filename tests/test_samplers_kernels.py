@@ -258,3 +258,25 @@ def test_prioritized_slice_kernel_matches_torch_path(config, wrap, dtype, monkey
         for name in finfo:
             torch.testing.assert_close(finfo[name], sinfo[name])
     np.testing.assert_array_equal(fast._sum_tree.values(), before)
+
+
+def test_without_replacement_state_mid_epoch_after_slicing_batches():
+    """After the rest of the epoch is stored, batches advance a position in it: state_dict,
+    repr and pickling see exactly the elements not handed out yet."""
+    import pickle
+
+    storage = make_storage(64, filled=20)
+    sampler = ours.SamplerWithoutReplacement()
+    sampler._rng = generator(4)
+    handed = [sampler.sample(storage, 4)[0] for _ in range(3)]  # lazy, then two slices
+    assert sampler.__dict__["_epoch"] is None and sampler.__dict__["_sample_pos"] == 8
+    assert repr(sampler) == "SamplerWithoutReplacement( 40.0000% sampled)"
+    clone = pickle.loads(pickle.dumps(sampler))
+    rest = sampler.state_dict()["_sample_list"]
+    assert rest.shape == (8,) and sampler.__dict__["_sample_pos"] == 0
+    assert sorted(torch.cat(handed).tolist() + rest.tolist()) == list(range(20))
+    # the pickled copy continues with the same elements, in the same order
+    a = torch.cat([sampler.sample(storage, 4)[0] for _ in range(2)])
+    b = torch.cat([clone.sample(storage, 4)[0] for _ in range(2)])
+    assert torch.equal(a, b) and torch.equal(a, rest)
+    assert sampler.ran_out and clone.ran_out

@@ -504,18 +504,28 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
     # drawn by ``replay.PermutationEpoch`` (O(batch)) and the rest of the permutation is only
     # materialised as a tensor at the second batch or when it is read, e.g. by
     # ``state_dict`` / ``dumps``; sampling then continues from that tensor.
+    # Batches handed out from the stored permutation advance ``_sample_pos`` instead of
+    # slicing off the remainder at every batch; the remainder is cut when read.
     @property
     def _sample_list(self):
-        epoch = self.__dict__.get("_epoch")
+        d = self.__dict__
+        epoch = d.get("_epoch")
         if epoch is not None:
-            self.__dict__["_sample_list_value"] = epoch.next_batch(epoch.remaining)
-            self.__dict__["_epoch"] = None
-        return self.__dict__.get("_sample_list_value")
+            d["_sample_list_value"] = epoch.next_batch(epoch.remaining)
+            d["_epoch"] = None
+            d["_sample_pos"] = 0
+        value = d.get("_sample_list_value")
+        position = d.get("_sample_pos", 0)
+        if position and value is not None:
+            value = d["_sample_list_value"] = value[position:]
+            d["_sample_pos"] = 0
+        return value
 
     @_sample_list.setter
     def _sample_list(self, value):
         self.__dict__["_epoch"] = None
         self.__dict__["_sample_list_value"] = value
+        self.__dict__["_sample_pos"] = 0
 
     def _has_sample_list(self) -> bool:
         return (
@@ -527,7 +537,7 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         epoch = self.__dict__.get("_epoch")
         if epoch is not None:
             return epoch.remaining
-        return self.__dict__["_sample_list_value"].numel()
+        return self.__dict__["_sample_list_value"].numel() - self.__dict__.get("_sample_pos", 0)
 
     def _get_sample_list(self, storage: Storage, len_storage: int, batch_size: int):
         if storage is None:
@@ -572,10 +582,13 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
             index = epoch.next_batch(batch_size)
             remaining = epoch.remaining
         else:
-            sample_list = self.__dict__["_sample_list_value"]
-            index = sample_list[:batch_size]
-            self._sample_list = sample_list = sample_list[batch_size:]
-            remaining = sample_list.shape[0]
+            d = self.__dict__
+            sample_list = d["_sample_list_value"]
+            position = d.get("_sample_pos", 0)
+            end = min(position + batch_size, sample_list.shape[0])
+            index = sample_list[position:end]
+            d["_sample_pos"] = end
+            remaining = sample_list.shape[0] - end
         self._remaining_batches = self._count_batches(remaining, batch_size)
         # Whether one more batch of the same size can be drawn from this epoch: the
         # buffer reads ``ran_out`` to stop its iterator.
