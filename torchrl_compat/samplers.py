@@ -606,6 +606,24 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:  # noqa: F811
         len_storage = self._storage_len(storage)
+        # Steady state (a stored permutation with at least one more full batch after this
+        # one, the same storage length, 1-D indices): a slice and a position, nothing else.
+        d = self.__dict__
+        sample_list = d.get("_sample_list_value")
+        if (
+            sample_list is not None
+            and d.get("_epoch") is None
+            and len_storage == self.len_storage
+            and type(batch_size) is int
+        ):
+            position = d.get("_sample_pos", 0)
+            end = position + batch_size
+            remaining = sample_list.shape[0] - end
+            if remaining >= batch_size > 0 and storage.ndim == 1:
+                d["_sample_pos"] = end
+                self._remaining_batches = self._count_batches(remaining, batch_size)
+                self.ran_out = False
+                return sample_list[position:end], {}
         if len_storage == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         if self.len_storage != len_storage or not self._has_sample_list():
