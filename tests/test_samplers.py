@@ -724,3 +724,23 @@ def test_slice_helpers_match_torchrl():
     ref = trl.PrioritizedSliceSampler.__new__(trl.PrioritizedSliceSampler)
     mine = ours.PrioritizedSliceSampler.__new__(ours.PrioritizedSliceSampler)
     assert torch.equal(mine._padded_indices(shapes, arange), ref._padded_indices(shapes, arange))
+
+
+def test_random_sampler_draws_what_torchrls_storage_draws():
+    """On torchrl's own 1-D storages the draw is inlined (skipping its dynamo-disabled
+    wrappers): the indices are those of storage._rand_given_ndim for the same generator,
+    eagerly and under torch.compile."""
+    from tensordict import TensorDict
+    from torchrl.data.replay_buffers import LazyTensorStorage
+
+    storage = LazyTensorStorage(50)
+    storage.set(torch.arange(30), TensorDict({"x": torch.arange(30)}, [30]))
+    sampler = ours.RandomSampler()
+    storage._rng = torch.Generator().manual_seed(5)
+    got = sampler.sample(storage, 64)[0]
+    storage._rng = torch.Generator().manual_seed(5)
+    assert torch.equal(got, storage._rand_given_ndim(64))
+    compiled = torch.compile(lambda: sampler.sample(storage, 16)[0], backend="eager")
+    for _ in range(2):
+        out = compiled()
+        assert out.shape == (16,) and bool(((out >= 0) & (out < 30)).all())
