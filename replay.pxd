@@ -134,6 +134,8 @@ cdef extern from "ckernels/slices.h" nogil:
     int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows,
                             const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
                             int *changed)
+    enum:
+        RP_SLICE_MAX_FORCED
     int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit,
                                   int64_t length, const int64_t *forced, int64_t n_forced,
                                   int64_t *start, int64_t *stop, int64_t *lengths, int64_t *n_out)

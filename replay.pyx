@@ -1500,7 +1500,7 @@ def bounds_from_ends(ends, limit, length, forced=()):
         ([5, 2], [1, 4], [3, 3])
     """
     cdef const int64_t *ends_ptr = NULL
-    cdef int64_t forced_rows[8]
+    cdef int64_t forced_rows[RP_SLICE_MAX_FORCED]
     cdef int64_t[:, ::1] start_view
     cdef int64_t[:, ::1] stop_view
     cdef int64_t[::1] length_view
@@ -1508,8 +1508,8 @@ def bounds_from_ends(ends, limit, length, forced=()):
     cdef int rc
     ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
     for row in forced:
-        if n_forced == 8:
-            raise ValueError(f"at most 8 forced rows, got {len(forced)}")
+        if n_forced == RP_SLICE_MAX_FORCED:
+            raise ValueError(f"at most {RP_SLICE_MAX_FORCED} forced rows, got {len(forced)}")
         forced_rows[n_forced] = row
         n_forced += 1
     if c_length < 1:

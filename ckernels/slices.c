@@ -31,6 +31,16 @@ static int check_signal(int64_t length, int64_t groups, int64_t cursor, int64_t 
     return RP_OK;
 }
 
+/* The trajectory that ends at row stop_t after one ending at row previous: its first row
+ * (one past previous, wrapping from the last row to 0) into *start_t, and its length (wrapping
+ * when it runs from the end of the signal to its start) as the return value. */
+static inline int64_t trajectory_after(int64_t previous, int64_t stop_t, int64_t length,
+                                       int64_t *start_t) {
+    *start_t = previous + 1 == length ? 0 : previous + 1;
+    const int64_t span = stop_t - *start_t + 1;
+    return span <= 0 ? span + length : span;
+}
+
 /* Number of nonzero bytes in a full block: a fixed trip count that -O3 vectorises. */
 static inline uint8_t block_nonzero(const uint8_t *restrict p) {
     uint8_t c = 0;
@@ -231,11 +241,7 @@ int rp_slice_starts(const uint8_t *end, int64_t length, int64_t groups, int64_t 
         int64_t previous = stop[last * ndim];
         for (int64_t k = first; k <= last; ++k) {
             const int64_t stop_t = stop[k * ndim];
-            const int64_t start_t = previous + 1 == length ? 0 : previous + 1;
-            int64_t span = stop_t - start_t + 1;
-            if (span <= 0) span += length;
-            start[k * ndim] = start_t;
-            lengths[k] = span;
+            lengths[k] = trajectory_after(previous, stop_t, length, &start[k * ndim]);
             previous = stop_t;
             if (ncoord == 1 && group_coord == NULL) {
                 start[k * ndim + 1] = g;
@@ -408,7 +414,7 @@ int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows
 int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
                               const int64_t *forced, int64_t n_forced, int64_t *start,
                               int64_t *stop, int64_t *lengths, int64_t *n_out) {
-    if (length < 1) {
+    if (length < 1 || n_forced > RP_SLICE_MAX_FORCED) {
         *n_out = -1;
         return RP_ERR_VALUE;
     }
@@ -419,9 +425,9 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
         }
     }
     /* The forced rows, sorted and without duplicates (there are at most a few). */
-    int64_t extra[8];
+    int64_t extra[RP_SLICE_MAX_FORCED];
     int64_t n_extra = 0;
-    for (int64_t f = 0; f < n_forced && n_extra < 8; ++f) {
+    for (int64_t f = 0; f < n_forced; ++f) {
         const int64_t r = forced[f];
         if (r < 0) continue;
         int64_t p = 0;
@@ -446,11 +452,7 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
     if (o == 0) stop[o++] = length - 1; /* no end at all: one trajectory to the last row */
     int64_t previous = stop[o - 1];
     for (int64_t k = 0; k < o; ++k) {
-        const int64_t start_t = previous + 1 == length ? 0 : previous + 1;
-        int64_t span = stop[k] - start_t + 1;
-        if (span <= 0) span += length;
-        start[k] = start_t;
-        lengths[k] = span;
+        lengths[k] = trajectory_after(previous, stop[k], length, &start[k]);
         previous = stop[k];
     }
     *n_out = o;

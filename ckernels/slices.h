@@ -122,6 +122,9 @@ int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows
                         const uint8_t *flags, int64_t n_rows, int64_t *out, int64_t *n_out,
                         int *changed);
 
+/* Forced rows rp_slice_bounds_from_ends takes at most. */
+#define RP_SLICE_MAX_FORCED 8
+
 /* Trajectories of a 1-D signal of `length` rows whose ends are the sorted rows ends[0..n_ends)
  * that are < limit, plus the rows forced[0..n_forced) (each in [0, length), any order, -1
  * entries skipped; duplicates of ends allowed). As rp_slice_starts computes them for one group:
@@ -129,7 +132,8 @@ int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows
  * the first one past the last end (wrapping to 0); lengths[k] = stop - start + 1, plus length
  * when <= 0; no effective end at all gives one trajectory ending at length - 1. The outputs
  * hold n_ends + n_forced + 1 entries; *n_out receives how many were written. Returns RP_OK, or
- * RP_ERR_VALUE (*n_out = -1) for length < 1 or a forced row outside [-1, length).
+ * RP_ERR_VALUE (*n_out = -1) for length < 1, more than RP_SLICE_MAX_FORCED forced rows or a
+ * forced row outside [-1, length).
  * O(n_ends + n_forced^2). */
 int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
                               const int64_t *forced, int64_t n_forced, int64_t *start,

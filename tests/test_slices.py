@@ -443,6 +443,8 @@ def test_sorted_end_kernels_reject_bad_input():
         replay.patch_ends(np.array([1, 5]), np.array([2, 4]), np.array([True]))
     with pytest.raises(ValueError, match=r"forced rows must lie in \[-1, 6\)"):
         replay.bounds_from_ends(np.array([1]), 6, 6, [6])
+    with pytest.raises(ValueError, match="at most 8 forced rows, got 9"):
+        replay.bounds_from_ends(np.array([1]), 6, 6, [0] * 9)
     with pytest.raises(ValueError, match="length must be at least 1"):
         replay.bounds_from_ends(np.array([], dtype=np.int64), 0, 0)
     with pytest.raises(TypeError, match="ends must hold integers"):
