@@ -308,18 +308,19 @@ cdef class _SegmentTree:
         cdef int rc = RP_OK
         cdef const int64_t *iptr = NULL
         cdef const void *vptr = NULL
-        if _is_scalar_int(index):
+        cdef bint single = _is_scalar_int(index)
+        if single:
             if not 0 <= index < self._layout.size:
                 raise IndexError(f"index {index} is out of range for size {self._layout.size}")
             index = np.array([index], dtype=np.int64)
-            if not _is_scalar_real(value) and _as_value_array(value, self._dtype, "value").shape[0] != 1:
-                raise ValueError(
-                    f"a single index takes a single value, got value of shape {np.shape(value)}")
         if _is_scalar_real(value):
             value = np.array([value], dtype=self._dtype)
         # plain CPU tensors go straight to the kernel (data_ptr), anything else through numpy
         arr = _int64_data(index, "index", &iptr, &n)
         vals = _value_data(value, self, "value", &vptr, &n_value)
+        if single and n_value != 1:
+            raise ValueError(
+                f"a single index takes a single value, got value of shape {np.shape(value)}")
         if n_value != n and n_value != 1:
             raise ValueError(
                 f"value must be a scalar or hold as many elements as index, got value of "
@@ -343,7 +344,7 @@ cdef class _SegmentTree:
                     with nogil:
                         rc = rp_sumtree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n, &bad)
         if rc == RP_ERR_INDEX:
-            _raise_index_error(_as_index_array(arr, "index"), bad, self._layout.size)
+            _raise_index_value_error(iptr[bad], bad, self._layout.size)
         if rc == RP_ERR_VALUE:
             stored = (<const double *>vptr)[bad * stride] if self._fp64 else (<const float *>vptr)[bad * stride]
             self._raise_value_error(stored, value, bad * stride)
@@ -476,8 +477,11 @@ cdef object _shape_of(object x):
 
 
 cdef _raise_index_error(object index, int64_t position, int64_t size):
-    raise IndexError(
-        f"index {int(index[position])} at position {position} is out of range for size {size}")
+    _raise_index_value_error(int(index[position]), position, size)
+
+
+cdef _raise_index_value_error(int64_t value, int64_t position, int64_t size):
+    raise IndexError(f"index {value} at position {position} is out of range for size {size}")
 
 
 cdef object _uniform_draws(object uniform, object batch_size, object seed):
@@ -874,8 +878,7 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
             rc = rp_priority_scan_f64(iptr, n, sum_tree._layout.size, p64, p_stride, &skipped,
                                       &argmax, &bad)
     if rc == RP_ERR_INDEX:
-        raise IndexError(
-            f"index {iptr[bad]} at position {bad} is out of range for size {sum_tree._layout.size}")
+        _raise_index_value_error(iptr[bad], bad, sum_tree._layout.size)
     if rc == RP_ERR_VALUE:
         bad_priority = p32[bad * p_stride] if p32 != NULL else p64[bad * p_stride]
         raise ValueError(
@@ -909,11 +912,9 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
     if rc == RP_ERR_VALUE:
         # The sum tree's check runs first and refuses what the min tree would: nothing written.
         stored = (<const double *>vptr)[bad * v_stride] if sum_tree._fp64 else (<const float *>vptr)[bad * v_stride]
-        raise ValueError(
-            f"value {stored} at position {bad} cannot be stored in a sum segment tree: values "
-            f"must be finite and non-negative")
+        sum_tree._raise_value_error(stored, value_owner, bad * v_stride)
     if rc != RP_OK:
-        raise IndexError(f"index {iptr[bad]} at position {bad} is out of range for size {sum_tree._layout.size}")
+        _raise_index_value_error(iptr[bad], bad, sum_tree._layout.size)
     return argmax
 
 
@@ -1241,6 +1242,9 @@ def slice_indices(start, seq_length, storage_length):
     return _numpy_to_like(out, start)
 
 
+_EMPTY_SLICES = "every slice is empty: there is no row to sample"
+
+
 cdef int64_t _span_code(object span, str name) except? -2:
     """A span entry as rp_slice_sample_index's code: False / 0, True, or a positive int."""
     if span is True:
@@ -1365,7 +1369,7 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     if n == 0:
         return (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
     if capacity == 0:
-        raise ValueError("every slice is empty: there is no row to sample")
+        raise ValueError(_EMPTY_SLICES)
     out_view = out
     trunc_view = truncated.view(np.uint8).reshape(-1)
     with nogil:
@@ -1378,7 +1382,7 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     if rc == RP_ERR_VALUE:
         raise ValueError(f"the span leaves slice {bad} a negative length")
     if rc == RP_ERR_EMPTY:
-        raise ValueError("every slice is empty: there is no row to sample")
+        raise ValueError(_EMPTY_SLICES)
     if rows != capacity:
         out = out[:rows]
         truncated = truncated[:rows]
@@ -1667,8 +1671,6 @@ def _py_shuffle(values, seed, bucket_bits=-1, bucket_capacity=-1):
     cdef int64_t n = 0
     owner = _int64_data(values, "values", &ptr, &n)
     rp_prng_seed(&state, <uint64_t>(seed & _UINT64_MASK))
-    if n == 0:
-        return np.empty(0, dtype=np.int64)
     return _bucketed_shuffle(&state, n, ptr, bucket_bits, bucket_capacity)
 
 
