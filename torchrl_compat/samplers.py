@@ -12,7 +12,6 @@ and :class:`PrioritizedSampler` keeps its priorities in segment trees chosen by 
 from __future__ import annotations
 
 import json
-import math
 import os
 import textwrap
 import warnings
@@ -252,12 +251,8 @@ def _gather_fields(storage, index, keys):
     the indices a sampler produces (within the filled length): ``storage[index]`` would gather
     every field of the data.
     """
-    data = getattr(storage, "_storage", None)
-    if (
-        type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
-        and getattr(storage, "initialized", False)
-        and isinstance(data, TensorDictBase)
-    ):
+    data = _plain_tensordict(storage)
+    if data is not None:
         out = []
         for key in keys:
             value = data.get(key, None)
@@ -267,16 +262,25 @@ def _gather_fields(storage, index, keys):
     return [gathered.get(key, default=None) for key in keys]
 
 
-def _flag_columns(storage, keys):
-    """The ``[rows, 1]`` bool CPU columns of a plain tensor storage at ``keys`` (``None`` for a
-    missing key), for ``replay.sample_slice_index`` to read at the sampled rows; ``None`` when
-    a column is of another kind (the caller then indexes the storage as torchrl does)."""
+def _plain_tensordict(storage):
+    """The tensordict of a tensor storage whose ``get`` is torchrl's (or ours), which its
+    fields can be read from directly; ``None`` for any other storage."""
     data = getattr(storage, "_storage", None)
-    if not (
+    if (
         type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
         and getattr(storage, "initialized", False)
         and isinstance(data, TensorDictBase)
     ):
+        return data
+    return None
+
+
+def _flag_columns(storage, keys):
+    """The ``[rows, 1]`` bool CPU columns of a plain tensor storage at ``keys`` (``None`` for a
+    missing key), for ``replay.sample_slice_index`` to read at the sampled rows; ``None`` when
+    a column is of another kind (the caller then indexes the storage as torchrl does)."""
+    data = _plain_tensordict(storage)
+    if data is None:
         return None
     columns = []
     for key in keys:
@@ -1619,9 +1623,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             try:
                 vals = self._tracked_bounds(storage, self._used_traj_key, from_ids=True)
                 if vals is not None:
-                    if self.cache_values:
-                        self._cache["stop-and-length"] = vals
-                    return vals
+                    return self._keep_bounds(vals)
                 if isinstance(storage, TensorStorage):
                     trajectory = storage[:][self._used_traj_key]
                 else:
@@ -1636,9 +1638,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                     at_capacity=storage._is_full,
                     cursor=getattr(storage, "_last_cursor", None),
                 )
-                if self.cache_values:
-                    self._cache["stop-and-length"] = vals
-                return vals
+                return self._keep_bounds(vals)
             except KeyError:
                 if fallback:
                     self._fetch_traj = False
@@ -1648,9 +1648,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         else:
             vals = self._tracked_bounds(storage, self.end_key, from_ids=False)
             if vals is not None:
-                if self.cache_values:
-                    self._cache["stop-and-length"] = vals
-                return vals
+                return self._keep_bounds(vals)
             try:
                 try:
                     done = storage[:][self.end_key]
@@ -1663,14 +1661,18 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                     at_capacity=storage._is_full,
                     cursor=getattr(storage, "_last_cursor", None),
                 )
-                if self.cache_values:
-                    self._cache["stop-and-length"] = vals
-                return vals
+                return self._keep_bounds(vals)
             except KeyError:
                 if fallback:
                     self._fetch_traj = True
                     return self._get_stop_and_length(storage, fallback=False)
                 raise
+
+    def _keep_bounds(self, vals):
+        """``vals`` (start, stop, lengths), cached first with ``cache_values``."""
+        if self.cache_values:
+            self._cache["stop-and-length"] = vals
+        return vals
 
     def _tracked_bounds(self, storage, key, *, from_ids: bool):
         """``(start_idx, stop_idx, lengths)`` from trajectory ends kept up to date with the
@@ -1842,9 +1844,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         index = truncated = gathered = None
         if num_slices and self._kernel_slices(start_idx):
             # The done / terminated columns are read at the sampled rows in the same call.
-            flags = None
-            if self.truncated_key is not None and start_idx.shape[1] == 1:
-                flags = _flag_columns(storage, self._info_keys()[1:])
+            flags = self._kernel_flags(storage) if start_idx.shape[1] == 1 else None
             try:
                 out = _REPLAY.sample_slice_index(
                     start_idx, lengths, traj_idx, uniform, seq_length, storage_length,
@@ -1884,6 +1884,13 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         if terminated is None:
             terminated = torch.zeros_like(truncated)
         return {truncated_key: truncated, done_key: done, terminated_key: terminated}
+
+    def _kernel_flags(self, storage):
+        """The done / terminated columns ``replay.sample_slice_index`` reads for the info
+        dictionary, or ``None`` (no info dictionary, or columns it cannot read)."""
+        if self.truncated_key is None:
+            return None
+        return _flag_columns(storage, self._info_keys()[1:])
 
     def _info_keys(self) -> tuple:
         """``(truncated_key, done_key, terminated_key)`` of the info dictionary."""
@@ -2391,7 +2398,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             and starts.ndim == 1
             and self._kernel_slices(starts)
         ):
-            return self._expand_with_kernel(storage, starts, seq_length, num_slices, info)
+            return self._expand_with_kernel(storage, starts, seq_length, info)
         # every step of a slice, from its start
         index = self._tensor_slices_from_startend(
             seq_length, starts, storage_length=storage.shape[0]
@@ -2411,14 +2418,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             info.update(self._truncation_info(storage, index, truncated))
         return index, info
 
-    def _expand_with_kernel(self, storage, starts, seq_length: int, num_slices: int, info):
+    def _expand_with_kernel(self, storage, starts, seq_length: int, info):
         """The slices of ``seq_length`` steps from ``starts`` (1-D CPU storage), their truncation
         flags and ``done`` / ``terminated`` columns in one ``replay.sample_slice_index`` call:
         each start is a trajectory of its own, entered at its first step."""
         n = starts.shape[0]
-        flags = None
-        if self.truncated_key is not None:
-            flags = _flag_columns(storage, self._info_keys()[1:])
+        flags = self._kernel_flags(storage)
         out = _REPLAY.sample_slice_index(
             starts.reshape(n, 1),
             np.full(n, seq_length, dtype=np.int64),
