@@ -280,3 +280,16 @@ def test_without_replacement_state_mid_epoch_after_slicing_batches():
     b = torch.cat([clone.sample(storage, 4)[0] for _ in range(2)])
     assert torch.equal(a, b) and torch.equal(a, rest)
     assert sampler.ran_out and clone.ran_out
+
+
+def test_without_replacement_reading_its_state_does_not_change_the_epoch():
+    """Reading ``_sample_list`` (state_dict, dumps) after the first, lazy batch materialises
+    the rest of the epoch exactly as the next batch would: the samples stay the same."""
+    storage = make_storage(64, filled=40)
+    read, unread = ours.SamplerWithoutReplacement(), ours.SamplerWithoutReplacement()
+    read._rng, unread._rng = generator(9), generator(9)
+    assert torch.equal(read.sample(storage, 5)[0], unread.sample(storage, 5)[0])
+    rest = read.state_dict()["_sample_list"]
+    following = [unread.sample(storage, 5)[0] for _ in range(7)]
+    assert torch.equal(torch.cat(following), rest)
+    assert all(torch.equal(read.sample(storage, 5)[0], batch) for batch in following)

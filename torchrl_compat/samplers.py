@@ -543,18 +543,27 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
     # slicing off the remainder at every batch; the remainder is cut when read.
     @property
     def _sample_list(self):
+        self._materialize_epoch()
         d = self.__dict__
-        epoch = d.get("_epoch")
-        if epoch is not None:
-            d["_sample_list_value"] = epoch.next_batch(epoch.remaining)
-            d["_epoch"] = None
-            d["_sample_pos"] = 0
         value = d.get("_sample_list_value")
         position = d.get("_sample_pos", 0)
         if position and value is not None:
             value = d["_sample_list_value"] = value[position:]
             d["_sample_pos"] = 0
         return value
+
+    def _materialize_epoch(self) -> None:
+        """Stores the rest of a lazy epoch as a tensor, as sampling goes on: once the lazy
+        first batch is out, the rest is shuffled at once (so reading the state leaves the
+        samples as they were)."""
+        d = self.__dict__
+        epoch = d.get("_epoch")
+        if epoch is None:
+            return
+        rest = epoch.shuffle_rest() if epoch.remaining < epoch.n else epoch.next_batch(epoch.n)
+        d["_sample_list_value"] = rest
+        d["_epoch"] = None
+        d["_sample_pos"] = 0
 
     @_sample_list.setter
     def _sample_list(self, value):
@@ -611,7 +620,7 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
             # The first batch came from the lazy shuffle (O(batch)); the rest of the epoch is
             # now shuffled at once, cache-friendly (about half a torch.randperm), and later
             # batches are slices of it, as torchrl's are.
-            self._sample_list = epoch.shuffle_rest()
+            self._materialize_epoch()
             epoch = None
         if epoch is not None:
             index = epoch.next_batch(batch_size)
