@@ -223,6 +223,42 @@ def _cursor_size(cursor) -> int:
     return 1  # ints, slices and ranges are O(1)
 
 
+def _shared_counter(value: int, beside=None):
+    """An int64 ``mp.Value`` holding ``value``, with the lock of ``beside`` (another shared
+    counter of the same storage: one lock and one semaphore for both) when given."""
+    lock = beside.get_lock() if hasattr(beside, "get_lock") else True
+    return mp.Value(_LEN_TYPECODE, value, lock=lock)
+
+
+def _restore_counter(state: dict, context_key: str, value_key: str, raw_key: str, beside=None):
+    """Puts back in ``state`` a counter that plain pickling carried as a number
+    (``context_key``): a shared counter, or a plain int for a compilable storage; and the
+    raw ctypes int64 the hot paths read (``raw_key``)."""
+    value = state.pop(context_key, None)
+    if value is not None:
+        state[value_key] = value if state["_compilable"] else _shared_counter(value, beside)
+    shared = state.get(value_key)
+    if shared is not None and hasattr(shared, "get_obj"):
+        state[raw_key] = shared.get_obj()
+
+
+def _outside_graph(method):
+    """Runs ``method`` outside torch.compile's graph when a non-compilable storage calls it
+    while being traced: it updates the storage's shared ctypes counters, which dynamo cannot
+    trace (torchrl replaces them with plain ints there, and the shared values go stale).
+    Eagerly, and for compilable storages (plain ints, traced), it is called directly: the
+    disabled wrapper's frame switch costs about a microsecond."""
+    disabled = compile_disable()(method)
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not self._compilable and is_compiling():
+            return disabled(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 def _rewrites_items(method):
     """Records a call to ``method`` as a change of every item in the write journal.
 
@@ -868,7 +904,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
     # object, read without the lock on the hot path.
 
     def _make_shared_len(self, value: int = 0):
-        shared = mp.Value(_LEN_TYPECODE, value)
+        shared = _shared_counter(value)
         self.__dict__["_len_value"] = shared
         self.__dict__["_len_shared"] = shared.get_obj()
         if self.__dict__.get("_writes_value") is None:
@@ -890,14 +926,10 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         return self._make_shared_len().get_obj().value
 
     @_len.setter
+    @_outside_graph
     def _len(self, value):
         if self._compilable:
             self.__dict__["_len_value"] = value
-            return
-        if is_compiling():
-            # torchrl replaces the shared length by an int here, which __len__ (reading the
-            # shared value) then never sees: update the shared value outside the graph.
-            self._set_len_eager(value)
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
@@ -905,23 +937,12 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         else:
             shared.value = value
 
-    # the shared length is a ctypes object that torch.compile cannot trace
-    @compile_disable()
-    def _set_len_eager(self, value) -> None:
-        self._len = value
-
-    @compile_disable()
-    def _add_len_eager(self, numel: int) -> None:
-        self._add_len(numel)
-
+    @_outside_graph
     def _add_len(self, numel: int) -> None:
         # read-modify-write under the Value's lock so that concurrent writers in several
         # processes don't lose each other's updates
         if self._compilable:
             self._len = min(self._len + numel, self.max_size)
-            return
-        if is_compiling():
-            self._add_len_eager(numel)
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
@@ -952,9 +973,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
 
     def _make_shared_writes(self, value: int = 0):
         # one lock (and one semaphore) for both shared counters
-        length = self.__dict__.get("_len_value")
-        lock = length.get_lock() if hasattr(length, "get_lock") else True
-        shared = mp.Value(_LEN_TYPECODE, value, lock=lock)
+        shared = _shared_counter(value, beside=self.__dict__.get("_len_value"))
         self.__dict__["_writes_value"] = shared
         self.__dict__["_writes_shared"] = shared.get_obj()
         return shared
@@ -970,23 +989,13 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             raw = d["_writes_shared"] = shared.get_obj()
         return raw
 
+    @_outside_graph
     def _note_write(self, cursor) -> None:
         """Counts a write at ``cursor`` (``_ALL_ITEMS``: anywhere) and journals it. O(1).
 
         Called once the items are written, so that a reader seeing the new count reads
         the new items.
         """
-        d = self.__dict__
-        raw = d.get("_writes_shared")
-        if raw is None or is_compiling():
-            self._note_write_slow(cursor)
-            return
-        # under the lock: two processes writing at once must get distinct counts
-        with d["_writes_value"].get_lock():
-            raw.value = count = raw.value + 1
-        self._journal_append(count, cursor)
-
-    def _note_write_slow(self, cursor) -> None:
         d = self.__dict__
         if self._compilable:
             # Never shared (compilable storages refuse it): a plain int, as the length,
@@ -996,16 +1005,14 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             d["_writes_value"] = count
             if not is_compiling():
                 self._journal_append(count, cursor)
-        elif is_compiling():
-            self._note_write_eager(cursor)
-        else:
-            self._writes_raw()
-            self._note_write(cursor)
-
-    # the shared counter is a ctypes object that torch.compile cannot trace
-    @compile_disable()
-    def _note_write_eager(self, cursor) -> None:
-        self._note_write(cursor)
+            return
+        raw = d.get("_writes_shared")
+        if raw is None:
+            raw = self._writes_raw()
+        # under the lock: two processes writing at once must get distinct counts
+        with d["_writes_value"].get_lock():
+            raw.value = count = raw.value + 1
+        self._journal_append(count, cursor)
 
     def _journal_append(self, count: int, cursor) -> None:
         d = self.__dict__
@@ -1242,26 +1249,11 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         return state
 
     def __setstate__(self, state):
-        length = state.pop("len__context", None)
-        if length is not None:
-            if not state["_compilable"]:
-                state["_len_value"] = mp.Value(_LEN_TYPECODE, length)
-            else:
-                state["_len_value"] = length
-        shared = state.get("_len_value")
-        if shared is not None and hasattr(shared, "get_obj"):
-            state["_len_shared"] = shared.get_obj()
-        writes = state.pop("writes__context", None)
-        if writes is not None:
-            if not state["_compilable"]:
-                length = state.get("_len_value")
-                lock = length.get_lock() if hasattr(length, "get_lock") else True
-                state["_writes_value"] = mp.Value(_LEN_TYPECODE, writes, lock=lock)
-            else:
-                state["_writes_value"] = writes
-        shared = state.get("_writes_value")
-        if shared is not None and hasattr(shared, "get_obj"):
-            state["_writes_shared"] = shared.get_obj()
+        _restore_counter(state, "len__context", "_len_value", "_len_shared")
+        _restore_counter(
+            state, "writes__context", "_writes_value", "_writes_shared",
+            beside=state.get("_len_value"),
+        )
         self.__dict__.update(state)
 
     # ------------------------------------------------------------ state dict
