@@ -48,8 +48,15 @@ typedef int64_t rp_v2l __attribute__((vector_size(16)));
 #define RP_SEGTREE_VECTOR rp_v4f
 #define RP_SEGTREE_MASK rp_v4i
 #define RP_SEGTREE_LANES 4
+/* Lane shuffles for the transposed prefix sums of the descent (fp32 only: four lanes). */
+#if defined(__clang__) || __GNUC__ >= 12
+#define RP_SEGTREE_SHUFFLE(a, b, i, j, k, l) __builtin_shufflevector(a, b, i, j, k, l)
+#else
+#define RP_SEGTREE_SHUFFLE(a, b, i, j, k, l) __builtin_shuffle(a, b, (rp_v4i){i, j, k, l})
+#endif
 #endif
 #include "segtree_impl.h"
+#undef RP_SEGTREE_SHUFFLE
 #undef SCALAR
 #undef SUFFIX
 #undef SCALAR_MAX

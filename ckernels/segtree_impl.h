@@ -14,14 +14,27 @@ static inline void FN(prefetch_node)(const SCALAR *node) {
     if (NODE_LINES > 1) RP_PREFETCH(node + RP_SEGTREE_FANOUT / 2);
 }
 
-/* Sum of one node in a fixed pairwise order, accumulated in double: the same function builds
- * and refreshes every parent, which is what makes the tree a pure function of its leaves. */
+/* Sum of one node in a fixed order, accumulated in double: the same function builds and
+ * refreshes every parent, which is what makes the tree a pure function of its leaves. The
+ * even and the odd entries are summed pairwise apart and added last, the order of two-lane
+ * double vectors: 22 -> 16 ns per updated leaf at B=256, where gcc had left the pairwise
+ * order of adjacent entries scalar. */
 static inline double FN(node_sum)(const SCALAR *e) {
-    const double s0 = (double)e[0] + (double)e[1], s1 = (double)e[2] + (double)e[3];
-    const double s2 = (double)e[4] + (double)e[5], s3 = (double)e[6] + (double)e[7];
-    const double s4 = (double)e[8] + (double)e[9], s5 = (double)e[10] + (double)e[11];
-    const double s6 = (double)e[12] + (double)e[13], s7 = (double)e[14] + (double)e[15];
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+#if defined(RP_HAVE_VECTORS)
+    rp_v2d d[8];
+    for (int k = 0; k < 8; k++) {
+        d[k][0] = (double)e[2 * k];
+        d[k][1] = (double)e[2 * k + 1];
+    }
+    const rp_v2d s = ((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7]));
+    return s[0] + s[1];
+#else
+    const double even = (((double)e[0] + (double)e[2]) + ((double)e[4] + (double)e[6]))
+                      + (((double)e[8] + (double)e[10]) + ((double)e[12] + (double)e[14]));
+    const double odd = (((double)e[1] + (double)e[3]) + ((double)e[5] + (double)e[7]))
+                     + (((double)e[9] + (double)e[11]) + ((double)e[13] + (double)e[15]));
+    return even + odd;
+#endif
 }
 
 /* Inclusive prefix sums of one node's 16 entries, accumulated in SCALAR as four running sums
@@ -347,6 +360,52 @@ static inline int FN(count_below)(const SCALAR *p, SCALAR bound) {
 #endif
 }
 
+#if defined(RP_SEGTREE_SHUFFLE)
+/* count_below over the prefix sums of the node e computed in registers, bit for bit those of
+ * scalar_prefix: the four quads are transposed into the lanes of four vectors, so three
+ * vector additions give every quad's running sums in scalar_prefix's order, and one vector
+ * of quad offsets finishes them. The comparisons do not need the natural order, so the sums
+ * are left transposed in `out` (entry j at RP_COMPUTED_AT(j)). At 2^20 leaves, where two of
+ * the five levels compute their prefix sums: 41 -> 29 ns per descent (C probe, B=256). */
+#define RP_COMPUTED_AT(j) (4 * ((j) & 3) + ((j) >> 2))
+static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {
+    RP_SEGTREE_VECTOR x0, x1, x2, x3;
+    memcpy(&x0, e, sizeof x0);
+    memcpy(&x1, e + 4, sizeof x1);
+    memcpy(&x2, e + 8, sizeof x2);
+    memcpy(&x3, e + 12, sizeof x3);
+    const RP_SEGTREE_VECTOR t0 = RP_SEGTREE_SHUFFLE(x0, x1, 0, 4, 1, 5);
+    const RP_SEGTREE_VECTOR t1 = RP_SEGTREE_SHUFFLE(x2, x3, 0, 4, 1, 5);
+    const RP_SEGTREE_VECTOR t2 = RP_SEGTREE_SHUFFLE(x0, x1, 2, 6, 3, 7);
+    const RP_SEGTREE_VECTOR t3 = RP_SEGTREE_SHUFFLE(x2, x3, 2, 6, 3, 7);
+    /* lane k of p_i: entry i of quad k, then the running sum of quad k up to entry i */
+    RP_SEGTREE_VECTOR p0 = RP_SEGTREE_SHUFFLE(t0, t1, 0, 1, 4, 5);
+    RP_SEGTREE_VECTOR p1 = p0 + RP_SEGTREE_SHUFFLE(t0, t1, 2, 3, 6, 7);
+    RP_SEGTREE_VECTOR p2 = p1 + RP_SEGTREE_SHUFFLE(t2, t3, 0, 1, 4, 5);
+    RP_SEGTREE_VECTOR p3 = p2 + RP_SEGTREE_SHUFFLE(t2, t3, 2, 3, 6, 7);
+    const SCALAR o1 = p3[0], o2 = o1 + p3[1], o3 = o2 + p3[2];
+    const RP_SEGTREE_VECTOR offset = {0, o1, o2, o3};
+    p0 += offset;
+    p1 += offset;
+    p2 += offset;
+    p3 += offset;
+    memcpy(out, &p0, sizeof p0);
+    memcpy(out + 4, &p1, sizeof p1);
+    memcpy(out + 8, &p2, sizeof p2);
+    memcpy(out + 12, &p3, sizeof p3);
+    RP_SEGTREE_VECTOR b = {bound, bound, bound, bound};
+    const RP_SEGTREE_MASK below = (RP_SEGTREE_MASK)(p0 < b) + (RP_SEGTREE_MASK)(p1 < b)
+                                + (RP_SEGTREE_MASK)(p2 < b) + (RP_SEGTREE_MASK)(p3 < b);
+    return -(int)(below[0] + below[1] + below[2] + below[3]);
+}
+#else
+#define RP_COMPUTED_AT(j) (j)
+static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {
+    FN(scalar_prefix)(e, out);
+    return FN(count_below)(out, bound);
+}
+#endif
+
 /* Descend g <= RP_DESCENT_GROUP masses v[q] > 0 level by level, interleaved so that the cache
  * misses of one descent overlap the arithmetic of the others. At each node the child taken is
  * the first whose running prefix (in double) reaches v. Where rounding makes v exceed the sum
@@ -368,16 +427,17 @@ static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, dou
             int child = 0;
             double before = 0.0;
             /* Stored prefix sums where the level keeps them, else computed the same way. */
-            SCALAR computed[RP_SEGTREE_FANOUT];
-            const SCALAR *p = computed;
-            if (pre != NULL) {
-                p = pre + RP_SEGTREE_FANOUT * node[q];
-            } else {
-                FN(scalar_prefix)(lvl + RP_SEGTREE_FANOUT * node[q], computed);
-            }
             const SCALAR bound = FN(round_down)(target);
-            child = FN(count_below)(p, bound);
-            if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
+            if (pre != NULL) {
+                const SCALAR *p = pre + RP_SEGTREE_FANOUT * node[q];
+                child = FN(count_below)(p, bound);
+                if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
+            } else {
+                SCALAR computed[RP_SEGTREE_FANOUT];
+                child = FN(count_below_computed)(lvl + RP_SEGTREE_FANOUT * node[q], bound, computed);
+                if (child > 0 && child < RP_SEGTREE_FANOUT)
+                    before = (double)computed[RP_COMPUTED_AT(child - 1)];
+            }
             if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
                 const SCALAR *e = lvl + RP_SEGTREE_FANOUT * node[q];
                 child = RP_SEGTREE_FANOUT - 1;
@@ -661,6 +721,7 @@ int FN(rp_priority_scan)(const int64_t *index, int64_t n, int64_t size, const SC
 }
 
 #undef NODE_LINES
+#undef RP_COMPUTED_AT
 #undef FN
 #undef RP_CAT
 #undef RP_CAT_
