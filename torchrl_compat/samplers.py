@@ -1185,18 +1185,23 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         elif priority.numel() <= 1:
             priority = priority.reshape(())
         # torch computes the stored values, so that they match torchrl's to the last bit
-        value = priority.add(self._eps).pow_(self._alpha)
+        value = priority.add(self._eps_operand(priority.dtype)).pow_(self._alpha)
         try:
             argmax = _REPLAY_UPDATE(self._sum_tree, self._min_tree, index, value, priority)
         except (IndexError, ValueError, TypeError):
             return False
         if argmax < 0:
             return True  # every index was -1
-        highest = priority[argmax] if priority.ndim else priority
+        if not priority.ndim:
+            highest = float(priority)
+        elif priority.dtype is torch.float32 or priority.dtype is torch.float64:
+            highest = float(priority.numpy()[argmax])  # indexing the tensor costs a microsecond
+        else:
+            highest = float(priority[argmax])
         cur_max_priority, cur_max_priority_index = self._max_priority
-        if cur_max_priority is None or float(highest) > float(cur_max_priority):
+        if cur_max_priority is None or highest > float(cur_max_priority):
             cur_max_priority, cur_max_priority_index = self._max_priority = (
-                highest,
+                priority[argmax] if priority.ndim else priority,
                 torch.tensor(int(index[argmax])),
             )
         if (
@@ -1206,6 +1211,20 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         ):
             self._rebuild_max_priority()
         return True
+
+    def _eps_operand(self, dtype):
+        """``eps`` as ``priority.add`` should take it: for fp32 and fp64 priorities a cached 0-d
+        tensor of their dtype (the same sum to the bit, as the Python float is cast to that dtype
+        too; torch wraps a Python float into a tensor at every call, about 2 us), the Python
+        float for other dtypes (half precision adds in float)."""
+        if dtype is not torch.float32 and dtype is not torch.float64:
+            return self._eps
+        cached = self.__dict__.get("_eps_tensors")
+        if cached is None or cached[0] != self._eps:
+            eps = float(self._eps)
+            tensors = {dtype: torch.tensor(eps, dtype=dtype) for dtype in (torch.float32, torch.float64)}
+            cached = self._eps_tensors = (self._eps, tensors)
+        return cached[1][dtype]
 
     @staticmethod
     def _ravel_index(index: torch.Tensor, shape) -> torch.Tensor:
