@@ -293,3 +293,22 @@ def test_without_replacement_reading_its_state_does_not_change_the_epoch():
     following = [unread.sample(storage, 5)[0] for _ in range(7)]
     assert torch.equal(torch.cat(following), rest)
     assert all(torch.equal(read.sample(storage, 5)[0], batch) for batch in following)
+
+
+@pytest.mark.parametrize("tree_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("priority_dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("scalar", [False, True])
+def test_update_stores_torch_values_for_every_priority_dtype(tree_dtype, priority_dtype, scalar):
+    """The kernel path stores (p + eps) ** alpha exactly as torch computes it from the user's
+    tensor, whatever its dtype and shape, also after eps is changed on the sampler."""
+    n = 64
+    sampler = ours.PrioritizedSampler(n, 0.7, 0.4, dtype=tree_dtype)
+    index = torch.arange(0, n, 3)
+    for eps in (1e-8, 0.25):
+        sampler._eps = eps
+        priority = torch.rand(()) if scalar else torch.rand(index.shape[0])
+        priority = (priority * 3 + 1e-7).to(priority_dtype)
+        sampler.update_priority(index, priority)
+        expected = torch.pow(priority + eps, 0.7).to(tree_dtype).expand(index.shape[0])
+        stored = torch.as_tensor(sampler._sum_tree.values()[index.numpy()])
+        assert torch.equal(stored, expected), (eps, priority_dtype)
