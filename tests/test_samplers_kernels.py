@@ -295,6 +295,43 @@ def test_without_replacement_reading_its_state_does_not_change_the_epoch():
     assert all(torch.equal(read.sample(storage, 5)[0], batch) for batch in following)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("pickled", [False, True])
+def test_without_replacement_reading_its_state_at_an_epoch_boundary(drop_last, pickled):
+    """Reading the state when an epoch has just ended (the next one opened, nothing drawn from
+    it yet) leaves the following epochs as they are, for the same batch size; the state read
+    there is the whole next epoch."""
+    import pickle
+
+    storage = make_storage(64, filled=30)
+    read, unread = ours.SamplerWithoutReplacement(drop_last), ours.SamplerWithoutReplacement(drop_last)
+    read._rng, unread._rng = generator(3), generator(3)
+    for epoch in range(3):
+        for _ in range(6):  # 6 * 5 = 30: the last batch of each epoch sets ran_out
+            assert torch.equal(read.sample(storage, 5)[0], unread.sample(storage, 5)[0])
+        assert read.ran_out and unread.ran_out
+        state = read.state_dict()
+        if pickled:  # the generator is not pickled: the buffer sets it again
+            read = pickle.loads(pickle.dumps(read))
+            read._rng = torch.Generator()
+            read._rng.set_state(unread._rng.get_state())
+        assert sorted(state["_sample_list"].tolist()) == list(range(30))
+    following = torch.cat([unread.sample(storage, 5)[0] for _ in range(6)])
+    assert torch.equal(following, state["_sample_list"])
+    assert torch.equal(torch.cat([read.sample(storage, 5)[0] for _ in range(6)]), following)
+
+
+def test_without_replacement_boundary_state_with_another_batch_size_is_a_permutation():
+    storage = make_storage(64, filled=30)
+    sampler = ours.SamplerWithoutReplacement()
+    sampler._rng = generator(5)
+    for _ in range(6):
+        sampler.sample(storage, 5)
+    sampler.state_dict()
+    epoch = torch.cat([sampler.sample(storage, 6)[0] for _ in range(5)])
+    assert sorted(epoch.tolist()) == list(range(30)) and sampler.ran_out
+
+
 @pytest.mark.parametrize("tree_dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("priority_dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("scalar", [False, True])

@@ -555,12 +555,21 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
     def _materialize_epoch(self) -> None:
         """Stores the rest of a lazy epoch as a tensor, as sampling goes on: once the lazy
         first batch is out, the rest is shuffled at once (so reading the state leaves the
-        samples as they were)."""
+        samples as they were). An epoch read before its first batch (at an epoch boundary)
+        draws that batch lazily with the batch size of the call that opened the epoch, then
+        shuffles the rest: the same samples as unread while the batch size stays the same."""
         d = self.__dict__
         epoch = d.get("_epoch")
         if epoch is None:
             return
-        rest = epoch.shuffle_rest() if epoch.remaining < epoch.n else epoch.next_batch(epoch.n)
+        if epoch.remaining < epoch.n:
+            rest = epoch.shuffle_rest()
+        else:
+            first = d.get("_epoch_batch_size", 0)
+            if 0 < first < epoch.n:
+                rest = torch.cat([epoch.next_batch(first), epoch.shuffle_rest()])
+            else:
+                rest = epoch.next_batch(epoch.n)
         d["_sample_list_value"] = rest
         d["_epoch"] = None
         d["_sample_pos"] = 0
@@ -603,6 +612,7 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
             epoch = _REPLAY.PermutationEpoch(len_storage, generator=self._rng)
             self._sample_list = None
             self.__dict__["_epoch"] = epoch
+            self.__dict__["_epoch_batch_size"] = batch_size
         elif self.shuffle:
             self._sample_list = _randperm(len_storage, device, self._rng)
         else:
