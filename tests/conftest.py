@@ -1,6 +1,10 @@
 import os
+import random
 import sys
 
+import numpy as np
+import pytest
+import torch
 from hypothesis import settings
 
 # No per-example deadline (a shared 2-core CI machine is slow at times); in CI the examples
@@ -8,6 +12,17 @@ from hypothesis import settings
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
+
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_rngs():
+    """Every test starts from the same global RNG states, so a statistical assertion on
+    unseeded draws does not depend on which tests ran before it."""
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
