@@ -303,6 +303,12 @@ def _written_rows(cursors: list, size: int) -> np.ndarray | None:
     if not parts:
         return _NO_ENDS
     rows = np.sort(np.concatenate(parts) if len(parts) > 1 else parts[0])
+    if rows.size:
+        # index arrays are checked here, on the sorted rows: two reads, not two reductions
+        if rows[0] < -size or rows[-1] >= size:
+            return None
+        if rows[0] < 0:
+            rows = np.sort(np.where(rows < 0, rows + size, rows))
     if rows.size > 1:
         distinct = rows[1:] != rows[:-1]
         if not distinct.all():
@@ -312,14 +318,26 @@ def _written_rows(cursors: list, size: int) -> np.ndarray | None:
 
 def _pairs_touched(rows: np.ndarray, size: int) -> np.ndarray:
     """The pairs ``(t, t + 1)`` of rows, named by ``t``, that a write of the sorted distinct
-    ``rows`` may change: ``rows`` and ``rows - 1``, within ``[0, size - 1)``."""
-    both = np.concatenate((rows - 1, rows))
-    both = both[(both >= 0) & (both < size - 1)]
-    return np.unique(both)
+    ``rows`` may change: ``rows`` and ``rows - 1``, within ``[0, size - 1)``.
+
+    ``rows[k] - 1, rows[k], rows[k + 1] - 1, ...`` is already sorted (``rows[k] <=
+    rows[k + 1] - 1``), so interleaving and dropping repeats replaces a sort (np.unique
+    hashes, about 25 us for a 256-row write)."""
+    both = np.empty(2 * rows.size, dtype=np.int64)
+    both[0::2] = rows - 1
+    both[1::2] = rows
+    if both.size > 1:
+        keep = np.empty(both.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(both[1:], both[:-1], out=keep[1:])
+        both = both[keep]
+    return both[(both >= 0) & (both < size - 1)]
 
 
 def _cursor_rows(cursor, size: int) -> np.ndarray | None:
-    """The rows in ``[0, size)`` a write at ``cursor`` touches (repeats allowed)."""
+    """The rows a write at ``cursor`` touches (repeats allowed): in ``[0, size)``, except
+    for index arrays, whose rows are returned as given (possibly negative or out of range)
+    for :func:`_written_rows` to check and wrap once sorted."""
     if isinstance(cursor, bool):
         return None  # indexing with True adds a dimension
     if isinstance(cursor, (int, np.integer)):
@@ -352,13 +370,7 @@ def _cursor_rows(cursor, size: int) -> np.ndarray | None:
             return None
     else:
         return None  # tuples (several dimensions), ellipsis...
-    rows = rows.reshape(-1).astype(np.int64, copy=False)
-    if not rows.size:
-        return rows
-    low, high = int(rows.min()), int(rows.max())
-    if low < -size or high >= size:
-        return None
-    return np.where(rows < 0, rows + size, rows) if low < 0 else rows
+    return rows.reshape(-1).astype(np.int64, copy=False)
 
 
 def _mask_rows(mask: np.ndarray, size: int) -> np.ndarray | None:
