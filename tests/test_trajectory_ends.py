@@ -580,3 +580,18 @@ def test_ids_of_shape_n1_are_left_to_the_full_read():
     storage = make_storage("LazyTensorStorage", 10)
     storage.set(torch.arange(10), TensorDict({IDS_KEY: (torch.arange(10) // 3).unsqueeze(-1)}, [10]))
     assert TrajectoryEnds(IDS_KEY, from_ids=True).bounds(storage) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 40), data=st.data())
+def test_pairs_touched_and_written_rows_match_plain_numpy(size, data):
+    rows = np.array(data.draw(st.lists(st.integers(-size, size - 1), max_size=30)), dtype=np.int64)
+    cursors = [torch.as_tensor(rows), list(range(0, size, 3)), data.draw(st.integers(-size, size - 1))]
+    written = te_module._written_rows(cursors, size)
+    model = np.unique(np.concatenate([rows % size, np.arange(0, size, 3), [cursors[2] % size]]))
+    np.testing.assert_array_equal(written, model.astype(np.int64))
+    both = np.concatenate((written - 1, written))
+    expected = np.unique(both[(both >= 0) & (both < size - 1)])
+    np.testing.assert_array_equal(te_module._pairs_touched(written, size), expected)
+    assert te_module._written_rows([torch.tensor([size])], size) is None
+    assert te_module._written_rows([torch.tensor([-size - 1, 0])], size) is None
