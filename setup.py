@@ -35,6 +35,11 @@ KERNEL_SOURCES = [
     "ckernels/perm.c",
     "ckernels/prng.c",
 ]
+# Headers too: an edit to one of them (segtree_impl.h holds the tree kernels) rebuilds the
+# extension, which setuptools otherwise decides from the sources alone.
+KERNEL_HEADERS = sorted(
+    os.path.join("ckernels", name) for name in os.listdir("ckernels") if name.endswith(".h")
+)
 
 DEBUG = os.environ.get("REPLAY_CYTHON_DEBUG", "0") == "1"
 
@@ -55,6 +60,7 @@ extensions = [
     Extension(
         "replay",
         sources=["replay.pyx", *KERNEL_SOURCES],
+        depends=["replay.pxd", *KERNEL_HEADERS],
         include_dirs=[np.get_include(), "ckernels"],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=COMPILE_ARGS,
