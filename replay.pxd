@@ -95,7 +95,7 @@ cdef class _SegmentTree:
 
 
 cdef class _SumSegmentTree(_SegmentTree):
-    pass
+    cdef object _scratch             # numpy float64 scratch of the exclusion kernel, or None
 
 
 # =====================================================================================
@@ -139,6 +139,9 @@ cdef extern from "ckernels/slices.h" nogil:
     int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit,
                                   int64_t length, const int64_t *forced, int64_t n_forced,
                                   int64_t *start, int64_t *stop, int64_t *lengths, int64_t *n_out)
+    int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bint keep_first,
+                                 int64_t offset, int64_t total, int64_t *out, int64_t out_len,
+                                 int64_t *n_out)
 
 
 # =====================================================================================

@@ -716,9 +716,6 @@ cdef class _SumSegmentTree(_SegmentTree):
         if n:
             uv = us
             oi = out_index
-            scratch = np.empty(max(2 * m, 1), dtype=np.float64)
-            sv = scratch
-            sptr = &sv[0]
             if m:
                 ev = ex
                 eptr = &ev[0]
@@ -726,16 +723,22 @@ cdef class _SumSegmentTree(_SegmentTree):
                 wv = out_weight
                 wptr = &wv[0]
             with self._lock:
+                # The kernel's scratch (3 doubles an excluded leaf) is kept between calls and
+                # used under the lock: a fresh one costs its page faults at every call.
+                if self._scratch is None or self._scratch.shape[0] < 3 * m + 1:
+                    self._scratch = np.empty(3 * m + 1, dtype=np.float64)
+                sv = self._scratch
+                sptr = &sv[0]
                 if self._fp64:
                     p64 = out_priority
                     with nogil:
                         rc = rp_sumtree_sample_exclude_f64(&self._layout, self._t64, nv, eptr, m, &uv[0], n,
-                                                           pmin, b, sptr, 2 * m, &oi[0], &p64[0], wptr, &bad)
+                                                           pmin, b, sptr, 3 * m, &oi[0], &p64[0], wptr, &bad)
                 else:
                     p32 = out_priority
                     with nogil:
                         rc = rp_sumtree_sample_exclude_f32(&self._layout, self._t32, nv, eptr, m, &uv[0], n,
-                                                           pmin, b, sptr, 2 * m, &oi[0], &p32[0], wptr, &bad)
+                                                           pmin, b, sptr, 3 * m, &oi[0], &p32[0], wptr, &bad)
             if rc == RP_ERR_EMPTY:
                 raise RuntimeError(
                     f"no positive priority among the first {num_valid} leaves outside the "
@@ -1531,6 +1534,63 @@ def bounds_from_ends(ends, limit, length, forced=()):
     if rc != RP_OK:
         raise ValueError(f"forced rows must lie in [-1, {length}), got {list(forced)}")
     return start[:n_out], stop[:n_out], lengths[:n_out]
+
+
+def excluded_starts(lengths, tail, *, keep_first=False, offset=0, total=None):
+    """The positions that cannot start a slice, sorted: what ``PrioritizedSliceSampler`` excludes.
+
+    The trajectories of ``lengths`` lie end to end from position ``offset`` of a circular range
+    of ``total`` positions (a full storage whose first trajectory starts at ``offset``); each
+    excludes its last ``tail`` positions (all of them when shorter). One pass in C, in
+    increasing order (the positions that wrap past ``total`` come first), where the torch
+    ops build them with two ``repeat_interleave`` and a modulo.
+
+    Args:
+        lengths (1-D integers): the trajectory lengths, in storage order.
+        tail (int): how many positions at the end of each trajectory cannot start a slice
+            (``seq_length - 1 - span_right``, or 1 when ``span_right`` is True).
+
+    Keyword Args:
+        keep_first (bool, optional): never exclude a trajectory's first position (a short
+            slice may start there: ``strict_length=False``). Defaults to ``False``.
+        offset (int, optional): the position of the first trajectory's start. Defaults to 0.
+        total (int, optional): the number of positions; defaults to ``sum(lengths)``.
+
+    Returns:
+        a strictly increasing int64 numpy array.
+
+    Raises:
+        ValueError: for a negative tail or length, an offset outside ``[0, total)`` or lengths
+            summing past ``total``.
+
+    Examples:
+        >>> import replay
+        >>> replay.excluded_starts([3, 4], 2).tolist()
+        [1, 2, 5, 6]
+        >>> replay.excluded_starts([3, 4], 2, offset=5).tolist()
+        [0, 3, 4, 6]
+    """
+    cdef const int64_t *length_ptr = NULL
+    cdef int64_t m = 0, n_out = 0, c_tail = tail, c_offset = offset, c_total, capacity
+    cdef bint c_keep_first = keep_first
+    cdef int64_t[::1] out_view
+    cdef int rc
+    owner = _int64_data(lengths, "lengths", &length_ptr, &m)
+    if total is None:
+        if m == 0:
+            return np.empty(0, dtype=np.int64)
+        total = int(np.asarray(owner).sum())
+    c_total = total
+    capacity = min(c_tail, c_total) * m if c_tail > 0 else 0
+    out = np.empty(max(capacity, 1), dtype=np.int64)
+    out_view = out
+    with nogil:
+        rc = rp_slice_excluded_starts(length_ptr, m, c_tail, c_keep_first, c_offset, c_total,
+                                      &out_view[0], capacity, &n_out)
+    if rc != RP_OK:
+        raise ValueError(f"excluded_starts() got tail={tail}, offset={offset}, total={total} "
+                         f"and lengths that are negative or sum past total")
+    return out[:n_out]
 
 
 # =====================================================================================

@@ -116,16 +116,17 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
     /* rp_sumtree_sample with the leaves exclude[0, n_exclude) treated as zero for this call      \
      * only (the tree is not modified): mass_k = uniform[k] * (sum of the other leaves of          \
      * [0, num_valid)), and a draw never lands on an excluded or zero-valued leaf. `exclude` is   \
-     * strictly increasing in [0, num_valid); `scratch` holds at least 2 * n_exclude doubles.     \
+     * strictly increasing in [0, num_valid); `scratch` holds at least 3 * n_exclude doubles     \
+     * (two per run of consecutive excluded leaves, and the run's first position as an int64).    \
      * Returns RP_ERR_INDEX with *bad = r for a bad exclude[r] (*bad = -1 when num_valid is out   \
      * of [1, size]), RP_ERR_VALUE for a bad draw (*bad = k) or a short scratch (*bad = -1),     \
      * RP_ERR_EMPTY when no allowed leaf is positive; nothing written on error.                   \
-     * O(n_exclude + runs * 16 log16 size + n * (log n_exclude + 16 log16 size)), where runs is   \
-     * the number of gaps between excluded leaves; a draw stepping off a zero leaf may pay          \
+     * O(n_exclude + runs * 16 log16 size + n * (log runs + 16 log16 size)), where runs is the    \
+     * number of runs of consecutive excluded leaves; a draw stepping off a zero leaf may pay     \
      * O(log n_exclude * log16 size) per excluded leaf it passes.                                 \
-     * Exclusion by mass offsets: with A_r the allowed mass before exclude[r] and X_r the excluded \
-     * mass up to it, a draw in (A_{r-1}, A_r] lies between exclude[r-1] and exclude[r] and is    \
-     * the unmasked draw of mass + X_{r-1}. */                                                    \
+     * Exclusion by mass offsets: with A_R the allowed mass before run R and X_R the excluded     \
+     * mass up to its end, a draw in (A_{R-1}, A_R] lies between runs R-1 and R and is the        \
+     * unmasked draw of mass + X_{R-1}. */                                                        \
     int rp_sumtree_sample_exclude_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree, \
                                            int64_t num_valid, const int64_t *exclude,            \
                                            int64_t n_exclude, const double *uniform, int64_t n,  \

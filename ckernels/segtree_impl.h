@@ -272,11 +272,27 @@ int FN(rp_mintree_update)(const rp_segtree_layout *layout, SCALAR *tree, const i
 }
 
 /* Reduction of entries [a, b) of level t (a < b, both in one node or at the root). */
+/* Sum of lvl[a..b) in double, four running sums (a chain of dependent additions was most of a
+ * range query: 15 entries a level on each side). */
+static inline double FN(range_sum)(const SCALAR *lvl, int64_t a, int64_t b) {
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    int64_t j = a;
+    for (; j + 4 <= b; j += 4) {
+        s0 += (double)lvl[j];
+        s1 += (double)lvl[j + 1];
+        s2 += (double)lvl[j + 2];
+        s3 += (double)lvl[j + 3];
+    }
+    for (; j < b; j++) s0 += (double)lvl[j];
+    return (s0 + s1) + (s2 + s3);
+}
+
 static inline double FN(range_reduce)(const SCALAR *lvl, int64_t a, int64_t b, bool is_min) {
-    double acc = is_min ? (double)SCALAR_MAX : 0.0;
+    if (!is_min) return FN(range_sum)(lvl, a, b);
+    double acc = (double)SCALAR_MAX;
     for (int64_t j = a; j < b; j++) {
         const double x = (double)lvl[j];
-        acc = is_min ? (x < acc ? x : acc) : acc + x;
+        acc = x < acc ? x : acc;
     }
     return acc;
 }
@@ -613,15 +629,41 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
         *bad = -1;
         return RP_ERR_INDEX;
     }
-    for (int64_t r = 0; r < n_exclude; r++) {
-        if (exclude[r] < 0 || exclude[r] >= num_valid || (r > 0 && exclude[r] <= exclude[r - 1])) {
-            *bad = r;
-            return RP_ERR_INDEX;
-        }
-    }
-    if (scratch_len < 2 * n_exclude) {
+    if (scratch_len < 3 * n_exclude) {
         *bad = -1;
         return RP_ERR_VALUE;
+    }
+    /* The runs of consecutive excluded leaves (run R starts at exclude[first[R]]), found in one
+     * pass that also checks the order: within a run it holds, so only each run's first entry
+     * needs comparing. Once sorted, the range is checked at the two ends. */
+    int64_t *first = (int64_t *)(scratch + 2 * n_exclude);
+    int64_t runs = 0, bad_order = n_exclude;
+    for (int64_t r = 0; r < n_exclude;) {
+        if (r > 0 && exclude[r] <= exclude[r - 1]) {
+            bad_order = r;
+            break;
+        }
+        first[runs++] = r;
+        int64_t r_end = r + 1;
+        while (r_end < n_exclude && exclude[r_end] == exclude[r_end - 1] + 1) r_end++;
+        r = r_end;
+    }
+    /* the first entry outside [0, num_valid) among the sorted exclude[0, bad_order) */
+    int64_t bad_range = bad_order;
+    if (bad_order > 0 && exclude[0] < 0) {
+        bad_range = 0;
+    } else if (bad_order > 0 && exclude[bad_order - 1] >= num_valid) {
+        int64_t a = 0, b = bad_order - 1;
+        while (a < b) {
+            const int64_t mid = a + (b - a) / 2;
+            if (exclude[mid] < num_valid) a = mid + 1;
+            else b = mid;
+        }
+        bad_range = a;
+    }
+    if (bad_range < n_exclude) {
+        *bad = bad_range;
+        return RP_ERR_INDEX;
     }
     for (int64_t k = 0; k < n; k++) {
         if (RP_UNLIKELY(!(uniform[k] >= 0 && uniform[k] <= 1))) {
@@ -629,19 +671,22 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
             return RP_ERR_VALUE;
         }
     }
-    /* before[r]: the allowed mass on the left of exclude[r]; cut[r]: the excluded mass up to
-     * and including exclude[r]. Both are running sums, hence non-decreasing. */
+    /* Per run of consecutive excluded leaves R (the first at exclude[first[R]]): before[R], the
+     * allowed mass on its left, and cut[R], the excluded mass up to its end. Both are running
+     * sums, hence non-decreasing. A run's leaves are summed at once, and the allowed gap before
+     * it with one range query. */
     double *before = scratch, *cut = scratch + n_exclude;
     double allowed = 0.0, excluded = 0.0;
     int64_t pos = 0;
-    for (int64_t r = 0; r < n_exclude; r++) {
-        const int64_t e = exclude[r];
+    for (int64_t R = 0; R < runs; R++) {
+        const int64_t e = exclude[first[R]];
+        const int64_t count = (R + 1 < runs ? first[R + 1] : n_exclude) - first[R];
         if (e - pos == 1) allowed += (double)tree[pos];
         else if (e > pos) allowed += FN(query)(layout, tree, pos, e, false);
-        before[r] = allowed;
-        excluded += (double)tree[e];
-        cut[r] = excluded;
-        pos = e + 1;
+        excluded += FN(range_sum)(tree, e, e + count);
+        before[R] = allowed;
+        cut[R] = excluded;
+        pos = e + count;
     }
     if (num_valid > pos) allowed += FN(query)(layout, tree, pos, num_valid, false);
     if (!(allowed > 0)) return RP_ERR_EMPTY;
@@ -656,23 +701,24 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
             double mass = uniform[k0 + q] * allowed;
             /* A zero draw still has to land on a positive leaf: aim just above zero. */
             if (!(mass > 0)) mass = 4.9406564584124654e-324;
-            /* The run of allowed leaves holding the draw: after the first `run` exclusions,
-             * where run counts the before[r] < mass. */
-            int64_t a = 0, b = n_exclude;
+            /* The gap of allowed leaves holding the draw: before run a, where a counts the
+             * before[R] < mass. */
+            int64_t a = 0, b = runs;
             while (a < b) {
                 const int64_t mid = a + (b - a) / 2;
                 if (before[mid] < mass) a = mid + 1;
                 else b = mid;
             }
-            lo[q] = a > 0 ? exclude[a - 1] + 1 : 0;
-            hi[q] = a < n_exclude ? exclude[a] : num_valid;
+            const int64_t next = a < runs ? first[a] : n_exclude; /* first exclusion after it */
+            lo[q] = next > 0 ? exclude[next - 1] + 1 : 0;
+            hi[q] = a < runs ? exclude[next] : num_valid;
             /* The same draw in the unmasked tree: add the excluded mass on its left. */
             v[q] = mass + (a > 0 ? cut[a - 1] : 0.0);
         }
         FN(descend)(layout, tree, v, g, out_index + k0);
         for (int64_t q = 0; q < g; q++) {
             int64_t i = out_index[k0 + q];
-            /* Rounding of the internal sums can end a descent just outside its run. */
+            /* Rounding of the internal sums can end a descent just outside its gap. */
             if (i >= hi[q]) i = hi[q] - 1;
             if (i < lo[q]) i = lo[q];
             if (RP_UNLIKELY(lo[q] >= hi[q]) || !(tree[i] > 0) || FN(is_excluded)(exclude, n_exclude, i)) {

@@ -470,3 +470,50 @@ int rp_slice_gather_flags(const uint8_t *flags, int64_t length, const int64_t *r
     for (int64_t i = 0; i < n; ++i) out[i] = flags[rows[i]] != 0;
     return RP_OK;
 }
+
+static inline int64_t excluded_count(int64_t length, int64_t tail, bool keep_first) {
+    const int64_t limit = keep_first ? (length > 0 ? length - 1 : 0) : length;
+    return limit < tail ? limit : tail;
+}
+
+int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bool keep_first,
+                             int64_t offset, int64_t total, int64_t *out, int64_t out_len,
+                             int64_t *n_out) {
+    if (tail < 0 || total < 1 || offset < 0 || offset >= total) {
+        *n_out = -1;
+        return RP_ERR_VALUE;
+    }
+    /* First pass: check, count, and count the positions that wrap (p + offset >= total). As the
+     * positions grow with k, those are the last ones: they go first in the output. */
+    int64_t end = 0, n = 0, wrapped = 0;
+    const int64_t threshold = total - offset;
+    for (int64_t k = 0; k < m; ++k) {
+        if (lengths[k] < 0 || lengths[k] > total - end) {
+            *n_out = -1;
+            return RP_ERR_VALUE;
+        }
+        end += lengths[k];
+        const int64_t c = excluded_count(lengths[k], tail, keep_first);
+        n += c;
+        /* the excluded positions of k are [end - c, end) */
+        const int64_t first_wrapped = end - c > threshold ? end - c : threshold;
+        if (end > first_wrapped) wrapped += end - first_wrapped;
+    }
+    if (out_len < n) {
+        *n_out = -2;
+        return RP_ERR_VALUE;
+    }
+    int64_t *front = out, *back = out + wrapped;
+    end = 0;
+    for (int64_t k = 0; k < m; ++k) {
+        end += lengths[k];
+        const int64_t c = excluded_count(lengths[k], tail, keep_first);
+        for (int64_t p = end - c; p < end; ++p) {
+            const int64_t q = p + offset;
+            if (q >= total) *front++ = q - total;
+            else *back++ = q;
+        }
+    }
+    *n_out = n;
+    return RP_OK;
+}

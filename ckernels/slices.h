@@ -145,6 +145,18 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
 int rp_slice_gather_flags(const uint8_t *flags, int64_t length, const int64_t *rows, int64_t n,
                           uint8_t *out, int64_t *bad);
 
+/* The positions that cannot start a slice (PrioritizedSliceSampler's excluded starts), in
+ * increasing order. Trajectories of lengths[0..m) lie end to end from position `offset` of a
+ * circular range of `total` positions; trajectory k excludes its last min(tail, L_k) positions,
+ * or its last min(tail, L_k - 1) when keep_first (its first position may still start a short
+ * slice). Positions at or past `total` wrap to the front. Writes the n excluded positions to
+ * out[0..n) and n to *n_out. Returns RP_OK; RP_ERR_VALUE with *n_out = -1 (nothing written)
+ * when tail < 0, total < 1, offset is outside [0, total), a length is negative or the lengths
+ * sum past total, or *n_out = -2 when out_len < n. O(m + n). */
+int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bool keep_first,
+                             int64_t offset, int64_t total, int64_t *out, int64_t out_len,
+                             int64_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -121,3 +121,23 @@ def test_errors_leave_tree_usable(cls, dtype):
     index, priority, _ = tree.sample_prioritized_excluding(4, [1], [0.0, 0.3, 1.0])
     assert index.tolist() == [2, 2, 2] and priority.tolist() == [2.0, 2.0, 2.0]
     assert tree.values().tolist() == [0.0, 1.0, 2.0, 0.0]
+
+
+@pytest.mark.parametrize("cls,dtype", CLASSES)
+@pytest.mark.parametrize("block", [1, 3, 16, 31])
+def test_runs_of_excluded_leaves_match_model(cls, dtype, block):
+    """Excluded leaves in runs, as PrioritizedSliceSampler passes them (the last steps of every
+    trajectory, one run cut in two by the wrap-around)."""
+    rng = np.random.default_rng(block)
+    size = 4099
+    values = rng.integers(0, 7, size).astype(dtype)
+    for num_valid in (size, 3000):
+        ends = np.cumsum(rng.integers(block + 1, 4 * block + 40, 400))
+        ends = ends[ends <= num_valid]
+        exclude = np.concatenate([np.arange(0, block // 2 + 1)] + [np.arange(e - block, e) for e in ends])
+        exclude = np.unique(exclude[exclude < num_valid])
+        tree = make_tree(cls, values)
+        uniform = np.concatenate([[0.0, 1.0], rng.random(500)])
+        index, priority, _ = tree.sample_prioritized_excluding(num_valid, torch.as_tensor(exclude), uniform)
+        np.testing.assert_array_equal(index, model(values, num_valid, exclude, uniform))
+        assert not np.isin(index, exclude).any()

@@ -449,3 +449,60 @@ def test_sorted_end_kernels_reject_bad_input():
         replay.bounds_from_ends(np.array([], dtype=np.int64), 0, 0)
     with pytest.raises(TypeError, match="ends must hold integers"):
         replay.bounds_from_ends(np.array([1.0]), 6, 6)
+
+
+def _excluded_model(lengths, tail, keep_first, offset, total):
+    out, end = [], 0
+    for length in lengths:
+        end += length
+        count = min(tail, max(length - 1, 0) if keep_first else length)
+        out.extend((p + offset) % total for p in range(end - count, end))
+    return sorted(out)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), max_size=12),
+    tail=st.integers(0, 14),
+    keep_first=st.booleans(),
+    slack=st.integers(0, 5),
+    data=st.data(),
+)
+def test_excluded_starts_match_model(lengths, tail, keep_first, slack, data):
+    total = sum(lengths) + slack
+    if total == 0:
+        return
+    offset = data.draw(st.integers(0, total - 1))
+    got = replay.excluded_starts(np.array(lengths, dtype=np.int64), tail, keep_first=keep_first,
+                                 offset=offset, total=total)
+    assert got.dtype == np.int64
+    assert got.tolist() == _excluded_model(lengths, tail, keep_first, offset, total)
+
+
+def test_excluded_starts_match_the_torch_path():
+    from torchrl_compat import _torch_slices
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lengths = torch.as_tensor(rng.integers(1, 60, int(rng.integers(1, 40))))
+        total = int(lengths.sum())
+        offset = int(rng.integers(0, total))
+        for strict_length in (True, False):
+            torch_ops = _torch_slices.excluded_start_positions(lengths, 8, 0, strict_length)
+            expected = np.sort(((torch_ops + offset) % total).numpy())
+            got = replay.excluded_starts(lengths, 7, keep_first=not strict_length, offset=offset)
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_excluded_starts_bad_input():
+    with pytest.raises(ValueError, match="tail=-1"):
+        replay.excluded_starts([3], -1)
+    with pytest.raises(ValueError, match="offset=3"):
+        replay.excluded_starts([3], 1, offset=3)
+    with pytest.raises(ValueError, match="sum past total"):
+        replay.excluded_starts([3, 4], 1, total=5)
+    with pytest.raises(ValueError):
+        replay.excluded_starts([3, -1], 1, total=5)
+    with pytest.raises(TypeError):
+        replay.excluded_starts([1.5], 1)
+    assert replay.excluded_starts(np.zeros(0, dtype=np.int64), 3).size == 0

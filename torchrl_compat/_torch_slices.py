@@ -15,6 +15,7 @@ from ._sampler_deps import _is_int
 __all__ = [
     "end_to_start_stop",
     "excluded_start_positions",
+    "excluded_tail",
     "find_start_stop_traj",
     "slices_from_starts",
     "stops_after_starts",
@@ -143,6 +144,13 @@ def slices_from_starts(seq_length, start: torch.Tensor, storage_length: int) -> 
     return result
 
 
+def excluded_tail(seq_length: int, span_right) -> int:
+    """How many positions at the end of a trajectory cannot start a slice of ``seq_length``."""
+    if isinstance(span_right, bool) and span_right:
+        return 1
+    return max(int(seq_length) - 1 - int(span_right), 0)
+
+
 def excluded_start_positions(
     lengths: torch.Tensor, seq_length: int, span_right, strict_length: bool
 ) -> torch.Tensor:
@@ -159,10 +167,7 @@ def excluded_start_positions(
         (e.g. ``slice_len=1``), which then fails with "non-positive p_sum"; here nothing is
         excluded then, as nothing needs to be.
     """
-    if isinstance(span_right, bool) and span_right:
-        tail = 1
-    else:
-        tail = max(int(seq_length) - 1 - int(span_right), 0)
+    tail = excluded_tail(seq_length, span_right)
     lengths = lengths.reshape(-1)
     if tail == 0 or not lengths.numel():
         return torch.zeros(0, dtype=torch.long, device=lengths.device)

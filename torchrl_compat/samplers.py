@@ -2379,6 +2379,29 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         numel = storage.shape.numel()
         if int(lengths.sum()) != numel:
             raise RuntimeError("Wrong shapes / arange configuration")
+        if storage.ndim == 1 and self._kernel_slices(lengths):
+            # One C pass, sorted (the exclusion kernel then takes them as they are); the torch
+            # ops below take two repeat_interleave and a modulo (0.4 ms at 2^20 steps).
+            offset = int(start_idx[0, 0]) if full else 0
+            preceding_stop_idx = torch.from_numpy(
+                _REPLAY.excluded_starts(
+                    lengths,
+                    _torch_slices.excluded_tail(seq_length, self.span[1]),
+                    keep_first=not self.strict_length,
+                    offset=offset,
+                    total=numel,
+                )
+            )
+        else:
+            preceding_stop_idx = self._excluded_with_torch(storage, lengths, seq_length, start_idx, full)
+        if self.cache_values:
+            self._cache["preceding_stop_idx"] = (key, preceding_stop_idx)
+        else:
+            self.__dict__["_preceding_of"] = (lengths, start_idx, (key, full), preceding_stop_idx)
+        return preceding_stop_idx
+
+    def _excluded_with_torch(self, storage, lengths, seq_length, start_idx, full):
+        """The excluded start positions in torch ops (any device, any ndim)."""
         preceding_stop_idx = _torch_slices.excluded_start_positions(
             lengths, seq_length, self.span[1], self.strict_length
         )
@@ -2387,10 +2410,6 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             total_shape = storage._total_shape
             offset = _ravel(start_idx[0].tolist(), total_shape)
             preceding_stop_idx = (preceding_stop_idx + offset) % total_shape.numel()
-        if self.cache_values:
-            self._cache["preceding_stop_idx"] = (key, preceding_stop_idx)
-        else:
-            self.__dict__["_preceding_of"] = (lengths, start_idx, (key, full), preceding_stop_idx)
         return preceding_stop_idx
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
