@@ -206,6 +206,28 @@ def test_slice_sample_after_each_write(benchmark, module, which, kwargs):
     benchmark.pedantic(sampler.sample, setup=write, rounds=30 if module is trl else 200, warmup_rounds=1)
 
 
+@pytest.mark.parametrize("module,which", [pytest.param(trl, "torchrl", id="torchrl", marks=IMPLS[0].marks), SIDES[2]])
+def test_prioritized_slice_sample_after_each_write(benchmark, module, which):
+    """A prioritized training loop: 256 new steps written and added to the sampler (not
+    timed), then one sample, on a full 2^20 storage that wraps around; each side its own
+    storage class. The excluded starts change at every write."""
+    benchmark.group = "PrioritizedSliceSampler.sample 2^20 after each write of 256 steps"
+    st = _episodes(N, our_storages.LazyTensorStorage if which == "own" else LazyTensorStorage)
+    torch.manual_seed(8)
+    sampler = module.PrioritizedSliceSampler(N, 0.7, 0.5, slice_len=SLICE, end_key=("next", "done"))
+    sampler.update_priority(torch.arange(N), torch.rand(N))
+    written = iter(range(N, 10**12, BATCH))
+
+    def write():
+        start = next(written)
+        index = torch.arange(start, start + BATCH) % N
+        st.set(index, _episode_data(start, BATCH))
+        sampler.extend(index)
+        return (st, BATCH), {}
+
+    benchmark.pedantic(sampler.sample, setup=write, rounds=10 if module is trl else 100, warmup_rounds=1)
+
+
 @pytest.mark.parametrize("module,which", [pytest.param(trl, "torchrl", id="torchrl", marks=IMPLS[0].marks), SIDES[1], SIDES[2]])
 @pytest.mark.parametrize("cache_values", [True, False], ids=["cached", "uncached"])
 def test_prioritized_slice_sample(benchmark, small_storage, small_own_storage, module, which, cache_values):
