@@ -184,6 +184,14 @@ cdef inline bint _is_scalar_int(object x):
     return (PyLong_Check(x) or isinstance(x, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
+cdef inline int64_t _clamped_int64(object x) except? -1:
+    """A Python int clamped to [-INT64_MAX, INT64_MAX] (query bounds are clamped anyway)."""
+    try:
+        return x
+    except OverflowError:
+        return INT64_MAX if x > 0 else -INT64_MAX
+
+
 cdef inline bint _is_scalar_real(object x):
     return isinstance(x, (float, int, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
 
@@ -375,9 +383,14 @@ cdef class _SegmentTree:
         cdef const int64_t[::1] lv
         cdef const int64_t[::1] rv
         cdef double[::1] ov
+        if PyLong_CheckExact(l) and PyLong_CheckExact(r):  # plain ints (bool is a subclass)
+            lo = _clamped_int64(l)
+            hi = _clamped_int64(r)
+            with self._lock:
+                return self._query_one(lo, hi)
         if _is_scalar_int(l) and _is_scalar_int(r):
-            lo = max(min(l, INT64_MAX), -INT64_MAX)
-            hi = max(min(r, INT64_MAX), -INT64_MAX)
+            lo = _clamped_int64(int(l))
+            hi = _clamped_int64(int(r))
             with self._lock:
                 return self._query_one(lo, hi)
         like = l if _is_tensor(l) else r
