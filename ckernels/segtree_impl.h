@@ -128,12 +128,19 @@ int FN(rp_segtree_get)(const rp_segtree_layout *layout, const SCALAR *tree, cons
  * is small next to the batch is recomputed whole, which visits each parent once, in index
  * order; otherwise each touched parent is recomputed (once per run of equal parents). */
 static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
-                        int64_t n, bool is_min) {
+                        int64_t n, bool is_min, bool level1_done) {
     for (int64_t t = 1; t <= layout->top; t++) {
         const SCALAR *lo = tree + layout->offset[t - 1];
         SCALAR *hi = tree + layout->offset[t];
         const int64_t nodes = layout->length[t - 1] / RP_SEGTREE_FANOUT;
         const bool with_prefix = layout->prefix[t] >= 0;
+        if (t == 1 && level1_done) {
+            /* the entries of the parents of leaves 0..n-1 are there, not their prefix sums */
+            const int64_t touched = (n + RP_SEGTREE_FANOUT * RP_SEGTREE_FANOUT - 1) / (RP_SEGTREE_FANOUT * RP_SEGTREE_FANOUT);
+            if (with_prefix)
+                for (int64_t j = 0; j < touched; j++) FN(store_prefix)(layout, tree, t, j);
+            continue;
+        }
         if (n * 4 >= nodes) {
             for (int64_t j = 0; j < nodes; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
             if (with_prefix)
@@ -251,13 +258,28 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
         return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
     }
     if (in_order && value_stride == 1) {
-        memcpy(tree, value, (size_t)n * sizeof *tree); /* leaves 0..n-1, e.g. a dense rewrite */
-    } else {
-        if (n * 16 < size) /* a sparse batch: bring its leaves in before the writes */
-            for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
-        for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
+        /* Leaves 0..n-1, e.g. a dense rewrite: copied node by node, each node reduced into
+         * level 1 while its leaves are in L1 (one pass over the leaves instead of two). */
+        const int64_t whole = n / RP_SEGTREE_FANOUT;
+        SCALAR *parents = layout->top >= 1 ? tree + layout->offset[1] : NULL;
+        for (int64_t j = 0; j < whole; j++) {
+            SCALAR *node = tree + RP_SEGTREE_FANOUT * j;
+            memcpy(node, value + RP_SEGTREE_FANOUT * j, RP_SEGTREE_FANOUT * sizeof *tree);
+            if (parents != NULL) parents[j] = FN(node_reduce)(node, is_min);
+        }
+        const int64_t rest = n - RP_SEGTREE_FANOUT * whole;
+        if (rest > 0) {
+            SCALAR *node = tree + RP_SEGTREE_FANOUT * whole;
+            memcpy(node, value + RP_SEGTREE_FANOUT * whole, (size_t)rest * sizeof *tree);
+            if (parents != NULL) parents[whole] = FN(node_reduce)(node, is_min);
+        }
+        FN(refresh)(layout, tree, index, n, is_min, true);
+        return RP_OK;
     }
-    FN(refresh)(layout, tree, index, n, is_min);
+    if (n * 16 < size) /* a sparse batch: bring its leaves in before the writes */
+        for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
+    for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
+    FN(refresh)(layout, tree, index, n, is_min, false);
     return RP_OK;
 }
 
