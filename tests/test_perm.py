@@ -1,6 +1,5 @@
 """Uniform permutations: ``replay.randperm`` and ``replay.PermutationEpoch``."""
 import itertools
-import math
 import pickle
 import threading
 
