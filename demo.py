@@ -39,12 +39,13 @@ def row(name, ours, reference, ref_name):
         print(f"  {name:<42} {ours:10.1f} us   {ref_name} {reference:10.1f} us   x{reference / ours:5.1f}")
 
 
-def slice_sampler_loop(rounds=20):
-    """torchrl's SliceSampler on its storage against ours on ours: our storage journals its
+def slice_sampler_loop(label, prioritized=False, rounds=20):
+    """torchrl's slice sampler on its storage against ours on ours, with a write of 256 steps
+    (and, for the prioritized one, ``extend``) before each sample: our storage journals its
     writes, so the sampler re-reads only the written rows instead of the whole end signal."""
     from tensordict import TensorDict
     from torchrl.data.replay_buffers import LazyTensorStorage as TorchrlStorage
-    from torchrl.data.replay_buffers.samplers import SliceSampler as TorchrlSlices
+    from torchrl.data.replay_buffers import samplers as torchrl_samplers
 
     import torchrl_compat
 
@@ -52,25 +53,33 @@ def slice_sampler_loop(rounds=20):
         step = torch.arange(start, start + n)
         return TensorDict({"obs": step, ("next", "done"): (step % 1000 == 999).unsqueeze(-1)}, [n])
 
+    name = "PrioritizedSliceSampler" if prioritized else "SliceSampler"
     timings = {}
-    for name, storage_cls, sampler_cls in (
-        ("torchrl", TorchrlStorage, TorchrlSlices),
-        ("ours", torchrl_compat.LazyTensorStorage, torchrl_compat.SliceSampler),
+    for side, storage_cls, module in (
+        ("torchrl", TorchrlStorage, torchrl_samplers),
+        ("ours", torchrl_compat.LazyTensorStorage, torchrl_compat),
     ):
         storage = storage_cls(SIZE)
         storage.set(torch.arange(SIZE), steps(0, SIZE))
-        sampler = sampler_cls(slice_len=32, end_key=("next", "done"))
+        if prioritized:
+            sampler = module.PrioritizedSliceSampler(SIZE, 0.7, 0.5, slice_len=32, end_key=("next", "done"))
+            sampler.update_priority(torch.arange(SIZE), torch.rand(SIZE) + 0.01)
+        else:
+            sampler = module.SliceSampler(slice_len=32, end_key=("next", "done"))
         written, best = SIZE, float("inf")
-        for _ in range(rounds):
-            storage.set(torch.arange(written, written + BATCH) % SIZE, steps(written, BATCH))
+        for _ in range(rounds if side == "ours" or not prioritized else 5):
+            index = torch.arange(written, written + BATCH) % SIZE
+            storage.set(index, steps(written, BATCH))
+            if prioritized:
+                sampler.extend(index)
             written += BATCH
             start = time.perf_counter()
             (index,), info = sampler.sample(storage, BATCH)
             best = min(best, time.perf_counter() - start)
         episodes = storage[index]["obs"].view(-1, 32) // 1000
         assert (episodes == episodes[:, :1]).all(), "a slice crossed an episode boundary"
-        timings[name] = best * 1e6
-    row("SliceSampler.sample after a write", timings["ours"], timings["torchrl"], "torchrl")
+        timings[side] = best * 1e6
+    row(label, timings["ours"], timings["torchrl"], "torchrl")
 
 
 def main():
@@ -132,13 +141,15 @@ def main():
         best_of(lambda: reference._find_start_stop_traj(end=done, at_capacity=True, cursor=SIZE - 1), 20),
         "torchrl")
 
-    print("\nSliceSampler in a training loop (2^20 steps, a write of 256 steps before each sample):")
-    slice_sampler_loop()
-
-    print("\ntorchrl's own prioritized replay on this torch:")
+    print("\nSlice samplers in a training loop (2^20 steps, a write of 256 steps before each sample):")
+    slice_sampler_loop("SliceSampler.sample after a write")
     import torchrl_compat
 
+    # torchrl's prioritized samplers need segment trees: its own on torch 2.9.x, replay's here
     installed = torchrl_compat.install_segment_trees()
+    slice_sampler_loop("PrioritizedSliceSampler after a write", prioritized=True)
+
+    print("\ntorchrl's own prioritized replay on this torch:")
     from torchrl.data import PrioritizedReplayBuffer, LazyTensorStorage
 
     rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.9, storage=LazyTensorStorage(1000), batch_size=8)
