@@ -71,8 +71,14 @@ typedef int64_t rp_v2l __attribute__((vector_size(16)));
 #define RP_SEGTREE_VECTOR rp_v2d
 #define RP_SEGTREE_MASK rp_v2l
 #define RP_SEGTREE_LANES 2
+#if defined(__clang__) || __GNUC__ >= 12
+#define RP_SEGTREE_SHUFFLE2(a, b, i, j) __builtin_shufflevector(a, b, i, j)
+#else
+#define RP_SEGTREE_SHUFFLE2(a, b, i, j) __builtin_shuffle(a, b, (rp_v2l){i, j})
+#endif
 #endif
 #include "segtree_impl.h"
+#undef RP_SEGTREE_SHUFFLE2
 #undef SCALAR
 #undef SUFFIX
 #undef SCALAR_MAX

@@ -436,6 +436,35 @@ static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR
                                 + (RP_SEGTREE_MASK)(p2 < b) + (RP_SEGTREE_MASK)(p3 < b);
     return -(int)(below[0] + below[1] + below[2] + below[3]);
 }
+#elif defined(RP_SEGTREE_SHUFFLE2)
+/* The same for fp64 in two-lane vectors: quads 0 and 1 share the lanes of four vectors, quads 2
+ * and 3 those of four others (entry j = 4k + i at RP_COMPUTED_AT(j): vector i of pair k / 2,
+ * lane k % 2). Bit for bit scalar_prefix's sums, as above. */
+#define RP_COMPUTED_AT(j) (8 * ((j) >> 3) + 2 * ((j) & 3) + (((j) >> 2) & 1))
+static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {
+    RP_SEGTREE_VECTOR x[8], p[8];
+    for (int k = 0; k < 8; k++) memcpy(&x[k], e + 2 * k, sizeof x[k]);
+    for (int h = 0; h < 2; h++) { /* quads 2h and 2h + 1: entries 8h .. 8h + 7 */
+        const RP_SEGTREE_VECTOR *q = x + 4 * h;
+        RP_SEGTREE_VECTOR *r = p + 4 * h;
+        r[0] = RP_SEGTREE_SHUFFLE2(q[0], q[2], 0, 2);
+        r[1] = r[0] + RP_SEGTREE_SHUFFLE2(q[0], q[2], 1, 3);
+        r[2] = r[1] + RP_SEGTREE_SHUFFLE2(q[1], q[3], 0, 2);
+        r[3] = r[2] + RP_SEGTREE_SHUFFLE2(q[1], q[3], 1, 3);
+    }
+    const SCALAR o1 = p[3][0], o2 = o1 + p[3][1], o3 = o2 + p[7][0];
+    const RP_SEGTREE_VECTOR low = {0, o1}, high = {o2, o3};
+    RP_SEGTREE_VECTOR b = {bound, bound};
+    RP_SEGTREE_MASK below = b < b; /* all lanes 0 */
+    for (int i = 0; i < 4; i++) {
+        p[i] += low;
+        p[4 + i] += high;
+        below += (RP_SEGTREE_MASK)(p[i] < b);
+        below += (RP_SEGTREE_MASK)(p[4 + i] < b);
+    }
+    memcpy(out, p, sizeof p);
+    return -(int)(below[0] + below[1]);
+}
 #else
 #define RP_COMPUTED_AT(j) (j)
 static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {

@@ -567,3 +567,25 @@ def test_in_order_writes_match_model(cls, size):
         if _is_sum(cls) and model.leaves.sum() > 0:
             mass = rng.uniform(0, model.leaves.sum(), 64)
             np.testing.assert_array_equal(tree.scan_lower_bound(mass), rebuilt.scan_lower_bound(mass))
+
+
+@pytest.mark.parametrize("cls", SUM_CLASSES)
+@pytest.mark.parametrize("size", [16, 4099, 70_000])
+def test_scan_at_exact_prefix_boundaries(cls, size):
+    """Masses exactly at and half a unit below every prefix sum of small integer leaves (all sums
+    exact in fp32 too): the descent, whose lowest levels compute their prefix sums in vector
+    lanes, must give numpy's searchsorted exactly, never a zero-valued leaf."""
+    rng = np.random.default_rng(size)
+    values = rng.integers(0, 4, size).astype(_dtype(cls))
+    values[rng.integers(0, size, size // 3)] = 0
+    values[-1] = 1
+    tree = cls(size)
+    tree[rng.permutation(size)] = values[rng.permutation(size)] * 0  # scatter path first
+    tree[np.arange(size)] = values
+    cumsum = np.cumsum(values.astype(np.float64))
+    masses = np.unique(np.concatenate([cumsum, cumsum - 0.5]))
+    masses = masses[masses > 0].astype(_dtype(cls))
+    expected = np.searchsorted(cumsum, masses.astype(np.float64), side="left")
+    got = tree.scan_lower_bound(masses)
+    np.testing.assert_array_equal(got, expected)
+    assert (values[got] > 0).all()
