@@ -65,8 +65,8 @@ def check(ends, storage, reference=reference, may_defer=lambda storage: False):
 class CountingEnds(TrajectoryEnds):
     """Counts the rows of the end signal read in full scans and in row reads."""
 
-    def __init__(self, end_key):
-        super().__init__(end_key)
+    def __init__(self, end_key, **kwargs):
+        super().__init__(end_key, **kwargs)
         self.scanned = 0
         self.read = 0
 
@@ -552,27 +552,16 @@ def test_ids_write_reads_only_neighbouring_pairs():
     ids = torch.arange(capacity) // 10
     storage.set(torch.arange(capacity), TensorDict({IDS_KEY: ids}, [capacity]))
 
-    class Counting(TrajectoryEnds):
-        scanned = read = 0
-
-        def _scan(self, signal):
-            Counting.scanned += signal.size
-            return super()._scan(signal)
-
-        def _read(self, signal, rows):
-            Counting.read += rows.size
-            return super()._read(signal, rows)
-
-    ends = Counting(IDS_KEY, from_ids=True)
+    ends = CountingEnds(IDS_KEY, from_ids=True)
     check_ids(ends, storage)
-    assert Counting.scanned == capacity and Counting.read == 0
+    assert ends.scanned == capacity and ends.read == 0
     storage.set(torch.arange(995, 1005) % capacity, TensorDict({IDS_KEY: torch.full((10,), 500)}, [10]))
     check_ids(ends, storage)
     # pairs (t, t + 1) named by t: 994..998 and 0..4 (row 999 vs row 0 is read apart)
-    assert Counting.scanned == capacity and Counting.read == 10
-    before = Counting.read
+    assert ends.scanned == capacity and ends.read == 10
+    before = ends.read
     check_ids(ends, storage)
-    assert Counting.read == before
+    assert ends.read == before
     assert ends.bounds(storage) is ends.bounds(storage)  # nothing written: the same tensors
 
 
