@@ -293,7 +293,6 @@ int FN(rp_mintree_update)(const rp_segtree_layout *layout, SCALAR *tree, const i
     return FN(update)(layout, tree, index, value, value_stride, n, bad, true);
 }
 
-/* Reduction of entries [a, b) of level t (a < b, both in one node or at the root). */
 /* Sum of lvl[a..b) in double, four running sums (a chain of dependent additions was most of a
  * range query: 15 entries a level on each side). */
 static inline double FN(range_sum)(const SCALAR *lvl, int64_t a, int64_t b) {
@@ -309,6 +308,7 @@ static inline double FN(range_sum)(const SCALAR *lvl, int64_t a, int64_t b) {
     return (s0 + s1) + (s2 + s3);
 }
 
+/* Reduction of entries [a, b) of level t (a < b, both in one node or at the root). */
 static inline double FN(range_reduce)(const SCALAR *lvl, int64_t a, int64_t b, bool is_min) {
     if (!is_min) return FN(range_sum)(lvl, a, b);
     double acc = (double)SCALAR_MAX;
@@ -638,14 +638,20 @@ int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, i
 }
 
 /* Whether leaf i is listed in the strictly increasing exclude[0, m). O(log m). */
-static inline bool FN(is_excluded)(const int64_t *exclude, int64_t m, int64_t i) {
+/* The first position in the sorted a[0..m) whose value is >= x, or m. O(log m). */
+static inline int64_t FN(first_at_least)(const int64_t *a, int64_t m, int64_t x) {
     int64_t lo = 0, hi = m;
     while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (exclude[mid] < i) lo = mid + 1;
+        if (a[mid] < x) lo = mid + 1;
         else hi = mid;
     }
-    return lo < m && exclude[lo] == i;
+    return lo;
+}
+
+static inline bool FN(is_excluded)(const int64_t *exclude, int64_t m, int64_t i) {
+    const int64_t at = FN(first_at_least)(exclude, m, i);
+    return at < m && exclude[at] == i;
 }
 
 /* The last positive, not excluded leaf <= i, or -1 (rare path: only after a zero-valued leaf). */
@@ -704,13 +710,7 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
     if (bad_order > 0 && exclude[0] < 0) {
         bad_range = 0;
     } else if (bad_order > 0 && exclude[bad_order - 1] >= num_valid) {
-        int64_t a = 0, b = bad_order - 1;
-        while (a < b) {
-            const int64_t mid = a + (b - a) / 2;
-            if (exclude[mid] < num_valid) a = mid + 1;
-            else b = mid;
-        }
-        bad_range = a;
+        bad_range = FN(first_at_least)(exclude, bad_order, num_valid);
     }
     if (bad_range < n_exclude) {
         *bad = bad_range;
@@ -803,7 +803,7 @@ int FN(rp_priority_scan)(const int64_t *index, int64_t n, int64_t size, const SC
             return RP_ERR_INDEX;
         }
         const SCALAR p = priority[k * priority_stride];
-        if (RP_UNLIKELY(!(p >= 0 && p <= SCALAR_MAX))) { /* NaN, negative or infinite */
+        if (RP_UNLIKELY(FN(bad_value)(p, false))) { /* NaN, negative or infinite */
             *bad = k;
             return RP_ERR_VALUE;
         }
