@@ -354,8 +354,7 @@ cdef class _SegmentTree:
         if rc == RP_ERR_INDEX:
             _raise_index_value_error(iptr[bad], bad, self._layout.size)
         if rc == RP_ERR_VALUE:
-            stored = (<const double *>vptr)[bad * stride] if self._fp64 else (<const float *>vptr)[bad * stride]
-            self._raise_value_error(stored, value, bad * stride)
+            self._raise_value_error(_stored_at(vptr, self._fp64, bad * stride), value, bad * stride)
 
     def __setitem__(self, index, value):
         self.update(index, value)
@@ -383,12 +382,8 @@ cdef class _SegmentTree:
         cdef const int64_t[::1] lv
         cdef const int64_t[::1] rv
         cdef double[::1] ov
-        if PyLong_CheckExact(l) and PyLong_CheckExact(r):  # plain ints (bool is a subclass)
-            lo = _clamped_int64(l)
-            hi = _clamped_int64(r)
-            with self._lock:
-                return self._query_one(lo, hi)
-        if _is_scalar_int(l) and _is_scalar_int(r):
+        # plain ints first: cheaper to recognise (bool is a subclass, not an exact int)
+        if (PyLong_CheckExact(l) and PyLong_CheckExact(r)) or (_is_scalar_int(l) and _is_scalar_int(r)):
             lo = _clamped_int64(int(l))
             hi = _clamped_int64(int(r))
             with self._lock:
@@ -810,6 +805,11 @@ cdef class MinSegmentTreeFp64(_SegmentTree):
         self._setup(size, True, True)
 
 
+cdef inline double _stored_at(const void *values, bint fp64, int64_t k) noexcept:
+    """Entry ``k`` of the tree-dtype buffer ``values`` handed to a kernel (``_value_data``)."""
+    return (<const double *>values)[k] if fp64 else (<const float *>values)[k]
+
+
 cdef object _value_data(object x, _SegmentTree tree, str name, const void **data, int64_t *n):
     """``x`` flattened to ``tree``'s dtype: sets ``data`` and ``n`` and returns the owner."""
     cdef const float *f32 = NULL
@@ -927,8 +927,8 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
                                                <const float *>vptr, v_stride, n, &bad)
     if rc == RP_ERR_VALUE:
         # The sum tree's check runs first and refuses what the min tree would: nothing written.
-        stored = (<const double *>vptr)[bad * v_stride] if sum_tree._fp64 else (<const float *>vptr)[bad * v_stride]
-        sum_tree._raise_value_error(stored, value_owner, bad * v_stride)
+        sum_tree._raise_value_error(_stored_at(vptr, sum_tree._fp64, bad * v_stride), value_owner,
+                                    bad * v_stride)
     if rc != RP_OK:
         _raise_index_value_error(iptr[bad], bad, sum_tree._layout.size)
     return argmax

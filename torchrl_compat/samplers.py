@@ -1232,7 +1232,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         cached = self.__dict__.get("_eps_tensors")
         if cached is None or cached[0] != self._eps:
             eps = float(self._eps)
-            tensors = {dtype: torch.tensor(eps, dtype=dtype) for dtype in (torch.float32, torch.float64)}
+            tensors = {kind: torch.tensor(eps, dtype=kind) for kind in (torch.float32, torch.float64)}
             cached = self._eps_tensors = (self._eps, tensors)
         return cached[1][dtype]
 
