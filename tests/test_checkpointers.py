@@ -21,6 +21,7 @@ import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat.checkpointers as ck
 import torchrl_compat.storages as ours
+from torchrl_compat import _storage_publish
 
 DATA_DIR = pathlib.Path(__file__).parent / "data"
 CAPACITY = 8  # rows along the first dimension
@@ -462,7 +463,7 @@ def test_interrupted_first_dumps_leaves_nothing(tmp_path, fail_on_second_file, k
 def test_killed_dumps_is_reported(tmp_path, monkeypatch, fail_on_second_file):
     # A process killed mid-dump cannot clean up: the partial directory stays, is never loaded,
     # and the error says so.
-    monkeypatch.setattr(ck.shutil, "rmtree", lambda *a, **k: None)
+    monkeypatch.setattr(_storage_publish.shutil, "rmtree", lambda *a, **k: None)
     storage = fill(ours.LazyTensorStorage(CAPACITY), "tensordict", 1, full=False)
     fail_on_second_file()
     with pytest.raises(Interrupted):
@@ -507,10 +508,11 @@ def test_interrupted_ensemble_dumps_keeps_previous(tmp_path, monkeypatch):
     assert len(dst[1]) == 4
 
 
-def test_in_place_dumps_interrupted_is_not_complete(tmp_path, monkeypatch):
+def test_in_place_dumps_interrupted_keeps_previous(tmp_path, monkeypatch):
     scratch = tmp_path / "storage"
     storage = fill(ours.LazyMemmapStorage(CAPACITY, scratch_dir=scratch), "tensordict", 1, full=False)
     storage.dumps(scratch)
+    storage.set(range(5, 7), make_data("tensordict", 1, 2, offset=100.0))
 
     def broken(self):
         raise Interrupted("crash while refreshing")
@@ -518,8 +520,12 @@ def test_in_place_dumps_interrupted_is_not_complete(tmp_path, monkeypatch):
     monkeypatch.setattr(type(storage._storage), "memmap_refresh_", broken)
     with pytest.raises(Interrupted):
         storage.dumps(scratch)
-    with pytest.raises(FileNotFoundError, match="storage_metadata.json is missing"):
-        ours.LazyMemmapStorage(CAPACITY).loads(scratch)
+    # the previous metadata stays until the new one replaces it: the checkpoint still loads
+    for lib in LIBS:
+        dst = LIBS[lib].LazyMemmapStorage(CAPACITY)
+        dst.loads(scratch)
+        assert len(dst) == 5
+        assert_same(dst[:], storage[:5])
 
 
 # -----------------------------------------------------------------------------

@@ -122,6 +122,46 @@ def test_length_not_shared_through_plain_pickle():
     assert len(copy) == 3
 
 
+def _child_write_rows(storage, start, count, row, started):
+    started.wait(JOIN_TIMEOUT)
+    for i in range(start, start + count):
+        storage.set(i, row)
+
+
+def _child_read_shape_until(storage, stop, started):
+    started.set()
+    while not stop.is_set():
+        # as a fresh reader (SliceSampler.sample in another process) reads it the first time
+        storage.__dict__.pop("_total_shape_value", None)
+        storage.shape
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_no_length_increment_lost_to_a_first_shape_read(tmp_path, cls_name, ndim):
+    """One process writes row by row while another reads ``storage.shape`` for the first
+    time, over and over: the length ends at exactly what was written (a plain count)."""
+    writes, inner = 1500, 3
+    context = mp.get_context("fork")
+    for trial in range(3):
+        kwargs = {"scratch_dir": tmp_path / f"mm{ndim}-{trial}"} if cls_name == "LazyMemmapStorage" else {}
+        capacity = (writes + 2) * (inner if ndim == 2 else 1)
+        storage = getattr(ours, cls_name)(capacity, ndim=ndim, **kwargs)
+        batch = make_td(2) if ndim == 1 else make_td(2 * inner).reshape(2, inner)
+        storage.set(range(2), batch)
+        storage.__dict__.pop("_total_shape_value", None)
+        started, stop = context.Event(), context.Event()
+        reader = context.Process(target=_child_read_shape_until, args=(storage, stop, started))
+        writer = context.Process(target=_child_write_rows, args=(storage, 2, writes, batch[0], started))
+        reader.start()
+        writer.start()
+        assert join(writer) == 0
+        stop.set()
+        assert join(reader) == 0
+        per_row = inner if ndim == 2 else 1
+        assert len(storage) == (2 + writes) * per_row, f"trial {trial}"
+
+
 # -----------------------------------------------------------------------------
 # shared_init
 # -----------------------------------------------------------------------------

@@ -6,9 +6,11 @@ a checkpoint written by one library is read by the other.
 
 Two things differ from torchrl, on purpose:
 
-- ``dumps`` writes into a sibling directory (``.<name>.partial-<id>``) and renames it onto the
-  target only once every file is written, so an interrupted ``dumps`` leaves either the previous
-  checkpoint or nothing at the target path, never a half-written one.
+- ``dumps`` writes into a sibling directory (``.<name>.partial-<id>``) and publishes it over
+  the target in one atomic rename once every file is written, so an interrupted ``dumps``
+  (even killed) leaves the previous checkpoint, or nothing if there was none, never a
+  half-written one. The partial directories of killed dumps are removed by the next ``dumps``
+  to the same path (see :mod:`torchrl_compat._storage_publish`).
 - ``loads`` checks the checkpoint before touching the storage: a missing directory or file raises
   :class:`FileNotFoundError`, an unreadable json file, a truncated memory-mapped file or a
   checkpoint that does not fit the storage raises :class:`ValueError`; each message names the file
@@ -20,19 +22,30 @@ import abc
 import json
 import math
 import os
-import shutil
-import uuid
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 import torch
 from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDict
 from tensordict.memmap import MemoryMappedTensor
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten_with_path, tree_leaves, tree_map
+
+from torchrl_compat._storage_checkpoint_checks import (
+    TENSORDICT_METADATA_FILE,
+    check_memmap_file,
+    check_tensordict_layout,
+    format_keys,
+    leaf_specs,
+    missing_checkpoint_error,
+    read_json,
+    str2dtype,
+)
+from torchrl_compat._storage_publish import publish_file, write_aside
 
 # the name torchrl gives the single leaf of a tensor-only storage
-from torchrl_compat.utils import SINGLE_TENSOR_BUFFER_NAME
+from torchrl_compat.utils import _path2str, _save_pytree_common, SINGLE_TENSOR_BUFFER_NAME
 
 __all__ = [
     "StorageCheckpointerBase",
@@ -47,191 +60,14 @@ __all__ = [
 
 # File names of torchrl 0.11's layouts; both libraries must agree on them.
 STORAGE_METADATA_FILE = "storage_metadata.json"
-TENSORDICT_METADATA_FILE = "meta.json"
 COMPRESSED_DATA_DIR = "compressed_data"
 COMPRESSED_METADATA_FILE = "metadata.json"
 COMPRESSED_INDICES_FILE = "data_indices.json"
-_PARTIAL_TAG = ".partial-"
-_OLD_TAG = ".old-"
 
 
 # -----------------------------------------------------------------------------
-# Writing aside, then renaming
+# Where a storage lives
 # -----------------------------------------------------------------------------
-def _partial_siblings(path: Path) -> list[Path]:
-    parent = path.parent
-    if not parent.is_dir():
-        return []
-    prefix = f".{path.name}{_PARTIAL_TAG}"
-    return sorted(p for p in parent.iterdir() if p.name.startswith(prefix))
-
-
-def _missing_checkpoint_error(path: Path, what: str) -> FileNotFoundError:
-    msg = f"No storage checkpoint found at {path}: {what}."
-    partial = _partial_siblings(path)
-    if partial:
-        msg += (
-            f" An interrupted dumps left the incomplete directory {partial[-1]}, "
-            "which is not loaded."
-        )
-    return FileNotFoundError(msg)
-
-
-def _write_aside(path: Path, write_fn) -> None:
-    """Runs ``write_fn(tmp_dir)`` into a sibling directory, then moves it to ``path``.
-
-    ``path`` stays untouched until ``write_fn`` has returned. The swap is two renames on the same
-    file system; between them ``path`` does not exist (``loads`` then raises
-    ``FileNotFoundError``), and the previous content is only deleted once the new one is in
-    place.
-    """
-    path = Path(path).absolute()
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(
-            f"Cannot write a storage checkpoint at {path}: the path exists and is not a directory."
-        )
-    tmp = path.parent / f".{path.name}{_PARTIAL_TAG}{uuid.uuid4().hex[:12]}"
-    try:
-        # os.mkdir (not mkdtemp) keeps the umask-derived mode a plain mkdir would give.
-        os.mkdir(tmp)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"Cannot write a storage checkpoint at {path}: the parent directory "
-            f"{path.parent} does not exist."
-        ) from None
-    try:
-        write_fn(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if path.exists():
-        old = path.parent / f".{path.name}{_OLD_TAG}{uuid.uuid4().hex[:12]}"
-        os.rename(path, old)
-    try:
-        os.rename(tmp, path)
-    except BaseException:
-        if old is not None:
-            os.rename(old, path)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_json_atomic(file: Path, obj, **kwargs) -> None:
-    # Readers see the old file or the new one, never a prefix of the new one.
-    file = Path(file)
-    tmp = file.parent / f".{file.name}{_PARTIAL_TAG}{uuid.uuid4().hex[:12]}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, **kwargs)
-        os.replace(tmp, file)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _read_json(file: Path, what: str = "checkpoint file"):
-    file = Path(file)
-    if not file.is_file():
-        raise FileNotFoundError(f"The {what} {file} does not exist.")
-    try:
-        with open(file) as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(
-            f"The {what} {file} is truncated or corrupted and cannot be parsed as json: {err}."
-        ) from None
-
-
-# -----------------------------------------------------------------------------
-# Checks of a memory-mapped layout
-# -----------------------------------------------------------------------------
-def _str2dtype(name: str, file) -> torch.dtype:
-    dtype = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"The checkpoint file {file} names an unknown dtype {name!r}.")
-    return dtype
-
-
-def _check_memmap_file(file: Path, shape, dtype: torch.dtype, meta_file) -> None:
-    numel = math.prod(int(s) for s in shape)
-    expected = numel * torch.empty((), dtype=dtype).element_size()
-    if expected == 0:
-        return
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"The memory-mapped file {file} listed in {meta_file} does not exist."
-        )
-    actual = file.stat().st_size
-    if actual < expected:
-        raise ValueError(
-            f"The memory-mapped file {file} is truncated: it has {actual} bytes, expected "
-            f"{expected} for shape {list(shape)} and dtype {dtype} (from {meta_file})."
-        )
-    if actual > expected:
-        raise ValueError(
-            f"The memory-mapped file {file} does not match its metadata: it has {actual} bytes, "
-            f"expected {expected} for shape {list(shape)} and dtype {dtype} (from {meta_file})."
-        )
-
-
-def _check_tensordict_layout(path: Path) -> None:
-    """Checks a ``TensorDict.memmap`` directory: every ``meta.json`` parses and every listed
-    tensor file exists with the byte size its shape and dtype require."""
-    meta_file = path / TENSORDICT_METADATA_FILE
-    meta = _read_json(meta_file, "tensordict metadata file")
-    if not isinstance(meta, dict):
-        raise ValueError(f"The tensordict metadata file {meta_file} does not hold a json object.")
-    if meta.get("_is_non_tensor"):
-        return
-    for key, entry in meta.items():
-        if not isinstance(entry, dict):
-            continue
-        if "type" in entry:
-            sub = path / key
-            if not (sub / TENSORDICT_METADATA_FILE).is_file():
-                raise FileNotFoundError(
-                    f"The entry {key!r} listed in {meta_file} has no metadata file "
-                    f"{sub / TENSORDICT_METADATA_FILE}."
-                )
-            _check_tensordict_layout(sub)
-        elif "shape" in entry and "dtype" in entry:
-            file = path / f"{key}.memmap"
-            if entry.get("is_nested"):
-                if not file.is_file():
-                    raise FileNotFoundError(
-                        f"The memory-mapped file {file} listed in {meta_file} does not exist."
-                    )
-                continue
-            _check_memmap_file(file, entry["shape"], _str2dtype(entry["dtype"], meta_file), meta_file)
-    # tensorclasses and lazy stacks keep their content in sub-directories listed implicitly.
-    if "_tensordict" in os.listdir(path) and (path / "_tensordict").is_dir():
-        _check_tensordict_layout(path / "_tensordict")
-    if "stack_dim" in meta:
-        index = 0
-        while (path / str(index)).is_dir():
-            _check_tensordict_layout(path / str(index))
-            index += 1
-
-
-def _leaf_specs(data, ndim):
-    """Maps each leaf key of a tensor collection to ``(shape, dtype)``."""
-    return {
-        key: (tuple(value.shape), value.dtype)
-        for key, value in data.items(include_nested=True, leaves_only=True)
-        if isinstance(value, torch.Tensor)
-    }
-
-
-def _fmt_keys(keys) -> str:
-    return "[" + ", ".join(repr(k) for k in sorted(keys, key=str)) + "]"
-
-
 def _memmap_files(obj) -> list[str]:
     """File names of the memory-mapped leaves of a storage's content."""
     if obj is None:
@@ -242,7 +78,7 @@ def _memmap_files(obj) -> list[str]:
         leaves = [obj]
     else:
         try:
-            leaves = torch.utils._pytree.tree_leaves(obj)
+            leaves = tree_leaves(obj)
         except Exception:
             return []
     files = []
@@ -269,71 +105,45 @@ def _lives_under(storage, path: Path) -> bool:
 
 
 # -----------------------------------------------------------------------------
-# Pytree leaves on disk (same naming as torchrl)
+# Pytree leaves on disk (torchrl's naming: utils._path2str)
 # -----------------------------------------------------------------------------
-def _key_path_to_str(key_path) -> str:
-    from torch.utils._pytree import MappingKey, SequenceKey
+def _pytree_leaf_paths(tree) -> list[tuple[str, torch.Tensor]]:
+    """``(relative file path without suffix, leaf)`` for every leaf of ``tree``.
 
-    if not key_path:
-        return SINGLE_TENSOR_BUFFER_NAME
-    parts = []
-    for entry in key_path:
-        if isinstance(entry, MappingKey):
-            if not isinstance(entry.key, (int, str, bytes)):
-                raise ValueError("Values must be of type int, str or bytes in PyTree maps.")
-            name = str(entry.key)
-            if name == SINGLE_TENSOR_BUFFER_NAME:
-                raise RuntimeError(
-                    "A tensor had the same identifier as the default name used when the buffer "
-                    f"contains a single tensor (name={SINGLE_TENSOR_BUFFER_NAME}). This behavior "
-                    "is not allowed. Please rename your tensor in the map/dict or set a new default "
-                    "name with the environment variable SINGLE_TENSOR_BUFFER_NAME."
-                )
-            if "." in name:
-                # torchrl stores the key with its dot and reads it back as a sub-directory, so
-                # such a checkpoint could never be loaded: refuse it up front.
+    Raises:
+        ValueError: for a key holding a ``'.'``: torchrl writes it as is and reads it back
+            as a sub-directory, so such a checkpoint could never be loaded.
+    """
+    paths = []
+    for key_path, leaf in tree_flatten_with_path(tree)[0]:
+        for entry in key_path:
+            key = getattr(entry, "key", None)
+            if isinstance(key, (str, bytes)) and "." in str(key):
                 raise ValueError(
-                    f"Cannot dump a pytree storage whose key {name!r} contains a '.': "
+                    f"Cannot dump a pytree storage whose key {str(key)!r} contains a '.': "
                     "the checkpoint layout uses '.' as the key separator."
                 )
-            parts.append(name)
-        elif isinstance(entry, SequenceKey):
-            parts.append(str(entry.idx))
-        else:
-            raise ValueError(f"Unsupported pytree key {entry!r} in a storage checkpoint.")
-    return "/".join(parts)
-
-
-def _save_pytree(tree, metadata: dict, path: Path) -> None:
-    from torch.utils._pytree import tree_flatten_with_path
-
-    for key_path, tensor in tree_flatten_with_path(tree)[0]:
-        tensor_path = _key_path_to_str(key_path)
-        key = tensor_path.replace("/", ".")
-        if key in metadata:
-            raise KeyError(
-                "At least two values have conflicting representations in "
-                f"the data structure to be serialized: {key}."
-            )
-        file = path / (tensor_path + ".memmap")
-        file.parent.mkdir(parents=True, exist_ok=True)
-        MemoryMappedTensor.from_tensor(
-            torch.as_tensor(tensor), filename=file, copy_existing=True, copy_data=True
-        )
-        metadata[key] = {"dtype": str(tensor.dtype), "shape": list(tensor.shape)}
+        paths.append((_path2str(key_path), leaf))
+    return paths
 
 
 def _pytree_leaf(storage_tree, key: str, file):
-    # Walk the storage along the checkpoint key (torchrl's convention: '.'-separated, digits
-    # index sequences).
+    """The leaf of ``storage_tree`` that checkpoint entry ``key`` names.
+
+    torchrl's convention: ``'.'``-separated parts, and a part made of digits is tried as an
+    int first (a sequence position, or an int dict key such as ``30``), then as a string.
+    """
     node = storage_tree
     if key == SINGLE_TENSOR_BUFFER_NAME:
         return node
     for part in key.split("."):
         part = part.replace("_<dot>_", ".")
-        if part.isdigit() and isinstance(node, (list, tuple)):
+        if part.isdigit():
             index = int(part)
-            if index < len(node):
+            if isinstance(node, (list, tuple)) and index < len(node):
+                node = node[index]
+                continue
+            if isinstance(node, Mapping) and index in node:
                 node = node[index]
                 continue
         try:
@@ -343,6 +153,26 @@ def _pytree_leaf(storage_tree, key: str, file):
                 f"The checkpoint {file} holds the entry {key!r}, which the storage does not have."
             ) from None
     return node
+
+
+def _save_pytree_leaves(tree, path: Path, metadata: dict) -> None:
+    """Writes every leaf of ``tree`` to ``path / <key path>.memmap`` (``utils._save_pytree``'s
+    layout) and fills ``metadata``; a leaf already memory-mapped on its own file is left as
+    it is (a storage dumped into its own directory)."""
+    for tensor_path, tensor in _pytree_leaf_paths(tree):
+        file = str((path / (tensor_path + ".memmap")).absolute())
+        if _memmap_files(tensor) != [file]:
+            _save_pytree_common(tensor_path, path, tensor, metadata)
+        else:
+            metadata[tensor_path.replace("/", ".")] = {
+                "dtype": str(tensor.dtype),
+                "shape": list(tensor.shape),
+            }
+
+
+def _dump_json(content, file) -> None:
+    with open(file, "w") as f:
+        json.dump(content, f)
 
 
 # -----------------------------------------------------------------------------
@@ -476,7 +306,7 @@ def _metadata_from_json(metadata, file):
             return torch.Size(value)
         if kind == "torch.dtype":
             # A lookup, not eval(): the file is data, never code.
-            return _str2dtype(value, file)
+            return str2dtype(value, file)
         if kind == "torch.device":
             return torch.device(value)
         if kind == "torch.Tensor":
@@ -542,7 +372,7 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
             with open(tmp / COMPRESSED_INDICES_FILE, "w") as f:
                 json.dump(data_indices, f, indent=2)
 
-        _write_aside(path, write)
+        write_aside(path, write)
 
     def loads(self, storage, path):
         """Loads a compressed storage from ``path``.
@@ -553,15 +383,15 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
         """
         path = Path(path)
         if not path.is_dir():
-            raise _missing_checkpoint_error(path, "the directory does not exist")
+            raise missing_checkpoint_error(path, "the directory does not exist")
         metadata_file = path / COMPRESSED_METADATA_FILE
         indices_file = path / COMPRESSED_INDICES_FILE
         if not metadata_file.is_file():
-            raise _missing_checkpoint_error(path, f"the metadata file {metadata_file} is missing")
+            raise missing_checkpoint_error(path, f"the metadata file {metadata_file} is missing")
         if not indices_file.is_file():
-            raise _missing_checkpoint_error(path, f"the data indices file {indices_file} is missing")
-        serializable_metadata = _read_json(metadata_file, "metadata file")
-        data_indices = _read_json(indices_file, "data indices file")
+            raise missing_checkpoint_error(path, f"the data indices file {indices_file} is missing")
+        serializable_metadata = read_json(metadata_file, "metadata file")
+        data_indices = read_json(indices_file, "data indices file")
         if not isinstance(serializable_metadata, list) or not isinstance(data_indices, list):
             raise ValueError(
                 f"The checkpoint files {metadata_file} and {indices_file} must each hold a json list."
@@ -585,7 +415,7 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
                     f"The compressed data directory {data_dir} does not exist but {indices_file} "
                     f"lists {len(present)} stored items."
                 )
-            _check_tensordict_layout(data_dir)
+            check_tensordict_layout(data_dir)
             stacked = TensorDict.load_memmap(data_dir).tolist()
             if len(stacked) != len(present):
                 raise ValueError(
@@ -625,8 +455,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         the previous checkpoint, or stays absent, and no half-written checkpoint can be loaded.
         torchrl overwrites the previous checkpoint file by file. The one exception is a
         :class:`~torchrl_compat.LazyMemmapStorage` dumped into its own ``scratch_dir``: its
-        files *are* the live storage, so only the metadata is rewritten (removed first, then
-        written atomically last).
+        files *are* the live storage, so only ``storage_metadata.json`` is rewritten, aside
+        and renamed over the previous one: an interrupted dump leaves the previous metadata
+        in place, and the directory stays a complete checkpoint.
 
     .. note::
         A pytree checkpoint written by torchrl 0.11 with ``ndim > 1`` has every leaf after the
@@ -649,38 +480,17 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         self._set_hooks_shift_is_full(storage)
         if _lives_under(storage, path):
             return self._dumps_in_place(storage, path)
-        _write_aside(path, lambda tmp: self._write(storage, tmp))
+        write_aside(path, lambda tmp: self._write(storage, tmp))
 
-    def _write(self, storage, path: Path):
-        metadata = {}
-        _storage = storage._storage
-        for hook in self._save_hooks:
-            _storage = hook(_storage, path=path)
-        if is_tensor_collection(_storage):
-            _storage.memmap(path, copy_existing=True)
-            is_pytree = False
-        else:
-            _save_pytree(_storage, metadata, path)
-            is_pytree = True
-        # Written last: its presence marks the directory as a complete checkpoint.
-        with open(path / STORAGE_METADATA_FILE, "w") as file:
-            json.dump({"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}, file)
-
-    def _dumps_in_place(self, storage, path: Path):
-        path.mkdir(exist_ok=True)
-        metadata_file = path / STORAGE_METADATA_FILE
-        # Until the new metadata lands, the directory is not a complete checkpoint.
-        try:
-            os.unlink(metadata_file)
-        except FileNotFoundError:
-            pass
+    def _write(self, storage, path: Path, in_place: bool = False):
         metadata = {}
         _storage = storage._storage
         for hook in self._save_hooks:
             _storage = hook(_storage, path=path)
         if is_tensor_collection(_storage):
             if (
-                _storage.is_memmap()
+                in_place
+                and _storage.is_memmap()
                 and _storage.saved_path
                 and Path(_storage.saved_path).absolute() == path.absolute()
             ):
@@ -689,37 +499,29 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 _storage.memmap(path, copy_existing=True)
             is_pytree = False
         else:
-            from torch.utils._pytree import tree_flatten_with_path
-
-            for key_path, tensor in tree_flatten_with_path(_storage)[0]:
-                tensor_path = _key_path_to_str(key_path)
-                file = path / (tensor_path + ".memmap")
-                if os.path.abspath(getattr(tensor, "filename", "") or "") != str(file.absolute()):
-                    file.parent.mkdir(parents=True, exist_ok=True)
-                    MemoryMappedTensor.from_tensor(
-                        tensor, filename=file, copy_existing=True, copy_data=True
-                    )
-                metadata[tensor_path.replace("/", ".")] = {
-                    "dtype": str(tensor.dtype),
-                    "shape": list(tensor.shape),
-                }
+            _save_pytree_leaves(_storage, path, metadata)
             is_pytree = True
-        _write_json_atomic(
-            metadata_file, {"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}
-        )
+        # Written last, in one rename: its presence marks the directory as a complete
+        # checkpoint, and in place the previous one stays complete until it is replaced.
+        content = {"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}
+        publish_file(path / STORAGE_METADATA_FILE, lambda file: _dump_json(content, file))
+
+    def _dumps_in_place(self, storage, path: Path):
+        path.mkdir(exist_ok=True)
+        self._write(storage, path, in_place=True)
 
     @staticmethod
     def _read_storage_metadata(path: Path) -> dict:
         if not path.is_dir():
-            raise _missing_checkpoint_error(path, "the directory does not exist")
+            raise missing_checkpoint_error(path, "the directory does not exist")
         file = path / STORAGE_METADATA_FILE
         if not file.is_file():
-            raise _missing_checkpoint_error(
+            raise missing_checkpoint_error(
                 path,
                 f"the metadata file {file} is missing (it is written last, so the directory "
                 "holds no complete checkpoint)",
             )
-        metadata = _read_json(file, "storage metadata file")
+        metadata = read_json(file, "storage metadata file")
         if not isinstance(metadata, dict):
             raise ValueError(f"The storage metadata file {file} does not hold a json object.")
         for key, kind in (("metadata", dict), ("is_pytree", bool), ("len", int)):
@@ -770,8 +572,8 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 )
             file = path / (key.replace(".", "/") + ".memmap")
             shape = torch.Size(md["shape"])
-            dtype = _str2dtype(md["dtype"], metadata_file)
-            _check_memmap_file(file, shape, dtype, metadata_file)
+            dtype = str2dtype(md["dtype"], metadata_file)
+            check_memmap_file(file, shape, dtype, metadata_file)
             dest = _pytree_leaf(storage._storage, key, metadata_file)
             if not isinstance(dest, torch.Tensor):
                 raise ValueError(
@@ -802,7 +604,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             dest.copy_(source if rows is None else source[:rows])
 
     def _loads_tensordict(self, storage, path, metadata_file, _len):
-        _check_tensordict_layout(path)
+        check_tensordict_layout(path)
         _storage = TensorDict.load_memmap(path)
         if not self._load_hooks:
             self._check_len(storage, _len, _storage.batch_size, metadata_file)
@@ -843,9 +645,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                     f"The checkpoint {meta_file} holds data of batch size {list(loaded.batch_size)}, "
                     f"but the storage has batch size {list(target.batch_size)}."
                 )
-            have, want = _leaf_specs(loaded, storage.ndim), _leaf_specs(target, storage.ndim)
-            missing = _fmt_keys(set(want) - set(have))
-            extra = _fmt_keys(set(have) - set(want))
+            have, want = leaf_specs(loaded), leaf_specs(target)
+            missing = format_keys(set(want) - set(have))
+            extra = format_keys(set(have) - set(want))
             if missing != "[]" or extra != "[]":
                 raise ValueError(
                     f"The checkpoint {meta_file} does not have the storage's keys: missing "
@@ -951,8 +753,9 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
         be temporarily written on memory-mapped tensors stored in shared file system. The
         physical memory usage may increase during loading as a consequence.
 
-    .. note:: :meth:`dumps` writes a sibling ``.<file>.partial-<id>`` file and renames it onto
-        the checkpoint file once complete, so an interrupted dump keeps the previous file.
+    .. note:: :meth:`dumps` writes the file in a sibling ``.<file>.partial-<id>`` directory and
+        renames it onto the checkpoint file once complete, so an interrupted dump keeps the
+        previous file.
         :meth:`loads` of a missing file raises :class:`FileNotFoundError` naming it.
 
     .. seealso: The full list of arguments can be found in :class:`~torchrl.data.TED2Flat`. Note that this class only
@@ -992,25 +795,20 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
             _storage = hook(_storage)
         if not is_tensor_collection(_storage):
             raise ValueError("Only tensor collections are supported.")
-        tmp = path.parent / f".{path.name}{_PARTIAL_TAG}{uuid.uuid4().hex[:12]}"
-        try:
-            data = PersistentTensorDict.from_dict(_storage, str(tmp), **self.kwargs)
+
+        def write(file):
+            data = PersistentTensorDict.from_dict(_storage, str(file), **self.kwargs)
             data["_len"] = NonTensorData(data=length)
             data.close()
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+
+        publish_file(path, write)
 
     def loads(self, storage, path):
         from tensordict import PersistentTensorDict
 
         path = self._get_path(path, create=False)
         if not os.path.isfile(path):
-            raise _missing_checkpoint_error(Path(path), "the H5 file does not exist")
+            raise missing_checkpoint_error(Path(path), "the H5 file does not exist")
         try:
             data = PersistentTensorDict.from_h5(path)
         except OSError as err:
@@ -1071,13 +869,13 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
         if _lives_under(storage, path):
             write(path)
         else:
-            _write_aside(path, write)
+            write_aside(path, write)
 
     @staticmethod
     def loads(storage, path: Path):
         path = Path(path).absolute()
         if not path.is_dir():
-            raise _missing_checkpoint_error(path, "the directory does not exist")
+            raise missing_checkpoint_error(path, "the directory does not exist")
         for i, sub in enumerate(storage._storages):
             sub.loads(path / str(i))
         if storage._transforms is not None:

@@ -232,16 +232,30 @@ _PLAIN_TENSOR_STORAGE_GETS = _plain_tensor_storage_gets()
 
 
 def _plain_rand_given_ndim():
-    """torchrl's own ``TensorStorage._rand_given_ndim`` (when importable): for a 1-D storage it
-    is ``torch.randint(len(storage))`` behind two dynamo-disabled wrappers."""
+    """The ``TensorStorage._rand_given_ndim`` of torchrl (when importable) and ours: for a 1-D
+    storage, ``torch.randint(len(storage))`` behind dynamo-disabled wrappers."""
+    from torchrl_compat import storages as compat_storages
+
+    found = {compat_storages.TensorStorage._rand_given_ndim}
     try:
         from torchrl.data.replay_buffers.storages import TensorStorage as TorchrlTensorStorage
     except ImportError:  # pragma: no cover - torchrl is a test requirement
-        return frozenset()
-    return frozenset({TorchrlTensorStorage._rand_given_ndim})
+        return frozenset(found)
+    found.add(TorchrlTensorStorage._rand_given_ndim)
+    return frozenset(found)
 
 
 _PLAIN_RAND_GIVEN_NDIM = _plain_rand_given_ndim()
+
+from torchrl_compat._storage_counters import compile_disable as _compile_disable  # noqa: E402
+
+
+@_compile_disable()
+def _random_sample_outside_graph(storage, batch_size: int):
+    """``RandomSampler.sample``'s draw, run by torch.compile as one eager frame."""
+    if len(storage) == 0:
+        raise RuntimeError(_EMPTY_STORAGE_ERROR)
+    return storage._rand_given_ndim(batch_size)
 
 
 def _gather_fields(storage, index, keys):
@@ -439,16 +453,16 @@ class RandomSampler(Sampler, *_torchrl_twin("RandomSampler")):
     """
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if _is_compiling():
+            # one frame outside the graph: traced, the length check and the draw guard on
+            # the length and recompile at every write
+            return _random_sample_outside_graph(storage, batch_size), {}
         length = len(storage)
         if length == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
-        if (
-            type(storage)._rand_given_ndim in _PLAIN_RAND_GIVEN_NDIM
-            and storage.ndim == 1
-            and not _is_compiling()
-        ):
-            # torchrl's storage would draw exactly this, behind two dynamo-disabled wrappers
-            # (about 2 us; they only matter under torch.compile)
+        if type(storage)._rand_given_ndim in _PLAIN_RAND_GIVEN_NDIM and storage.ndim == 1:
+            # the storage would draw exactly this, behind a dynamo-disabled wrapper (about
+            # half a microsecond; it only matters under torch.compile)
             index = torch.randint(
                 0, length, (batch_size,), generator=storage._rng, device=getattr(storage, "device", None)
             )

@@ -16,20 +16,15 @@ checkpointers can drive these storages unchanged.
 from __future__ import annotations
 
 import abc
-import atexit
 import functools
 import logging
 import multiprocessing as mp
 import os
-import shutil
-import signal
 import sys
 import tempfile
 import textwrap
-import threading
 import warnings
-import weakref
-from collections import deque, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from copy import copy
 from multiprocessing.context import get_spawning_popen
@@ -49,6 +44,15 @@ from tensordict.base import _NESTED_TENSORS_AS_LISTS
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from torchrl_compat import _storage_cleanup
+from torchrl_compat._storage_counters import (
+    compile_disable,
+    is_compiling,
+    outside_graph,
+    restore_counter,
+    shared_counter,
+)
+from torchrl_compat._storage_journal import ALL_ITEMS, WriteJournal
 from torchrl_compat.checkpointers import (
     CompressedListStorageCheckpointer,
     ListStorageCheckpointer,
@@ -65,11 +69,6 @@ from torchrl_compat.utils import (
     INT_CLASSES,
     tree_iter,
 )
-
-try:
-    from torch.compiler import disable as compile_disable, is_compiling
-except ImportError:  # pragma: no cover - torch < 2.3
-    from torch._dynamo import disable as compile_disable, is_compiling
 
 __all__ = [
     "CompressedListStorage",
@@ -97,166 +96,11 @@ def _torchrl_twin(name: str) -> tuple:
     return (twin,) if isinstance(twin, type) else ()
 
 
-# =============================================================================
-# Memmap storage cleanup
-# =============================================================================
-# Memmap files that LazyMemmapStorage writes to temporary directories are removed at
-# interpreter exit (atexit) and when the process is stopped by SIGINT or SIGTERM.
-# The registry holds weak references so it never keeps a storage alive.
-
-_MEMMAP_STORAGE_REGISTRY: weakref.WeakSet = weakref.WeakSet()
-
-# Set once the cleanup ran, so an atexit after a signal does not run it twice.
-_CLEANUP_DONE = False
-
-# Handlers in place before ours, restored (and re-triggered) when a signal arrives.
-_ORIGINAL_SIGINT_HANDLER = None
-_ORIGINAL_SIGTERM_HANDLER = None
-
-_CLEANUP_HANDLERS_REGISTERED = False
-
-
-def _cleanup_all_memmap_storages():
-    """Removes the temporary memmap directories of every registered storage.
-
-    Called at exit (``atexit``) and from the SIGINT / SIGTERM handler.
-
-    .. note:: Only storages created by the current process are cleaned. A forked child
-        inherits its parent's registry and signal handlers; torchrl would then delete the
-        parent's live memmap files when the child is terminated.
-    """
-    global _CLEANUP_DONE
-    if _CLEANUP_DONE:
-        return
-    _CLEANUP_DONE = True
-    pid = os.getpid()
-    for storage in list(_MEMMAP_STORAGE_REGISTRY):
-        if getattr(storage, "_owner_pid", pid) != pid:
-            continue
-        try:
-            # LazyTensorStorage(shared_init=True) only owns its init directory
-            cleanup = getattr(storage, "cleanup", None) or storage._cleanup_init_directory
-            cleanup()
-        except Exception:
-            # the storage may be half-destroyed at exit; the other ones still need cleaning
-            pass
-
-
-def _signal_cleanup_handler(signum, frame):
-    """Cleans registered memmap storages, then re-raises the signal with the previous handler."""
-    try:
-        _cleanup_all_memmap_storages()
-    except Exception:
-        # whatever happens, the signal must still terminate the process
-        pass
-    if signum == signal.SIGINT:
-        original = _ORIGINAL_SIGINT_HANDLER
-    elif signum == signal.SIGTERM:
-        original = _ORIGINAL_SIGTERM_HANDLER
-    else:
-        original = signal.SIG_DFL
-    signal.signal(signum, original if original else signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _register_cleanup_handlers():
-    """Registers the atexit hook and, from the main thread, the SIGINT/SIGTERM handlers."""
-    global _ORIGINAL_SIGINT_HANDLER, _ORIGINAL_SIGTERM_HANDLER
-    atexit.register(_cleanup_all_memmap_storages)
-    try:
-        # signal.signal only works from the main thread
-        if threading.current_thread() is threading.main_thread():
-            _ORIGINAL_SIGINT_HANDLER = signal.signal(
-                signal.SIGINT, _signal_cleanup_handler
-            )
-            _ORIGINAL_SIGTERM_HANDLER = signal.signal(
-                signal.SIGTERM, _signal_cleanup_handler
-            )
-    except (ValueError, RuntimeError):
-        pass
-
-
-def _ensure_cleanup_handlers():
-    """Registers the cleanup handlers once per process."""
-    global _CLEANUP_HANDLERS_REGISTERED
-    if not _CLEANUP_HANDLERS_REGISTERED:
-        _register_cleanup_handlers()
-        _CLEANUP_HANDLERS_REGISTERED = True
-
-
-def _remove_tree(path: str) -> bool:
-    path = path.rstrip("/")
-    if not os.path.isdir(path):
-        return False
-    try:
-        shutil.rmtree(path)
-        logger.debug(f"Cleaned up memmap directory: {path}")
-        return True
-    except Exception as err:
-        logger.warning(f"Failed to clean up memmap directory: {err}")
-        return False
-
-
-# =============================================================================
-# Storages
-# =============================================================================
-
-_LEN_TYPECODE = "q"  # int64: see TensorStorage's note on the shared length
-
-# Write journal (see TensorStorage, "write journal"): how many of its own writes a process
-# remembers. A reader further behind reads the whole storage again.
-_JOURNAL_LENGTH = 64
-
-# Journal cursor of a change that may have touched every item (initialization, emptying,
-# loading).
-_ALL_ITEMS = object()
-
-
-def _cursor_size(cursor) -> int:
-    """The number of indices a journal entry keeps alive by holding ``cursor``."""
-    if isinstance(cursor, torch.Tensor):
-        return cursor.numel()
-    if isinstance(cursor, np.ndarray):
-        return cursor.size
-    if isinstance(cursor, list):
-        return len(cursor)
-    return 1  # ints, slices and ranges are O(1)
-
-
-def _shared_counter(value: int, beside=None):
-    """An int64 ``mp.Value`` holding ``value``, with the lock of ``beside`` (another shared
-    counter of the same storage: one lock and one semaphore for both) when given."""
-    lock = beside.get_lock() if hasattr(beside, "get_lock") else True
-    return mp.Value(_LEN_TYPECODE, value, lock=lock)
-
-
-def _restore_counter(state: dict, context_key: str, value_key: str, raw_key: str, beside=None):
-    """Puts back in ``state`` a counter that plain pickling carried as a number
-    (``context_key``): a shared counter, or a plain int for a compilable storage; and the
-    raw ctypes int64 the hot paths read (``raw_key``)."""
-    value = state.pop(context_key, None)
-    if value is not None:
-        state[value_key] = value if state["_compilable"] else _shared_counter(value, beside)
-    shared = state.get(value_key)
-    if shared is not None and hasattr(shared, "get_obj"):
-        state[raw_key] = shared.get_obj()
-
-
-def _outside_graph(method):
-    """Runs ``method`` outside torch.compile's graph when a non-compilable storage calls it
-    while being traced: it updates the storage's shared ctypes counters, which dynamo cannot
-    trace (torchrl replaces them with plain ints there, and the shared values go stale).
-    Eagerly, and for compilable storages (plain ints, traced), it is called directly: the
-    disabled wrapper's frame switch costs about a microsecond."""
-    disabled = compile_disable()(method)
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if not self._compilable and is_compiling():
-            return disabled(self, *args, **kwargs)
-        return method(self, *args, **kwargs)
-
-    return wrapper
+# The module-level names torchrl 0.11 has here, for code that reaches them.
+_MEMMAP_STORAGE_REGISTRY = _storage_cleanup.registry()
+_cleanup_all_memmap_storages = _storage_cleanup._cleanup_all
+_signal_cleanup_handler = _storage_cleanup._on_signal
+_register_cleanup_handlers = _ensure_cleanup_handlers = _storage_cleanup._install_handlers
 
 
 def _rewrites_items(method):
@@ -271,7 +115,7 @@ def _rewrites_items(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            self._note_write(_ALL_ITEMS)
+            self._note_write(ALL_ITEMS)
 
     return wrapper
 
@@ -901,10 +745,10 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
     # ---------------------------------------------------------------- length
     # The length lives in an int64 ``mp.Value`` (``_len_value``) so that writes made in
     # forked or spawned processes are seen here; ``_len_shared`` is its raw ctypes
-    # object, read without the lock on the hot path.
+    # object, read without the lock on the hot path (see ``_storage_counters``).
 
     def _make_shared_len(self, value: int = 0):
-        shared = _shared_counter(value)
+        shared = shared_counter(value)
         self.__dict__["_len_value"] = shared
         self.__dict__["_len_shared"] = shared.get_obj()
         if self.__dict__.get("_writes_value") is None:
@@ -926,7 +770,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         return self._make_shared_len().get_obj().value
 
     @_len.setter
-    @_outside_graph
+    @outside_graph
     def _len(self, value):
         if self._compilable:
             self.__dict__["_len_value"] = value
@@ -937,19 +781,29 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         else:
             shared.value = value
 
-    @_outside_graph
-    def _add_len(self, numel: int) -> None:
-        # read-modify-write under the Value's lock so that concurrent writers in several
-        # processes don't lose each other's updates
+    def _update_len(self, update) -> None:
+        """Sets the length to ``update(length)``, a read-modify-write under the shared
+        length's lock, so that concurrent writers in several processes don't lose each
+        other's updates."""
         if self._compilable:
-            self._len = min(self._len + numel, self.max_size)
+            self._len = update(self._len)
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
             shared = self._make_shared_len()
         with shared.get_lock():
             raw = shared.get_obj()
-            raw.value = min(raw.value + numel, self.max_size)
+            raw.value = update(raw.value)
+
+    @outside_graph
+    def _add_len(self, numel: int) -> None:
+        max_size = self.max_size
+        self._update_len(lambda length: min(length + numel, max_size))
+
+    @outside_graph
+    def _round_len_to_rows(self, row: int) -> None:
+        """Rounds the length up to whole rows of ``row`` elements (``ndim > 1``)."""
+        self._update_len(lambda length: -(length // -row) * row)
 
     def __len__(self):
         shared = self.__dict__.get("_len_shared")
@@ -966,14 +820,14 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
     # Readers that derive something from the stored items (the trajectory ends of a
     # SliceSampler) follow the writes instead of reading the whole storage each time.
     # Every write adds one to a counter shared like the length (``_writes_value``, an
-    # int64 ``mp.Value``, so that writes made in other processes are seen) and records
-    # ``(count, cursor, indices held)`` in a journal local to the process. A change that
+    # int64 ``mp.Value``, so that writes made in other processes are seen) and is recorded
+    # in a journal local to the process (``_storage_journal.WriteJournal``). A change that
     # may touch any item (initialization, emptying, loading) records no cursor: readers
     # behind it read everything again. ``_writes_since`` tells a reader what it missed.
 
     def _make_shared_writes(self, value: int = 0):
         # one lock (and one semaphore) for both shared counters
-        shared = _shared_counter(value, beside=self.__dict__.get("_len_value"))
+        shared = shared_counter(value, beside=self.__dict__.get("_len_value"))
         self.__dict__["_writes_value"] = shared
         self.__dict__["_writes_shared"] = shared.get_obj()
         return shared
@@ -989,52 +843,38 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             raw = d["_writes_shared"] = shared.get_obj()
         return raw
 
-    @_outside_graph
+    def _write_journal(self) -> WriteJournal:
+        journal = self.__dict__.get("_journal")
+        if journal is None:
+            journal = self.__dict__["_journal"] = WriteJournal(self.max_size)
+        return journal
+
+    @outside_graph
     def _note_write(self, cursor) -> None:
-        """Counts a write at ``cursor`` (``_ALL_ITEMS``: anywhere) and journals it. O(1).
+        """Counts a write at ``cursor`` (``ALL_ITEMS``: anywhere) and journals it. O(1).
 
         Called once the items are written, so that a reader seeing the new count reads
         the new items.
         """
         d = self.__dict__
         if self._compilable:
-            # Never shared (compilable storages refuse it): a plain int, as the length,
-            # that torch.compile can trace. Compiled writes leave a gap in the journal,
-            # which readers answer by reading everything.
-            count = d.get("_writes_value", 0) + 1
-            d["_writes_value"] = count
-            if not is_compiling():
-                self._journal_append(count, cursor)
-            return
-        raw = d.get("_writes_shared")
-        if raw is None:
-            raw = self._writes_raw()
-        # under the lock: two processes writing at once must get distinct counts
-        with d["_writes_value"].get_lock():
-            raw.value = count = raw.value + 1
-        self._journal_append(count, cursor)
-
-    def _journal_append(self, count: int, cursor) -> None:
-        d = self.__dict__
-        journal = d.get("_write_journal")
-        if journal is None:
-            journal = d["_write_journal"] = deque()
-            d["_journal_rows"] = 0
-        if cursor is _ALL_ITEMS:
-            journal.clear()
-            d["_journal_rows"] = 0
-            return
-        rows = _cursor_size(cursor)
-        journal.append((count, cursor, rows))
-        held = d["_journal_rows"] + rows
-        # Index tensors are held by reference: keep at most about one index per slot
-        # alive. A reader that far behind would read as much as a full rescan anyway.
-        while len(journal) > _JOURNAL_LENGTH or (held > self.max_size and journal):
-            held -= journal.popleft()[2]
-        d["_journal_rows"] = held
+            # never shared (compilable storages refuse it): a plain int, as the length
+            count = d["_writes_value"] = d.get("_writes_value", 0) + 1
+        else:
+            raw = d.get("_writes_shared")
+            if raw is None:
+                raw = self._writes_raw()
+            # under the lock: two processes writing at once must get distinct counts
+            with d["_writes_value"].get_lock():
+                raw.value = count = raw.value + 1
+        journal = d.get("_journal")
+        if journal is not None:
+            journal.append(count, cursor)
 
     def _writes_since(self, count: int | None) -> tuple[int, list | None]:
         """The cursors written since the write counter read ``count``.
+
+        The first call starts the journal: later writes in this process are recorded.
 
         Args:
             count (int or None): the count returned by an earlier call, or ``None`` to
@@ -1047,30 +887,21 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             when they are not all known here (``count`` is ``None``, writes made in
             another process, more writes than the journal holds, or a change that may
             have touched every item): the caller must then read the whole storage.
-            Cursors are the objects passed to :meth:`set` (ints, slices, ranges, index
-            tensors, arrays or lists), not copies. O(journal length).
+            Cursors are ints, slices and ranges as passed to :meth:`set`, or copies of
+            the index tensors and arrays (lists become arrays) taken at the write.
+            O(journal length).
         """
         d = self.__dict__
         raw = d.get("_writes_shared")
         if raw is None:
             raw = self._writes_raw()
+        journal = self._write_journal()
+        journal.follow()
         # an aligned int64 load, atomic as the length's
         now = d.get("_writes_value", 0) if raw is None else raw.value
         if count is None:
             return now, None
-        missed = now - count
-        if missed == 0:
-            return now, []
-        # one C-level copy under the GIL: a writer thread cannot change it halfway
-        journal = list(d.get("_write_journal") or ())
-        if missed < 0 or missed > len(journal):
-            return now, None
-        entries = journal[len(journal) - missed :]
-        # counts are distinct, but threads may journal them out of order
-        for expected, entry in enumerate(entries, count + 1):
-            if entry[0] != expected:
-                return now, None
-        return now, [entry[1] for entry in entries]
+        return now, journal.since(count, now)
 
     # ----------------------------------------------------------------- shapes
     @property
@@ -1106,7 +937,9 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         if _total_shape is None and self.initialized:
             _total_shape = _shape_of(self._storage)[: self.ndim]
             self.__dict__["_total_shape_value"] = _total_shape
-            self._len = torch.Size([self._len_along_dim0, *_total_shape[1:]]).numel()
+            if self.ndim > 1:
+                # under the length's lock: a writer in another process may be adding to it
+                self._round_len_to_rows(_total_shape[1:].numel())
         return _total_shape
 
     @property
@@ -1154,16 +987,10 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         if _total_shape is not None:
             return torch.Size([self._len_along_dim0] + list(_total_shape[1:]))
 
-    def _rand_given_ndim(self, batch_size):
-        # Under torch.compile the draw runs outside the graph (compiled, it recompiles for
-        # back-to-back calls); eagerly, the disabled wrapper's frame switch costs about as
-        # much as the draw itself, so it is skipped.
-        if is_compiling():
-            return self._rand_given_ndim_eager(batch_size)
-        return self._rand_given_ndim_impl(batch_size)
-
+    # Outside torch.compile's graph, as torchrl's: traced, the draw guards on the length
+    # and recompiles at every write. (RandomSampler draws directly when not compiling.)
     @compile_disable()
-    def _rand_given_ndim_eager(self, batch_size):
+    def _rand_given_ndim(self, batch_size):
         return self._rand_given_ndim_impl(batch_size)
 
     def _rand_given_ndim_impl(self, batch_size):
@@ -1205,8 +1032,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         state.pop("_len_shared", None)
         state.pop("_writes_shared", None)
         # the journal lists this process's writes: a copy starts without any
-        state.pop("_write_journal", None)
-        state.pop("_journal_rows", None)
+        state.pop("_journal", None)
         if get_spawning_popen() is None:
             # plain pickling: the length and the write count travel as numbers
             length = self._len
@@ -1249,8 +1075,8 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         return state
 
     def __setstate__(self, state):
-        _restore_counter(state, "len__context", "_len_value", "_len_shared")
-        _restore_counter(
+        restore_counter(state, "len__context", "_len_value", "_len_shared")
+        restore_counter(
             state, "writes__context", "_writes_value", "_writes_shared",
             beside=state.get("_len_value"),
         )
@@ -1368,7 +1194,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
                 self._last_cursor = cursor
         except BaseException:
             # part of the items may be written: readers must read everything again
-            self._note_write(_ALL_ITEMS)
+            self._note_write(ALL_ITEMS)
             raise
         self._note_write(cursor)
 
@@ -1428,7 +1254,13 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         raise RuntimeError("".join(error_parts)) from original_error
 
     # ------------------------------------------------------------------ read
+    # Kept out of torch.compile's graph even where dynamo runs ``get`` eagerly: traced, the
+    # index check reads the index values and guards on the length (a recompile per write).
+    @compile_disable()
     def _dim0_index(self, index, length):
+        return self._dim0_index_impl(index, length)
+
+    def _dim0_index_impl(self, index, length):
         """Maps ``index`` on the filled part (``length`` items along dim 0) to the full buffer.
 
         Returns ``None`` when the index kind is not handled here (masks, ellipsis,
@@ -1449,7 +1281,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         if isinstance(index, tuple):
             if not index:
                 return None
-            first = self._dim0_index(index[0], length)
+            first = self._dim0_index_impl(index[0], length)
             if first is None:
                 return None
             return (first, *index[1:])
@@ -1467,7 +1299,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
                 # keep accelerator indices on their device: checking them would sync
                 return None
             if index.ndim == 0:
-                return self._dim0_index(int(index), length)
+                return self._dim0_index_impl(int(index), length)
             if not index.numel():
                 return index
             if index.dtype == torch.uint8:
@@ -1492,7 +1324,8 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         is_tc = is_tensor_collection(_storage)
         if not self._is_full:
             length = self._len_along_dim0
-            mapped = self._dim0_index(index, length)
+            # traced, slice first as torchrl does (the check reads the index values)
+            mapped = None if is_compiling() else self._dim0_index(index, length)
             if mapped is None:
                 # index kinds that depend on the filled length (masks...): slice first
                 if is_tc:
@@ -1664,23 +1497,19 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
             prefix="torchrl_storage_init_"
         )
         if self.cleanup_memmap and not isinstance(self, LazyMemmapStorage):
-            # LazyMemmapStorage registers itself (auto_cleanup) once its init is done
-            self._owner_pid = os.getpid()
-            self._auto_cleanup = True
-            self._cleaned_up = False
-            _ensure_cleanup_handlers()
-            _MEMMAP_STORAGE_REGISTRY.add(self)
+            # (a LazyMemmapStorage registers itself, see auto_cleanup)
+            self._init_cleanup = _storage_cleanup.InitDirectoryCleanup(self._init_directory)
+            _storage_cleanup.register(self._init_cleanup)
 
     def _cleanup_init_directory(self) -> bool:
-        """Removes the temporary initialization directory of a ``shared_init`` storage.
+        """Removes the temporary initialization directory of a ``shared_init`` storage
+        (only in the process that created the storage).
 
         Returns:
             bool: ``True`` if a directory was removed.
         """
-        if getattr(self, "_cleaned_up", True) or not self.shared_init:
-            return False
-        self._cleaned_up = True
-        return _remove_tree(self._init_directory)
+        cleanup = getattr(self, "_init_cleanup", None)
+        return cleanup.cleanup() if cleanup is not None else False
 
     def _init(
         self,
@@ -1780,14 +1609,11 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
         return super().get(indices)
 
     def __del__(self):
-        if getattr(self, "_auto_cleanup", False) and not getattr(
-            self, "_cleaned_up", True
-        ):
-            if getattr(self, "_owner_pid", None) == os.getpid():
-                try:
-                    self._cleanup_init_directory()
-                except Exception:
-                    pass
+        try:
+            self._cleanup_init_directory()
+        except Exception:
+            # interpreter shutdown: the exit hook removes it
+            pass
 
 
 class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
@@ -1895,8 +1721,7 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
         self._cleaned_up = False
         self._owner_pid = os.getpid()
         if self._auto_cleanup:
-            _ensure_cleanup_handlers()
-            _MEMMAP_STORAGE_REGISTRY.add(self)
+            _storage_cleanup.register(self)
 
     def state_dict(self) -> dict[str, Any]:
         _storage = self._storage
@@ -2026,7 +1851,9 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
                 or no cleanup needed.
 
         .. note:: Without a ``scratch_dir`` the memory maps are anonymous (they vanish
-            with the process) and nothing is removed from disk.
+            with the process) and nothing is removed from disk. Only the process that
+            created the storage removes its files: a forked or unpickled copy in another
+            process shares them with their owner, and its ``cleanup()`` returns ``False``.
 
         Examples:
             >>> from torchrl_compat import LazyMemmapStorage
@@ -2036,20 +1863,18 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
         """
         if getattr(self, "_cleaned_up", False):
             return False
+        if getattr(self, "_owner_pid", os.getpid()) != os.getpid():
+            return False
         self._cleaned_up = True
         scratch_dir = getattr(self, "scratch_dir", None)
         if scratch_dir is None:
             return False
-        return _remove_tree(scratch_dir)
+        return _storage_cleanup.remove_tree(scratch_dir)
 
     def __del__(self):
         """Ensure cleanup on garbage collection if auto_cleanup is enabled."""
-        if getattr(self, "_auto_cleanup", False) and not getattr(
-            self, "_cleaned_up", True
-        ):
-            # a copy unpickled in another process does not own the files
-            if getattr(self, "_owner_pid", os.getpid()) == os.getpid():
-                self.cleanup()
+        if getattr(self, "_auto_cleanup", False):
+            self.cleanup()
 
 
 class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")):

@@ -186,13 +186,22 @@ def _path2str(path, default_name=None) -> str:
     )
 
 
+def _tree_children(spec) -> list:
+    """The child specs of pytree ``spec``: ``spec.children()`` where torch has it (2.10 on,
+    where reading ``children_specs`` warns), else the ``children_specs`` field."""
+    children = getattr(spec, "children", None)
+    if callable(children):
+        return list(children())
+    return spec.children_specs
+
+
 def _get_paths(spec, cumulpath=""):
     """Yields the on-disk path of every leaf of a pytree spec, without key paths."""
     if spec.is_leaf():
         yield cumulpath if cumulpath else SINGLE_TENSOR_BUFFER_NAME
         return
     contexts = spec.context
-    children_specs = spec.children_specs
+    children_specs = _tree_children(spec)
     if contexts is None:
         contexts = range(len(children_specs))
     for context, child in zip(contexts, children_specs):

@@ -1,0 +1,67 @@
+"""Counters a tensor storage shares with other processes: its length and its write count.
+
+Each is an int64 ``multiprocessing.Value``, so that writes made in forked or spawned processes
+are seen everywhere. The storage also keeps the Value's raw ctypes int64 and reads it without
+the lock on its hot paths: an aligned 64-bit load is atomic. Every read-modify-write takes the
+Value's lock. Compilable storages keep plain ints instead (torch.compile cannot trace a
+``multiprocessing.Value``) and are never shared.
+"""
+from __future__ import annotations
+
+import functools
+import multiprocessing as mp
+
+try:
+    from torch.compiler import disable as compile_disable, is_compiling
+except ImportError:  # pragma: no cover - torch < 2.3
+    from torch._dynamo import disable as compile_disable, is_compiling
+
+__all__ = ["compile_disable", "is_compiling", "outside_graph", "restore_counter", "shared_counter"]
+
+# int64: torchrl's mp.Value("i") silently wraps past 2**31 - 1 elements
+_TYPECODE = "q"
+
+
+def shared_counter(value: int, beside=None):
+    """An int64 ``mp.Value`` holding ``value``.
+
+    Args:
+        value (int): the initial value.
+        beside (mp.Value, optional): another counter of the same storage, whose lock the new
+            one shares (one lock and one semaphore for both).
+    """
+    lock = beside.get_lock() if hasattr(beside, "get_lock") else True
+    return mp.Value(_TYPECODE, value, lock=lock)
+
+
+def restore_counter(state: dict, context_key: str, value_key: str, raw_key: str, beside=None):
+    """Puts back in a storage's unpickled ``state`` a counter that plain pickling carried as a
+    number (``context_key``): a shared counter, or a plain int for a compilable storage; and
+    the raw ctypes int64 that the hot paths read (``raw_key``)."""
+    value = state.pop(context_key, None)
+    if value is not None:
+        state[value_key] = value if state["_compilable"] else shared_counter(value, beside)
+    shared = state.get(value_key)
+    if shared is not None and hasattr(shared, "get_obj"):
+        state[raw_key] = shared.get_obj()
+
+
+def outside_graph(method):
+    """Runs a counter-updating ``method`` of a storage outside torch.compile's graph.
+
+    Shared counters cannot be traced at all, and tracing the plain ints of a compilable
+    storage makes torch.compile guard on their values and recompile at every write (torchrl
+    keeps its length reads out of the graph for the same reason). So a compilable storage
+    always calls the dynamo-disabled method, which holds even where dynamo runs the calling
+    frame eagerly; a shared one calls it only while being traced, and is otherwise called
+    directly: the disabled wrapper's frame switch costs about half a microsecond.
+    """
+    disabled = compile_disable()(method)
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._compilable or is_compiling():
+            return disabled(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,286 @@
+"""Writing a checkpoint aside and publishing it in one rename; removing what interrupted writes
+leave behind.
+
+A checkpoint ``path`` (a directory or a file) is written into a sibling directory
+``.<name>.partial-<id>`` and then published over ``path`` by one rename: an atomic exchange
+of the two directories (Linux ``renameat2(RENAME_EXCHANGE)``), or ``os.replace`` for a file.
+Whatever moment a dump is interrupted at, even by SIGKILL, ``path`` holds the previous
+checkpoint or the new one, complete.
+
+Each writer holds an exclusive ``flock`` on its partial directory while it writes.
+Before writing, a dump removes the partial siblings of the same ``path`` that nobody holds:
+those of dumps that were killed. A live concurrent dump holds its lock, and is left alone.
+
+Where the exchange is not available (another kernel, a file system without it), the
+previous directory is first renamed to ``.<name>.old-<id>`` and the new one renamed onto
+``path``: two renames. A dump killed between them leaves no ``path``; the next dump renames
+the previous checkpoint back before anything else.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on Windows
+    fcntl = None
+
+__all__ = ["PARTIAL_TAG", "partial_siblings", "publish_file", "remove_abandoned", "write_aside"]
+
+PARTIAL_TAG = ".partial-"
+OLD_TAG = ".old-"
+
+
+def partial_siblings(path: Path) -> list[Path]:
+    """The ``.<name>.partial-*`` siblings of ``path``, sorted by name."""
+    path = Path(path)
+    prefix = f".{path.name}{PARTIAL_TAG}"
+    try:
+        names = os.listdir(path.parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(path.parent / name for name in names if name.startswith(prefix))
+
+
+def _sibling(path: Path, tag: str) -> Path:
+    return path.parent / f".{path.name}{tag}{uuid.uuid4().hex[:12]}"
+
+
+# -----------------------------------------------------------------------------
+# Locks
+# -----------------------------------------------------------------------------
+def _open_locked(path: Path, block: bool) -> int | None:
+    """An fd on ``path`` holding its exclusive flock, or ``None`` if ``path`` is gone, is
+    held by someone else (``block=False``) or was replaced while waiting."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            except BlockingIOError:
+                os.close(fd)
+                return None
+        # whoever held the lock before may have removed or replaced what the name points to
+        if os.path.samestat(os.stat(path), os.fstat(fd)):
+            return fd
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+    return None
+
+
+def _make_locked(path: Path, make) -> tuple[Path, int]:
+    """Creates a fresh locked sibling of ``path`` with ``make(name)``: ``(name, fd)``."""
+    while True:
+        name = _sibling(path, PARTIAL_TAG)
+        make(name)
+        # blocks only while a cleaner that locked the new, empty entry first removes it
+        fd = _open_locked(name, block=True)
+        if fd is not None:
+            return name, fd
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry, ignore_errors=True)
+    else:
+        try:
+            os.unlink(entry)
+        except FileNotFoundError:
+            pass
+
+
+def remove_abandoned(path) -> list[Path]:
+    """Removes the partial siblings of ``path`` left by interrupted writes.
+
+    An entry is abandoned when no process holds its lock: its writer was killed (a live
+    writer, in this process or another, holds it until it is done). Without ``fcntl``
+    nothing can be told apart, and nothing is removed. If ``path`` is missing while a
+    previous checkpoint waits under an ``.old-`` name (a two-rename publish cut between its
+    renames), that checkpoint is renamed back to ``path`` first.
+
+    Args:
+        path (str or Path): the checkpoint path whose siblings are examined.
+
+    Returns:
+        the entries removed.
+    """
+    if fcntl is None:
+        return []
+    path = Path(path).absolute()
+    try:
+        names = sorted(os.listdir(path.parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    removed = []
+    # old checkpoints first: one may have to be restored before the rest is judged
+    for tag in (OLD_TAG, PARTIAL_TAG):
+        prefix = f".{path.name}{tag}"
+        for name in names:
+            if not name.startswith(prefix):
+                continue
+            entry = path.parent / name
+            fd = _open_locked(entry, block=False)
+            if fd is None:
+                continue
+            try:
+                if tag == OLD_TAG and not os.path.lexists(path):
+                    os.rename(entry, path)
+                    continue
+                _remove(entry)
+                removed.append(entry)
+            finally:
+                os.close(fd)
+    return removed
+
+
+# -----------------------------------------------------------------------------
+# Publishing
+# -----------------------------------------------------------------------------
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # glibc < 2.28, musl
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    function.restype = ctypes.c_int
+    return function
+
+
+_renameat2 = _load_renameat2()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swaps the entries ``a`` and ``b``. ``False`` if this system cannot;
+    raises ``FileNotFoundError`` if ``b`` does not exist."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code == errno.ENOENT:
+        raise FileNotFoundError(code, os.strerror(code), str(b))
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _publish_directory(tmp: Path, path: Path) -> Path | None:
+    """Puts directory ``tmp`` in place of ``path``. Returns what now holds the previous
+    content, to be removed, or ``None``."""
+    while True:
+        try:
+            if _exchange(tmp, path):
+                return tmp
+        except FileNotFoundError:
+            pass  # no previous checkpoint
+        else:
+            return _publish_by_two_renames(tmp, path)
+        try:
+            os.rename(tmp, path)  # replaces an empty directory too
+            return None
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            # a concurrent dump published first: exchange with it
+
+
+def _publish_by_two_renames(tmp: Path, path: Path) -> Path | None:
+    old = None
+    if os.path.lexists(path):
+        # locked, so that a cleaner does not restore it between the two renames
+        fd = _open_locked(path, block=True)
+        if fd is None:
+            return _publish_directory(tmp, path)
+        try:
+            old = _sibling(path, OLD_TAG)
+            os.rename(path, old)
+            try:
+                os.rename(tmp, path)
+            except BaseException:
+                os.rename(old, path)
+                raise
+        finally:
+            os.close(fd)
+    else:
+        os.rename(tmp, path)
+    return old
+
+
+def write_aside(path, write_fn) -> None:
+    """Runs ``write_fn(tmp_dir)`` into a sibling directory, then publishes it as ``path``.
+
+    ``path`` is untouched until ``write_fn`` has returned, and the previous content is only
+    removed once the new one is in place. Abandoned siblings of earlier interrupted writes
+    are removed first (:func:`remove_abandoned`).
+
+    Args:
+        path (str or Path): the checkpoint directory.
+        write_fn (callable): writes the checkpoint into the directory it is given.
+
+    Raises:
+        NotADirectoryError: if ``path`` exists and is not a directory.
+        FileNotFoundError: if the parent directory of ``path`` does not exist.
+    """
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(
+            f"Cannot write a storage checkpoint at {path}: the path exists and is not a directory."
+        )
+    if not path.parent.is_dir():
+        raise FileNotFoundError(
+            f"Cannot write a storage checkpoint at {path}: the parent directory "
+            f"{path.parent} does not exist."
+        )
+    remove_abandoned(path)
+    # os.mkdir (not mkdtemp) keeps the umask-derived mode a plain mkdir would give
+    tmp, fd = _make_locked(path, os.mkdir)
+    try:
+        try:
+            write_fn(tmp)
+            previous = _publish_directory(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def publish_file(path, write_fn) -> None:
+    """Runs ``write_fn(tmp_file)``, then renames the file it wrote onto ``path``.
+
+    Readers see the previous file or the new one, never a prefix of the new one. The file is
+    written inside a locked partial directory (the lock cannot be on the file itself: HDF5
+    takes its own ``flock`` on the files it writes). Abandoned siblings of earlier
+    interrupted writes are removed first.
+
+    Args:
+        path (str or Path): the file.
+        write_fn (callable): creates and writes the file whose path it is given.
+    """
+    path = Path(path).absolute()
+    remove_abandoned(path)
+    tmp, fd = _make_locked(path, os.mkdir)
+    try:
+        write_fn(tmp / path.name)
+        os.replace(tmp / path.name, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)
