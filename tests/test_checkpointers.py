@@ -514,12 +514,15 @@ def test_in_place_dumps_interrupted_keeps_previous(tmp_path, monkeypatch):
     storage.dumps(scratch)
     storage.set(range(5, 7), make_data("tensordict", 1, 2, offset=100.0))
 
-    def broken(self):
-        raise Interrupted("crash while refreshing")
+    def broken(content, file):
+        with open(file, "w") as f:
+            f.write('{"metadata": {}, "is_py')
+        raise Interrupted("crash while writing the metadata")
 
-    monkeypatch.setattr(type(storage._storage), "memmap_refresh_", broken)
+    monkeypatch.setattr(ck, "_dump_json", broken)
     with pytest.raises(Interrupted):
         storage.dumps(scratch)
+    assert _leftovers(tmp_path, "storage") == [] and _storage_publish.partial_siblings(scratch / "storage_metadata.json") == []
     # the previous metadata stays until the new one replaces it: the checkpoint still loads
     for lib in LIBS:
         dst = LIBS[lib].LazyMemmapStorage(CAPACITY)

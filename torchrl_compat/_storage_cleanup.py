@@ -7,9 +7,9 @@ signal handler then runs as it would have.
 
 When torchrl is importable (and ``TORCHRL_COMPAT_STANDALONE`` is not ``"1"``), the registry is
 torchrl's own ``torchrl.data.replay_buffers.storages._MEMMAP_STORAGE_REGISTRY``: the exit and
-signal cleanup of either library then sees every storage of both. Each library's handler
-cleans what it can; our storages' ``cleanup()`` only removes files in the process that
-created them, so torchrl's handler running in a forked child leaves the parent's files alone.
+signal cleanup of either library then sees every storage of both. Our storages' ``cleanup()``
+only removes files in the process that created them, so torchrl's handler running in a forked
+child leaves the parent's files alone.
 """
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ def _torchrl_registry():
     return found if isinstance(found, weakref.WeakSet) else None
 
 
-_REGISTRY: weakref.WeakSet = _torchrl_registry() or weakref.WeakSet()
+_REGISTRY: weakref.WeakSet = _torchrl_registry()
+if _REGISTRY is None:  # (not `or`: an empty WeakSet is false)
+    _REGISTRY = weakref.WeakSet()
 
 
 def registry() -> weakref.WeakSet:
@@ -54,14 +56,17 @@ class _Handlers:
 
 
 def _cleanup_all():
-    """Calls ``cleanup()`` on every registered object created by this process."""
+    """Calls ``cleanup()`` on every registered object, but those of ours that another
+    process created (a forked child inherits its parent's registry and handlers).
+
+    torchrl's storages record no owner and are cleaned as torchrl's own handler does.
+    """
     if _Handlers.done:
         return
     _Handlers.done = True
     pid = os.getpid()
     for entry in list(_REGISTRY):
-        # torchrl's storages (no owner recorded) are cleaned by torchrl's own handler
-        if getattr(entry, "_owner_pid", None) != pid:
+        if getattr(entry, "_owner_pid", pid) != pid:
             continue
         try:
             entry.cleanup()

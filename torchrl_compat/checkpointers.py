@@ -494,7 +494,10 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 and _storage.saved_path
                 and Path(_storage.saved_path).absolute() == path.absolute()
             ):
-                _storage.memmap_refresh_()
+                # The files are the live data, described by the meta.json files written
+                # when the storage was created. torchrl calls memmap_refresh_() here, which
+                # rewrites them in place: a dump killed then leaves them truncated.
+                check_tensordict_layout(path)
             else:
                 _storage.memmap(path, copy_existing=True)
             is_pytree = False

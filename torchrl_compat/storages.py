@@ -1672,6 +1672,9 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
         by forked children, also runs in a child stopped by SIGTERM and deletes the
         parent's live files; and for storages without ``scratch_dir`` it removes every
         directory under the system temporary directory holding one of the storage's files.
+        When torchrl is importable, storages with ``auto_cleanup`` register in torchrl's
+        own ``_MEMMAP_STORAGE_REGISTRY``, so the exit and signal cleanup of either library
+        removes the files of both libraries' storages.
     """
 
     _default_checkpointer = TensorStorageCheckpointer

@@ -1,0 +1,321 @@
+"""Dumps killed with SIGKILL at spread-out moments never lose the previous checkpoint.
+
+A forked child writes version after version of a storage's content and dumps each to the same
+path; the parent kills it at moments spread over a dump's duration. Whatever the moment, the
+path then loads, with every item of one version: the one dumped before the kill or the one
+being dumped. The partial directories of killed dumps are removed by the next dump, but never
+the one a live concurrent dump is writing.
+"""
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import torchrl.data.replay_buffers.storages as trl
+
+import torchrl_compat.checkpointers as ck
+import torchrl_compat.storages as ours
+from torchrl_compat import _storage_publish
+
+CAPACITY = 4096
+TRIALS = 8
+TIMEOUT = 60
+FORK = mp.get_context("fork")
+
+
+def version_td(n, version):
+    values = torch.full((n, 8), float(version))
+    return TensorDict({"obs": values, ("next", "done"): values[:, :1] > 0, "v": values[:, 0].long()}, [n])
+
+
+def length_of(version):
+    return 2048 + 64 * (version % 16)
+
+
+# -----------------------------------------------------------------------------
+# one entry per kind of checkpoint: make, write version k, load, read the version back
+# -----------------------------------------------------------------------------
+class TensorDictCase:
+    lib_classes = ("LazyTensorStorage",)
+
+    def make(self, path, lib=ours):
+        return lib.LazyTensorStorage(CAPACITY)
+
+    def write(self, storage, version):
+        n = length_of(version)
+        storage._empty()
+        storage.set(range(n), version_td(n, version))
+
+    def fresh(self, path, lib):
+        return self.make(path, lib)
+
+    def version(self, storage):
+        assert len(storage) == storage[:]["v"].shape[0]
+        versions = storage[:]["v"].unique().tolist()
+        assert len(versions) == 1, versions  # never mixed
+        (version,) = versions
+        assert len(storage) == length_of(version)
+        assert bool((storage[:]["obs"] == version).all())
+        return version
+
+
+class PytreeCase(TensorDictCase):
+    def write(self, storage, version):
+        n = length_of(version)
+        storage._empty()
+        td = version_td(n, version)
+        storage.set(range(n), {"obs": td["obs"], "v": [td["v"], (td["next", "done"],)], 7: td["v"] * 2})
+
+    def fresh(self, path, lib):
+        storage = self.make(path, lib)
+        storage.set(0, {"obs": torch.zeros(8), "v": [torch.zeros((), dtype=torch.long), (torch.zeros(1, dtype=torch.bool),)], 7: torch.zeros((), dtype=torch.long)})
+        return storage
+
+    def version(self, storage):
+        data = storage[:]
+        versions = torch.cat([data["v"][0], data[7] // 2]).unique().tolist()
+        assert len(versions) == 1, versions
+        (version,) = versions
+        assert len(storage) == length_of(version) and bool((data["obs"] == version).all())
+        return version
+
+
+class MemmapCase(TensorDictCase):
+    def make(self, path, lib=ours):
+        return lib.LazyMemmapStorage(CAPACITY, scratch_dir=path.parent / f"scratch-{os.getpid()}")
+
+    def fresh(self, path, lib):
+        return lib.LazyMemmapStorage(CAPACITY)
+
+
+class MemmapInPlaceCase(TensorDictCase):
+    """The storage lives in the checkpoint directory: its files are the live data, only the
+    metadata is published. Versions are appended, never overwritten, so that the rows the
+    previous metadata counts keep their values."""
+
+    def make(self, path, lib=ours):
+        return lib.LazyMemmapStorage(CAPACITY, scratch_dir=path)
+
+    def write(self, storage, version):
+        n = 64
+        start = (version - 1) * n
+        storage.set(range(start, start + n), version_td(n, version))
+
+    def fresh(self, path, lib):
+        return lib.LazyMemmapStorage(CAPACITY)
+
+    def version(self, storage):
+        n = len(storage)
+        assert n % 64 == 0 and n > 0
+        expected = torch.arange(n) // 64 + 1
+        assert torch.equal(storage[:]["v"], expected)
+        return n // 64
+
+
+class CompressedCase(TensorDictCase):
+    def make(self, path, lib=ours):
+        return lib.CompressedListStorage(64)
+
+    def write(self, storage, version):
+        n = 16 + version % 8
+        storage._empty()
+        storage.set(range(n), version_td(n, version).exclude("next"))
+
+    def version(self, storage):
+        versions = {int(storage[i]["v"]) for i in range(len(storage))}
+        assert len(versions) == 1, versions
+        (version,) = versions
+        assert len(storage) == 16 + version % 8
+        return version
+
+
+class EnsembleCase(TensorDictCase):
+    def make(self, path, lib=ours):
+        return lib.StorageEnsemble(lib.LazyTensorStorage(CAPACITY), lib.LazyTensorStorage(CAPACITY))
+
+    def write(self, storage, version):
+        for sub in storage._storages:
+            TensorDictCase.write(self, sub, version)
+
+    def version(self, storage):
+        versions = {TensorDictCase.version(self, sub) for sub in storage._storages}
+        assert len(versions) == 1, versions
+        return versions.pop()
+
+    def load(self, storage, path):
+        ck.StorageEnsembleCheckpointer.loads(storage, path)
+
+
+CASES = {
+    "tensordict": TensorDictCase(),
+    "pytree": PytreeCase(),
+    "memmap": MemmapCase(),
+    "memmap in place": MemmapInPlaceCase(),
+    "compressed": CompressedCase(),
+    "ensemble": EnsembleCase(),
+}
+TORCHRL_READS = ("tensordict", "pytree", "memmap", "memmap in place", "compressed")
+
+
+def _dump_versions(case, path, conn):
+    """The child: versions 1, 2, ... each written, then dumped to ``path``."""
+    storage = case.make(path)
+    version = 0
+    while True:
+        version += 1
+        case.write(storage, version)
+        conn.send(("start", version, time.monotonic()))
+        storage.dumps(path)
+        conn.send(("done", version, time.monotonic()))
+
+
+def _load(case, path, lib=ours):
+    storage = case.fresh(path, lib)
+    getattr(case, "load", lambda s, p: s.loads(p))(storage, path)
+    return case.version(storage)
+
+
+def _kill_during(case, path, kill_after, version_to_kill):
+    """Runs the child until it starts dumping ``version_to_kill``, waits ``kill_after``
+    seconds, kills it; returns (last version started, last version done, pid)."""
+    parent, child = FORK.Pipe()
+    process = FORK.Process(target=_dump_versions, args=(case, path, child), daemon=True)
+    process.start()
+    started = done = 0
+    try:
+        while True:
+            assert parent.poll(TIMEOUT), "the dumping child stopped reporting"
+            event, version, _ = parent.recv()
+            if event == "start":
+                started = version
+                if version == version_to_kill:
+                    break
+            else:
+                done = version
+        time.sleep(kill_after)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(TIMEOUT)
+        while parent.poll():
+            event, version, _ = parent.recv()
+            if event == "start":
+                started = version
+            else:
+                done = version
+    finally:
+        if process.is_alive():
+            process.kill()
+            process.join(TIMEOUT)
+    assert process.exitcode == -signal.SIGKILL
+    return started, done
+
+
+def _dump_duration(case, path):
+    """How long one dump takes in the child (the median of a few)."""
+    parent, child = FORK.Pipe()
+    process = FORK.Process(target=_dump_versions, args=(case, path, child), daemon=True)
+    process.start()
+    durations, start = [], None
+    try:
+        while len(durations) < 5:
+            assert parent.poll(TIMEOUT)
+            event, _, at = parent.recv()
+            if event == "start":
+                start = at
+            elif start is not None:
+                durations.append(at - start)
+    finally:
+        process.kill()
+        process.join(TIMEOUT)
+    return sorted(durations)[len(durations) // 2]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_killed_dumps_keep_a_complete_checkpoint(tmp_path, name):
+    case = CASES[name]
+    path = tmp_path / "ckpt"
+    duration = _dump_duration(case, tmp_path / "timing")
+    mid_dump = 0
+    for trial in range(TRIALS):
+        # spread over the dump and a little past it
+        kill_after = duration * 1.5 * (trial + 0.5) / TRIALS
+        started, done = _kill_during(case, path, kill_after, version_to_kill=2 + trial % 3)
+        mid_dump += done < started
+        for lib in (ours, trl) if name in TORCHRL_READS else (ours,):
+            version = _load(case, path, lib)
+            # the version dumped before the kill, or the one being dumped
+            assert done <= version <= started, (trial, version, done, started)
+        if name == "memmap in place":
+            # the next child's live files start over from version 1
+            shutil.rmtree(path)
+    assert mid_dump >= TRIALS // 3, f"only {mid_dump} of {TRIALS} kills landed during a dump"
+
+
+def test_killed_dumps_leave_nothing_once_dumped_again(tmp_path):
+    case = CASES["tensordict"]
+    path = tmp_path / "ckpt"
+    duration = _dump_duration(case, tmp_path / "timing")
+    for trial in range(4):
+        _kill_during(case, path, duration * (trial + 0.5) / 4, version_to_kill=2)
+    storage = case.make(path)
+    case.write(storage, 9)
+    storage.dumps(path)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "timing"]
+    assert _load(case, path) == 9
+
+
+def _dump_with_hook(path, conn, release):
+    """A dump that stops in its save hook (while writing its partial directory) until
+    ``release`` is set."""
+    storage = ours.LazyTensorStorage(CAPACITY)
+    storage.set(range(4), version_td(4, 5))
+
+    def hook(data, path=None):
+        conn.send(str(path))
+        release.wait(TIMEOUT)
+        return data
+
+    storage.register_save_hook(hook)
+    storage.dumps(path)
+    conn.send("done")
+
+
+def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
+    path = tmp_path / "ckpt"
+    parent, child = FORK.Pipe()
+    # a live dump, stopped in the middle of writing
+    release = FORK.Event()
+    live = FORK.Process(target=_dump_with_hook, args=(path, child, release), daemon=True)
+    live.start()
+    assert parent.poll(TIMEOUT)
+    live_partial = parent.recv()
+    # a dump killed while it writes (it left the live one alone): its partial stays
+    never = FORK.Event()
+    killed = FORK.Process(target=_dump_with_hook, args=(path, child, never), daemon=True)
+    killed.start()
+    assert parent.poll(TIMEOUT)
+    dead_partial = parent.recv()
+    killed.kill()
+    killed.join(TIMEOUT)
+    assert {str(p) for p in _storage_publish.partial_siblings(path)} == {dead_partial, live_partial}
+    # this process dumps meanwhile: the dead partial goes, the live one stays
+    storage = ours.LazyTensorStorage(CAPACITY)
+    storage.set(range(3), version_td(3, 1))
+    storage.dumps(path)
+    assert [str(p) for p in _storage_publish.partial_siblings(path)] == [live_partial]
+    loaded = ours.LazyTensorStorage(CAPACITY)
+    loaded.loads(path)
+    assert loaded[:]["v"].tolist() == [1, 1, 1]
+    # the live dump completes and publishes over it
+    release.set()
+    assert parent.poll(TIMEOUT) and parent.recv() == "done"
+    live.join(TIMEOUT)
+    assert live.exitcode == 0
+    assert _storage_publish.partial_siblings(path) == []
+    loaded = ours.LazyTensorStorage(CAPACITY)
+    loaded.loads(path)
+    assert loaded[:]["v"].tolist() == [5] * 4
