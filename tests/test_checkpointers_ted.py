@@ -6,6 +6,7 @@ storages dumped by one library's checkpointer are loaded by the other's and comp
 data that was written, for partially filled and wrapped storages of one and two dimensions.
 """
 import inspect
+import os
 import warnings
 
 import pytest
@@ -381,3 +382,32 @@ def test_h5_checkpoints_cross_load(tmp_path, src, dst, nwrites):
     rows = min(nwrites, ROWS)
     for key in ("obs", "action", ("next", "done"), ("next", "reward"), ("agent", "pos")):
         assert torch.equal(target._storage[:rows].get(key), source._storage[:rows].get(key)), key
+
+
+def test_h5_interrupted_dumps_keeps_previous_file(tmp_path, monkeypatch):
+    h5py = pytest.importorskip("h5py")
+    from tensordict import PersistentTensorDict
+
+    source = fill("ours", 1, 4, 0, "H5StorageCheckpointer")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        source.dumps(tmp_path / "ckpt")
+        first = source._storage[:4].clone()
+        for i in range(4, 6):
+            source.set(i, ted_stream(6, seed=5)[i])
+        real = PersistentTensorDict.from_dict
+
+        def interrupted(*args, **kwargs):
+            real(*args, **kwargs).close()  # the file is complete, but not yet published
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(PersistentTensorDict, "from_dict", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            source.dumps(tmp_path / "ckpt")
+    assert os.listdir(tmp_path / "ckpt") == ["checkpoint.h5"]
+    target = fill("ours", 1, 2, 9, "H5StorageCheckpointer")
+    target.loads(tmp_path / "ckpt")
+    assert len(target) == 4
+    assert torch.equal(target._storage[:4].get("obs"), first.get("obs"))
+    with h5py.File(tmp_path / "ckpt" / "checkpoint.h5") as f:
+        assert int(f["_len"][()]) == 4

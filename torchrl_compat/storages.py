@@ -63,9 +63,11 @@ from torchrl_compat.checkpointers import (
 from torchrl_compat.utils import (
     _ENSEMBLE_INDEX_ERROR,
     _ensemble_index,
+    _ensemble_rng,
     _init_pytree,
     _is_int,
     _make_ordinal_device,
+    _split_tuple_index,
     INT_CLASSES,
     tree_iter,
 )
@@ -257,13 +259,7 @@ class Storage(*_torchrl_twin("Storage")):
     def _rand_given_ndim(self, batch_size):
         # random indices given the storage ndim
         if self.ndim == 1:
-            return torch.randint(
-                0,
-                len(self),
-                (batch_size,),
-                generator=self._rng,
-                device=getattr(self, "device", None),
-            )
+            return _uniform_indices(self, batch_size)
         raise RuntimeError(
             f"Random number generation is not implemented for storage of type {type(self)} with ndim {self.ndim}. "
             f"Please report this exception as well as the use case (incl. buffer construction) on github."
@@ -321,6 +317,18 @@ class Storage(*_torchrl_twin("Storage")):
     @abc.abstractmethod
     def contains(self, item):
         ...
+
+
+def _uniform_indices(storage, batch_size: int) -> torch.Tensor:
+    """``batch_size`` indices drawn uniformly in ``[0, len(storage))``, with the storage's
+    generator, on its device."""
+    return torch.randint(
+        0,
+        len(storage),
+        (batch_size,),
+        generator=storage._rng,
+        device=getattr(storage, "device", None),
+    )
 
 
 def _index_error(index, position, length) -> IndexError:
@@ -995,13 +1003,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
 
     def _rand_given_ndim_impl(self, batch_size):
         if self.ndim == 1:
-            return torch.randint(
-                0,
-                len(self),
-                (batch_size,),
-                generator=self._rng,
-                device=getattr(self, "device", None),
-            )
+            return _uniform_indices(self, batch_size)
         shape = self.shape
         return tuple(
             torch.randint(_dim, (batch_size,), generator=self._rng, device=self.device)
@@ -1084,22 +1086,26 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
 
     # ------------------------------------------------------------ state dict
     def state_dict(self) -> dict[str, Any]:
-        _storage = self._storage
-        if isinstance(_storage, torch.Tensor):
-            pass
-        elif is_tensor_collection(_storage):
-            _storage = _storage.state_dict()
-        elif _storage is None:
-            _storage = {}
-        else:
-            raise TypeError(
-                f"Objects of type {type(_storage)} are not supported by {type(self)}.state_dict"
-            )
         return {
-            "_storage": _storage,
+            "_storage": self._storage_state_dict(),
             "initialized": self.initialized,
             "_len": self._len,
         }
+
+    def _storage_state_dict(self):
+        _storage = self._storage
+        if isinstance(_storage, torch.Tensor):
+            return _storage
+        if is_tensor_collection(_storage):
+            return _storage.state_dict()
+        if _storage is None:
+            return {}
+        raise TypeError(
+            f"Objects of type {type(_storage)} are not supported by {type(self)}.state_dict"
+        )
+
+    # torchrl's text (its memmap storage's omits the hint)
+    _PYTREE_STATE_DICT_HINT = ". If your storage is pytree-based, use the dumps/load API instead."
 
     @_rewrites_items
     def load_state_dict(self, state_dict):
@@ -1108,7 +1114,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             if isinstance(self._storage, torch.Tensor):
                 self._storage.copy_(_storage)
             elif self._storage is None:
-                self._storage = _storage
+                self._storage = self._tensor_from_state_dict(_storage)
             else:
                 raise RuntimeError(
                     f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
@@ -1116,11 +1122,13 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         elif isinstance(_storage, (dict, OrderedDict)):
             if is_tensor_collection(self._storage):
                 self._storage.load_state_dict(_storage, strict=False)
+                self._after_tensordict_load()
             elif self._storage is None:
-                self._storage = TensorDict().load_state_dict(_storage, strict=False)
+                self._storage = self._tensordict_from_state_dict(_storage)
             else:
                 raise RuntimeError(
-                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}. If your storage is pytree-based, use the dumps/load API instead."
+                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
+                    + self._PYTREE_STATE_DICT_HINT
                 )
         else:
             raise TypeError(
@@ -1128,6 +1136,17 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             )
         self.initialized = state_dict["initialized"]
         self._len = state_dict["_len"]
+
+    # What load_state_dict makes of a saved tensor or tensordict when the storage holds
+    # nothing yet (a memmap storage memory-maps them).
+    def _tensor_from_state_dict(self, tensor):
+        return tensor
+
+    def _tensordict_from_state_dict(self, state_dict):
+        return TensorDict().load_state_dict(state_dict, strict=False)
+
+    def _after_tensordict_load(self):
+        pass
 
     # ----------------------------------------------------------------- write
     def _set_tree_map(self, cursor, data, storage):
@@ -1726,80 +1745,34 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
         if self._auto_cleanup:
             _storage_cleanup.register(self)
 
-    def state_dict(self) -> dict[str, Any]:
+    def _storage_state_dict(self):
         _storage = self._storage
         if isinstance(_storage, torch.Tensor):
-            _storage = _mem_map_tensor_as_tensor(_storage)
-        elif isinstance(_storage, TensorDictBase):
-            _storage = _storage.apply(_mem_map_tensor_as_tensor).state_dict()
-        elif _storage is None:
-            _storage = {}
-        else:
-            raise TypeError(
-                f"Objects of type {type(_storage)} are not supported by LazyTensorStorage.state_dict. If you are trying to serialize a PyTree, the storage.dumps/loads is preferred."
-            )
-        return {
-            "_storage": _storage,
-            "initialized": self.initialized,
-            "_len": self._len,
-        }
+            return _mem_map_tensor_as_tensor(_storage)
+        if isinstance(_storage, TensorDictBase):
+            return _storage.apply(_mem_map_tensor_as_tensor).state_dict()
+        if _storage is None:
+            return {}
+        raise TypeError(
+            f"Objects of type {type(_storage)} are not supported by LazyTensorStorage.state_dict. If you are trying to serialize a PyTree, the storage.dumps/loads is preferred."
+        )
 
-    @_rewrites_items
-    def load_state_dict(self, state_dict):
-        _storage = copy(state_dict["_storage"])
-        if isinstance(_storage, torch.Tensor):
-            if isinstance(self._storage, torch.Tensor):
-                _mem_map_tensor_as_tensor(self._storage).copy_(_storage)
-            elif self._storage is None:
-                self._storage = _make_memmap(
-                    _storage,
-                    path=self.scratch_dir + "/tensor.memmap"
-                    if self.scratch_dir is not None
-                    else None,
-                )
-            else:
-                raise RuntimeError(
-                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
-                )
-        elif isinstance(_storage, (dict, OrderedDict)):
-            if is_tensor_collection(self._storage):
-                self._storage.load_state_dict(_storage, strict=False)
-                self._storage.memmap_()
-            elif self._storage is None:
-                warnings.warn(
-                    "Loading the storage on an uninitialized TensorDict."
-                    "It is preferable to load a storage onto a"
-                    "pre-allocated one whenever possible."
-                )
-                self._storage = TensorDict().load_state_dict(_storage, strict=False)
-                self._storage.memmap_()
-            else:
-                raise RuntimeError(
-                    f"Cannot copy a storage of type {type(_storage)} onto another of type {type(self._storage)}"
-                )
-        else:
-            raise TypeError(
-                f"Objects of type {type(_storage)} are not supported by ListStorage.load_state_dict"
-            )
-        self.initialized = state_dict["initialized"]
-        self._len = state_dict["_len"]
+    _PYTREE_STATE_DICT_HINT = ""
 
-    def _init(
-        self,
-        data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
-    ) -> None:
-        if not self.shared_init:
-            return self._init_standard(data)
-        is_coordinator = not self._init_event.is_set()
-        is_coordinator = is_coordinator and self._init_lock.acquire(block=False)
-        if is_coordinator:
-            try:
-                return self._init_coordinator(data)
-            finally:
-                self._init_event.set()
-                self._init_lock.release()
-        self._wait_for_init()
-        self.initialized = True
+    def _tensor_from_state_dict(self, tensor):
+        path = self.scratch_dir + "/tensor.memmap" if self.scratch_dir is not None else None
+        return _make_memmap(tensor, path=path)
+
+    def _tensordict_from_state_dict(self, state_dict):
+        warnings.warn(
+            "Loading the storage on an uninitialized TensorDict."
+            "It is preferable to load a storage onto a"
+            "pre-allocated one whenever possible."
+        )
+        return TensorDict().load_state_dict(state_dict, strict=False).memmap_()
+
+    def _after_tensordict_load(self):
+        self._storage.memmap_()
 
     def _init_coordinator(self, data: TensorDictBase | torch.Tensor | Any) -> None:
         return self._init_standard(data)
@@ -1839,8 +1812,6 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
         self.initialized = True
 
     def get(self, index: int | Sequence[int] | slice) -> Any:
-        if not self.initialized and self.shared_init:
-            self._wait_for_init()
         return super().get(index)
 
     def cleanup(self) -> bool:
@@ -2177,15 +2148,7 @@ class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
         self._compilable = False
         self._attached_entities_list = []
 
-    @property
-    def _rng(self):
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value):
-        self._rng_private = value
-        for storage in self._storages:
-            storage._rng = value
+    _rng = _ensemble_rng("_storages")
 
     def extend(self, value):
         raise RuntimeError(
@@ -2237,16 +2200,15 @@ class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
 
     def __getitem__(self, index):
         if isinstance(index, tuple):
-            if index[0] is Ellipsis:
-                index = (slice(None), index[1:])
-            result = self[index[0]]
-            if len(index) > 1:
+            first, rest = _split_tuple_index(index)
+            result = self[first]
+            if rest:
                 if result is self:
-                    # index[0] was an ellipsis / slice(None)
-                    return [storage[index[1:]] for storage in self._storages]
+                    # first was an ellipsis / slice(None)
+                    return [storage[rest] for storage in self._storages]
                 if isinstance(result, StorageEnsemble):
-                    return result[(slice(None), *index[1:])]
-                return result[index[1:]]
+                    return result[(slice(None), *rest)]
+                return result[rest]
             return result
         single, index = _ensemble_index(self, index)
         if single is None and index is None:

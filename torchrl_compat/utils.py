@@ -282,6 +282,29 @@ _ENSEMBLE_INDEX_ERROR = (
 )
 
 
+def _ensemble_rng(members: str) -> property:
+    """The ``_rng`` property of a storage or sampler ensemble: a generator set on the ensemble
+    is set on each of its members (the attribute named ``members``) too."""
+
+    def get(self):
+        return self._rng_private
+
+    def set(self, value):
+        self._rng_private = value
+        for member in getattr(self, members):
+            member._rng = value
+
+    return property(get, set)
+
+
+def _split_tuple_index(index: tuple) -> tuple:
+    """``(first, rest)`` of a tuple index into an ensemble, torchrl's way: a leading ellipsis
+    stands for every member, and the rest is then kept as one nested entry."""
+    if index[0] is Ellipsis:
+        index = (slice(None), index[1:])
+    return index[0], index[1:]
+
+
 def _ensemble_index(ensemble, index):
     """Normalises an index into a storage or sampler ensemble, with torchrl's rules and errors.
 
@@ -397,6 +420,15 @@ def _write(out: TensorDictBase, key, value: Tensor, add: bool = True) -> None:
         out.set(key, value)
 
 
+def _set_ted_keys(hook, done_key, shift_key, is_full_key, done_keys, reward_keys) -> None:
+    """The entry names a TED conversion hook reads (``TED2Flat`` and ``Flat2TED`` alike)."""
+    hook.done_key = done_key
+    hook.shift_key = shift_key
+    hook.is_full_key = is_full_key
+    hook.done_keys = {unravel_key(key) for key in done_keys}
+    hook.reward_keys = {unravel_key(key) for key in reward_keys}
+
+
 class TED2Flat:
     """A storage saving hook to serialize TED data in a compact format.
 
@@ -454,11 +486,7 @@ class TED2Flat:
         done_keys=("done", "truncated", "terminated"),
         reward_keys=("reward",),
     ):
-        self.done_key = done_key
-        self.shift_key = shift_key
-        self.is_full_key = is_full_key
-        self.done_keys = {unravel_key(key) for key in done_keys}
-        self.reward_keys = {unravel_key(key) for key in reward_keys}
+        _set_ted_keys(self, done_key, shift_key, is_full_key, done_keys, reward_keys)
 
     @property
     def shift(self):
@@ -594,11 +622,7 @@ class Flat2TED:
         done_keys=("done", "truncated", "terminated"),
         reward_keys=("reward",),
     ):
-        self.done_key = done_key
-        self.shift_key = shift_key
-        self.is_full_key = is_full_key
-        self.done_keys = {unravel_key(key) for key in done_keys}
-        self.reward_keys = {unravel_key(key) for key in reward_keys}
+        _set_ted_keys(self, done_key, shift_key, is_full_key, done_keys, reward_keys)
 
     def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
         done = data.get(self.done_key)

@@ -1,0 +1,125 @@
+"""Publishing a checkpoint in one rename, and what interrupted publishes leave behind.
+
+The exchange path (Linux ``renameat2``) is what dumps use here; the two-rename fallback is
+forced by hiding ``renameat2``. A forked child killed between the two renames shows the
+fallback's leftovers and their repair.
+"""
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import torchrl_compat.storages as ours
+from torchrl_compat import _storage_publish as publish
+
+FORK = mp.get_context("fork")
+TIMEOUT = 60
+
+
+def storage_of(value, n=3):
+    storage = ours.LazyTensorStorage(8)
+    storage.set(range(n), TensorDict({"v": torch.full((n,), value)}, [n]))
+    return storage
+
+
+def loaded(path):
+    storage = ours.LazyTensorStorage(8)
+    storage.loads(path)
+    return storage[:]["v"].tolist()
+
+
+def write_files(content):
+    def write(directory):
+        for name, text in content.items():
+            (directory / name).write_text(text)
+
+    return write
+
+
+@pytest.fixture(params=["exchange", "two renames"])
+def mode(request, monkeypatch):
+    if request.param == "exchange":
+        if publish._renameat2 is None:
+            pytest.skip("no renameat2 on this system")
+    else:
+        monkeypatch.setattr(publish, "_renameat2", None)
+    return request.param
+
+
+def test_write_aside_replaces_the_directory(tmp_path, mode):
+    path = tmp_path / "ckpt"
+    publish.write_aside(path, write_files({"a": "1", "b": "1"}))
+    publish.write_aside(path, write_files({"a": "2"}))
+    assert sorted(os.listdir(path)) == ["a"] and (path / "a").read_text() == "2"
+    assert os.listdir(tmp_path) == ["ckpt"]
+    # an empty directory in the way is replaced too
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    publish.write_aside(empty, write_files({"x": "3"}))
+    assert os.listdir(empty) == ["x"]
+
+
+def test_write_aside_failure_keeps_the_previous(tmp_path, mode):
+    path = tmp_path / "ckpt"
+    publish.write_aside(path, write_files({"a": "1"}))
+
+    def failing(directory):
+        (directory / "a").write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        publish.write_aside(path, failing)
+    assert (path / "a").read_text() == "1" and os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_write_aside_refuses_bad_targets(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="exists and is not a directory"):
+        publish.write_aside(tmp_path / "file", write_files({}))
+    with pytest.raises(FileNotFoundError, match="parent directory .*missing.* does not exist"):
+        publish.write_aside(tmp_path / "missing" / "ckpt", write_files({}))
+
+
+def test_publish_file(tmp_path):
+    target = tmp_path / "meta.json"
+    publish.publish_file(target, lambda file: file.write_text("old"))
+    with pytest.raises(ValueError):
+        publish.publish_file(target, lambda file: (file.write_text("ne"), int("x")))
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["meta.json"]
+    publish.publish_file(target, lambda file: file.write_text("new"))
+    assert target.read_text() == "new" and os.listdir(tmp_path) == ["meta.json"]
+
+
+def _publish_and_die_between_renames(path):
+    """Two-rename publish killed after the previous checkpoint was moved away."""
+    publish._renameat2 = None
+    real_rename = os.rename
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        if str(src) == str(path):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    publish.os.rename = rename
+    storage_of(2.0).dumps(path)
+
+
+def test_two_rename_publish_killed_between_its_renames(tmp_path):
+    path = tmp_path / "ckpt"
+    storage_of(1.0).dumps(path)
+    child = FORK.Process(target=_publish_and_die_between_renames, args=(path,))
+    child.start()
+    child.join(TIMEOUT)
+    assert child.exitcode == -signal.SIGKILL
+    leftovers = sorted(os.listdir(tmp_path))
+    assert "ckpt" not in leftovers and any(name.startswith(".ckpt.old-") for name in leftovers)
+    with pytest.raises(FileNotFoundError, match="No storage checkpoint found"):
+        loaded(path)
+    # the next publish (here, a cleanup alone) puts the previous checkpoint back first
+    publish.remove_abandoned(path)
+    assert loaded(path) == [1.0] * 3 and os.listdir(tmp_path) == ["ckpt"]
+    storage_of(3.0, n=2).dumps(path)
+    assert loaded(path) == [3.0] * 2 and os.listdir(tmp_path) == ["ckpt"]
