@@ -1,5 +1,9 @@
 """Set / get of 256-row batches into a 2**20 storage, and ``len()``: torchrl 0.11 vs torchrl_compat.
 
+Also: reads of a half-filled storage (ours checks the indices against the length), and writes
+while a reader follows the write journal (as a slice sampler does; ours then keeps a copy of
+each index written).
+
 Each group holds the torchrl reference and ours, measured in the same run. Indices and batches come
 from fixed-seed pools that rotate, so neither side replays one cached input.
 
@@ -95,3 +99,43 @@ def test_len(benchmark, tmp_path_factory, lib, cls_name):
     benchmark.group = f"len-{cls_name}"
     storage = full_storage(lib, cls_name, tmp_path_factory)
     assert benchmark.pedantic(len, args=(storage,), rounds=ROUNDS, iterations=100) == CAPACITY
+
+
+_HALF = {}
+
+
+def half_storage(lib):
+    if lib not in _HALF:
+        storage = LIBS[lib].LazyTensorStorage(CAPACITY)
+        storage.set(torch.arange(CAPACITY // 2), make_batch(torch.Generator().manual_seed(1), CAPACITY // 2))
+        _HALF[lib] = storage
+    return _HALF[lib]
+
+
+@pytest.mark.parametrize("lib", ["torchrl", "ours"])
+def test_get_half_filled(benchmark, pools, lib):
+    benchmark.group = "get-LazyTensorStorage-half-filled-256"
+    storage = half_storage(lib)
+    cycle = itertools.cycle([index % (CAPACITY // 2) for index in pools[0]])
+
+    def run():
+        return storage.get(next(cycle))
+
+    out = benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
+    assert out.batch_size == torch.Size([BATCH])
+
+
+@pytest.mark.parametrize("lib", ["torchrl", "ours"])
+def test_set_followed(benchmark, tmp_path_factory, pools, lib):
+    benchmark.group = "set-LazyTensorStorage-256-journal-followed"
+    storage = full_storage(lib, "LazyTensorStorage", tmp_path_factory)
+    if lib == "ours":
+        storage._writes_since(None)  # a reader follows the writes from now on
+    cycle = itertools.cycle(zip(*pools))
+
+    def run():
+        index, data = next(cycle)
+        storage.set(index, data)
+
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
+    assert len(storage) == CAPACITY

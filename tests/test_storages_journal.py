@@ -86,17 +86,22 @@ def test_journal_keeps_copies_of_the_indices():
     array += 10
     rows.append(7)
     cursors = journal.since(1, 7)
-    assert cursors[0].tolist() == [0, 1, 2] and isinstance(cursors[0], torch.Tensor)
+    assert cursors[0].tolist() == [0, 1, 2]
     assert cursors[1].tolist() == [2, 3] and cursors[2].tolist() == [5, 6]
     assert cursors[3:] == [slice(1, 3), range(2), 9]
     assert journal.since(0, 7) is None  # write 1 was made before anyone followed
-    assert journal.since(7, 7) == [] and journal.since(8, 7) is None
-    journal.append(8, [[1, 2], [3]])  # ragged: no rows to keep, readers read everything
-    assert journal.since(7, 8) is None
-    journal.append(9, 4)
-    assert journal.since(8, 9) == [4]
-    journal.append(10, ALL_ITEMS)
+    two_d = torch.arange(4).reshape(2, 2)
+    journal.append(8, two_d)
+    two_d += 1
+    assert journal.since(7, 8)[0].tolist() == [[0, 1], [2, 3]]
+    journal.append(9, ALL_ITEMS)
+    assert journal.since(9, 9) == [] and journal.since(10, 9) is None
+    journal.append(10, [[1, 2], [3]])  # ragged: no rows to keep, readers read everything
     assert journal.since(9, 10) is None
+    journal.append(11, 4)
+    assert journal.since(10, 11) == [4]
+    journal.append(12, ALL_ITEMS)
+    assert journal.since(11, 12) is None
 
 
 def test_journal_is_bounded_by_rows_and_length():

@@ -21,19 +21,15 @@ import signal
 import threading
 import weakref
 
+from torchrl_compat.utils import _torchrl_replay_module
+
 __all__ = ["InitDirectoryCleanup", "register", "registry", "remove_tree"]
 
 logger = logging.getLogger("torchrl_compat")
 
 
 def _torchrl_registry():
-    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
-        return None
-    try:
-        from torchrl.data.replay_buffers import storages as torchrl_storages
-    except Exception:  # torchrl absent, or broken in this environment
-        return None
-    found = getattr(torchrl_storages, "_MEMMAP_STORAGE_REGISTRY", None)
+    found = getattr(_torchrl_replay_module("storages"), "_MEMMAP_STORAGE_REGISTRY", None)
     return found if isinstance(found, weakref.WeakSet) else None
 
 

@@ -68,6 +68,7 @@ from torchrl_compat.utils import (
     _is_int,
     _make_ordinal_device,
     _split_tuple_index,
+    _torchrl_replay_module,
     INT_CLASSES,
     tree_iter,
 )
@@ -88,13 +89,7 @@ logger = logging.getLogger("torchrl_compat")
 
 def _torchrl_twin(name: str) -> tuple:
     """Returns ``(torchrl's class of that name,)`` when torchrl is importable, else ``()``."""
-    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
-        return ()
-    try:
-        from torchrl.data.replay_buffers import storages as _torchrl_storages
-    except Exception:  # torchrl absent, or broken in this environment
-        return ()
-    twin = getattr(_torchrl_storages, name, None)
+    twin = getattr(_torchrl_replay_module("storages"), name, None)
     return (twin,) if isinstance(twin, type) else ()
 
 
@@ -711,6 +706,13 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         ``IndexError("index 12 at position 3 is out of range for a storage of length 10")``.
         A write traced by ``torch.compile`` updates the shared length outside the graph,
         where torchrl replaces it with a plain int that ``len()`` never reads again.
+
+    .. note:: Every read-modify-write of the shared length takes its lock, including the
+        rounding to whole rows that the first read of :attr:`shape` makes: in torchrl a
+        process reading ``storage.shape`` for the first time while another writes can
+        lose that writer's length increment. Under ``torch.compile`` a compilable
+        storage keeps its length and write count out of the graph (as torchrl keeps its
+        ``len()``), so compiled writes and draws do not recompile as the length changes.
     """
 
     _storage = None
