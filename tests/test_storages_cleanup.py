@@ -5,7 +5,6 @@ storages of both libraries with ``auto_cleanup=True`` write files in their own `
 then the process exits, is stopped by a signal, or calls one library's cleanup function.
 """
 import json
-import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -58,6 +57,28 @@ SCRIPT = textwrap.dedent(
     }}), flush=True)
     if stop == "signal":
         signal.pause()
+    elif stop == "fork":
+        # a forked child inherits the registry and both libraries' handlers; stopping it
+        # removes its own files, not its parent's
+        import multiprocessing as mp
+
+        def child(queue):
+            own = ours.LazyMemmapStorage(4, scratch_dir=os.path.join(tmp, "child"), auto_cleanup=True)
+            own.set(range(2), data)
+            queue.put(own.scratch_dir)
+            signal.pause()
+
+        context = mp.get_context("fork")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(queue,))
+        process.start()
+        child_dir = queue.get(timeout=60)
+        process.terminate()
+        process.join(60)
+        print("AFTER", json.dumps([
+            {{"exitcode": process.exitcode, "child": os.path.exists(child_dir)}},
+            exists(storages),
+        ]), flush=True)
     elif stop == "functions":
         # each library's cleanup function alone, on storages of both
         trl._cleanup_all_memmap_storages()
@@ -75,6 +96,7 @@ SCENARIOS = {
     "sigterm": ("torchrl,ours", "signal", signal.SIGTERM, False),
     "sigint": ("ours,torchrl", "signal", signal.SIGINT, False),
     "each library's cleanup function": ("torchrl,ours", "functions", None, False),
+    "forked child stopped, then exit": ("ours,torchrl", "fork", None, False),
     "standalone, exit": ("ours", "exit", None, True),
     "standalone, sigterm": ("ours", "signal", signal.SIGTERM, True),
 }
@@ -136,9 +158,14 @@ def test_one_registry_for_both_libraries(outcomes, name):
     assert report["shared_registry"] and report["registered"] == {"ours": True, "torchrl": True}
     sig = SCENARIOS[name][2]
     assert code == (-sig if sig is not None else 0), err
-    if after is not None:
+    if SCENARIOS[name][1] == "functions":
         # one library's function removed the files of both libraries' storages
         assert after == [{"ours": False, "torchrl": False}] * 2
+    if SCENARIOS[name][1] == "fork":
+        # the child's files went with it; ours stayed (torchrl's handler, inherited by the
+        # child, removes torchrl's storage's files: torchrl's behaviour)
+        assert after[0] == {"exitcode": -signal.SIGTERM, "child": False}
+        assert after[1]["ours"] is True
     assert _exists(report) == {"ours": False, "torchrl": False}
 
 
@@ -166,34 +193,6 @@ def test_registered_where_torchrl_looks(tmp_path):
     assert not os.path.exists(path)
 
 
-def _fill_and_wait(path, queue):
-    storage = ours.LazyMemmapStorage(4, scratch_dir=path, auto_cleanup=True)
-    storage.set(range(2), TensorDict({"obs": torch.zeros(2, 3)}, [2]))
-    queue.put(storage.scratch_dir)
-    signal.pause()
-
-
-def test_torchrl_handler_in_a_forked_child_keeps_the_parents_files(tmp_path):
-    """The child inherits the registry and both libraries' handlers: stopping it removes the
-    child's own files, not its parent's."""
-    parent = ours.LazyMemmapStorage(4, scratch_dir=tmp_path / "parent", auto_cleanup=True)
-    parent.set(range(2), TensorDict({"obs": torch.ones(2, 3)}, [2]))
-    # torchrl's handlers are installed in this process too (the child inherits them)
-    trl.LazyMemmapStorage(4, scratch_dir=tmp_path / "ref", auto_cleanup=True)
-    context = mp.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_fill_and_wait, args=(str(tmp_path / "child"), queue))
-    child.start()
-    child_dir = queue.get(timeout=TIMEOUT)
-    child.terminate()
-    child.join(TIMEOUT)
-    assert child.exitcode == -signal.SIGTERM
-    assert not os.path.exists(child_dir)
-    assert os.path.isfile(tmp_path / "parent" / "obs.memmap")
-    assert torch.equal(parent[:]["obs"], torch.ones(2, 3))
-    assert parent.cleanup() is True and not os.path.exists(tmp_path / "parent")
-
-
 def test_cleanup_skips_what_another_process_created(tmp_path, monkeypatch):
     storage = ours.LazyMemmapStorage(4, scratch_dir=tmp_path / "s", auto_cleanup=True)
     storage.set(range(2), TensorDict({"obs": torch.zeros(2, 3)}, [2]))
@@ -202,3 +201,21 @@ def test_cleanup_skips_what_another_process_created(tmp_path, monkeypatch):
     monkeypatch.setattr(storage, "_owner_pid", os.getpid())
     assert storage.cleanup() is True and not os.path.exists(tmp_path / "s")
     assert _storage_cleanup.remove_tree(tmp_path / "s") is False
+
+
+def test_a_copy_leaves_the_files_to_the_original(tmp_path):
+    import gc
+    import pickle
+
+    storage = ours.LazyMemmapStorage(4, scratch_dir=tmp_path / "s", auto_cleanup=True)
+    storage.set(range(2), TensorDict({"obs": torch.zeros(2, 3)}, [2]))
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy.cleanup() is False
+    del copy
+    gc.collect()
+    assert os.path.isfile(tmp_path / "s" / "obs.memmap")
+    init = _storage_cleanup.InitDirectoryCleanup(str(tmp_path / "init"))
+    (tmp_path / "init").mkdir()
+    assert pickle.loads(pickle.dumps(init)).cleanup() is False and (tmp_path / "init").is_dir()
+    assert init.cleanup() is True and not (tmp_path / "init").exists()
+    assert storage.cleanup() is True and not (tmp_path / "s").exists()

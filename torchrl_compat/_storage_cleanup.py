@@ -145,7 +145,9 @@ class InitDirectoryCleanup:
         return remove_tree(self.path)
 
     def __getstate__(self):
-        return (self.path, self._owner_pid, self._done)
+        return (self.path, self._done)
 
     def __setstate__(self, state):
-        self.path, self._owner_pid, self._done = state
+        # a copy (another process, or a deep copy) leaves the directory to the original
+        self.path, self._done = state
+        self._owner_pid = None

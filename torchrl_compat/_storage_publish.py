@@ -78,15 +78,23 @@ def _open_locked(path: Path, block: bool) -> int | None:
     return None
 
 
-def _make_locked(path: Path, make) -> tuple[Path, int]:
-    """Creates a fresh locked sibling of ``path`` with ``make(name)``: ``(name, fd)``."""
+def _make_locked(path: Path, make) -> tuple[Path, int | None]:
+    """Creates a fresh locked sibling of ``path`` with ``make(name)``: ``(name, fd)`` (no
+    fd without ``fcntl``: nothing is locked, and nothing is cleaned up either)."""
     while True:
         name = _sibling(path, PARTIAL_TAG)
         make(name)
+        if fcntl is None:
+            return name, None
         # blocks only while a cleaner that locked the new, empty entry first removes it
         fd = _open_locked(name, block=True)
         if fd is not None:
             return name, fd
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def _remove(entry: Path) -> None:
@@ -258,9 +266,9 @@ def write_aside(path, write_fn) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if previous is not None:
-            shutil.rmtree(previous, ignore_errors=True)
+            _remove(previous)
     finally:
-        os.close(fd)
+        _close(fd)
 
 
 def publish_file(path, write_fn) -> None:
@@ -283,4 +291,4 @@ def publish_file(path, write_fn) -> None:
         os.replace(tmp / path.name, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        os.close(fd)
+        _close(fd)

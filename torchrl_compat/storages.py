@@ -1827,9 +1827,10 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
                 or no cleanup needed.
 
         .. note:: Without a ``scratch_dir`` the memory maps are anonymous (they vanish
-            with the process) and nothing is removed from disk. Only the process that
-            created the storage removes its files: a forked or unpickled copy in another
-            process shares them with their owner, and its ``cleanup()`` returns ``False``.
+            with the process) and nothing is removed from disk. Only the storage object
+            that created the files removes them, in its own process: a forked, unpickled
+            or deep-copied storage shares them with it, and its ``cleanup()`` returns
+            ``False``.
 
         Examples:
             >>> from torchrl_compat import LazyMemmapStorage
@@ -1846,6 +1847,13 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
         if scratch_dir is None:
             return False
         return _storage_cleanup.remove_tree(scratch_dir)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        # a copy (in another process, or a deep copy) shares the files with this storage,
+        # which alone removes them
+        state["_owner_pid"] = None
+        return state
 
     def __del__(self):
         """Ensure cleanup on garbage collection if auto_cleanup is enabled."""
