@@ -104,9 +104,17 @@ def set_and_sample_recompiles(lib, kind):
     return counter.frame_count
 
 
+# The graphs torchrl 0.11 compiles for set_and_sample on torch 2.13: the bound where its own
+# storage cannot be traced (torch 2.9's dynamo recurses into its _storage_keys property).
+TORCHRL_SET_AND_SAMPLE_GRAPHS = {"tensor": 6, "tensordict": 10}
+
+
 @pytest.mark.parametrize("kind", ["tensor", "tensordict"])
 def test_compiled_set_and_sample_compiles_no_more_than_torchrl(kind):
-    reference = set_and_sample_recompiles("torchrl", kind)
+    try:
+        reference = set_and_sample_recompiles("torchrl", kind)
+    except torch._dynamo.exc.InternalTorchDynamoError:
+        reference = TORCHRL_SET_AND_SAMPLE_GRAPHS[kind]
     torch._dynamo.reset()
     ours = set_and_sample_recompiles("ours", kind)
     assert ours <= reference, (ours, reference)

@@ -750,7 +750,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             self.device = "auto"
         self._storage = storage
         self._last_cursor = None
-        self.__dict__["_storage_keys"] = None
+        self.__dict__["_storage_keys_cache"] = None
 
     # ---------------------------------------------------------------- length
     # The length lives in an int64 ``mp.Value`` (``_len_value``) so that writes made in
@@ -922,7 +922,8 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         Only locked storage (shared memory) needs key filtering to prevent adding
         keys that won't propagate in multiprocessing pipelines.
         """
-        keys = self.__dict__.get("_storage_keys")
+        # (the cache's own name: torch 2.9's dynamo recurses on a property reading its name)
+        keys = self.__dict__.get("_storage_keys_cache")
         if keys is None and self.initialized and is_tensor_collection(self._storage):
             # unlocked storages accept new keys, so only a locked one is cached
             if self._storage.is_locked:
@@ -933,12 +934,12 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
                         is_leaf=_NESTED_TENSORS_AS_LISTS,
                     )
                 )
-                self.__dict__["_storage_keys"] = keys
+                self.__dict__["_storage_keys_cache"] = keys
         return keys
 
     @_storage_keys.setter
     def _storage_keys(self, value):
-        self.__dict__["_storage_keys"] = value
+        self.__dict__["_storage_keys_cache"] = value
 
     @property
     def _total_shape(self):
