@@ -52,6 +52,7 @@ from torchrl_compat._storage_counters import (
     restore_counter,
     shared_counter,
 )
+from torchrl_compat._storage_index import filled_index, index_error
 from torchrl_compat._storage_journal import ALL_ITEMS, WriteJournal
 from torchrl_compat.checkpointers import (
     CompressedListStorageCheckpointer,
@@ -326,13 +327,6 @@ def _uniform_indices(storage, batch_size: int) -> torch.Tensor:
     )
 
 
-def _index_error(index, position, length) -> IndexError:
-    where = "" if position is None else f" at position {position}"
-    return IndexError(
-        f"index {index}{where} is out of range for a storage of length {length}"
-    )
-
-
 class ListStorage(Storage, *_torchrl_twin("ListStorage")):
     """A storage stored in a list.
 
@@ -410,7 +404,7 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
         for position, cursor in enumerate(cursors):
             if cursor < 0:
                 if cursor < -length:
-                    raise _index_error(cursor, position, length)
+                    raise index_error(cursor, position, length)
                 cursor += length
             if cursor > length:
                 raise RuntimeError(
@@ -451,7 +445,7 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
                     f"and the index of the item to be set is {cursor}."
                 )
             if cursor < -length:
-                raise _index_error(cursor, None, length)
+                raise index_error(cursor, None, length)
             self._set_item(cursor, self._to_device(data))
             return
         if _is_int(cursor):  # 0-d tensor or array
@@ -518,7 +512,7 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
         try:
             return self._storage[index]
         except IndexError:
-            raise _index_error(index, None, len(self._storage)) from None
+            raise index_error(index, None, len(self._storage)) from None
 
     def _get_slice(self, index: slice) -> Any:
         """Get a slice from the storage."""
@@ -533,7 +527,7 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
             length = len(storage)
             for position, i in enumerate(index):
                 if not -length <= i < length:
-                    raise _index_error(i, position, length) from None
+                    raise index_error(i, position, length) from None
             raise
 
     def __len__(self):
@@ -649,9 +643,6 @@ class LazyStackStorage(ListStorage, *_torchrl_twin("LazyStackStorage")):
                 stack_dim = out[0].ndim + 1 + stack_dim
             return lazy_stack(list(out), stack_dim)
         return out
-
-
-_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
@@ -1276,67 +1267,6 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         raise RuntimeError("".join(error_parts)) from original_error
 
     # ------------------------------------------------------------------ read
-    # Kept out of torch.compile's graph even where dynamo runs ``get`` eagerly: traced, the
-    # index check reads the index values and guards on the length (a recompile per write).
-    @compile_disable()
-    def _dim0_index(self, index, length):
-        return self._dim0_index_impl(index, length)
-
-    def _dim0_index_impl(self, index, length):
-        """Maps ``index`` on the filled part (``length`` items along dim 0) to the full buffer.
-
-        Returns ``None`` when the index kind is not handled here (masks, ellipsis,
-        indices on an accelerator...): the caller then slices the storage first.
-        """
-        if isinstance(index, INT_CLASSES) and not isinstance(index, bool):
-            if index < 0:
-                if index < -length:
-                    raise _index_error(index, None, length)
-                return index + length
-            if index >= length:
-                raise _index_error(index, None, length)
-            return index
-        if isinstance(index, slice):
-            if index.step is not None and index.step <= 0:
-                return None
-            return slice(*index.indices(length))
-        if isinstance(index, tuple):
-            if not index:
-                return None
-            first = self._dim0_index_impl(index[0], length)
-            if first is None:
-                return None
-            return (first, *index[1:])
-        if isinstance(index, (list, range, np.ndarray)):
-            if isinstance(index, np.ndarray) and index.dtype.kind not in "iu":
-                return None
-            try:
-                index = torch.as_tensor(index)
-            except Exception:
-                return None
-            if index.dtype not in _INDEX_DTYPES:
-                return None
-        if isinstance(index, torch.Tensor):
-            if index.device.type != "cpu" or index.dtype not in _INDEX_DTYPES:
-                # keep accelerator indices on their device: checking them would sync
-                return None
-            if index.ndim == 0:
-                return self._dim0_index_impl(int(index), length)
-            if not index.numel():
-                return index
-            if index.dtype == torch.uint8:
-                return None  # legacy mask semantics
-            lo, hi = torch.aminmax(index)
-            lo = int(lo)
-            if lo < -length or int(hi) >= length:
-                flat = index.reshape(-1)
-                bad = int(((flat < -length) | (flat >= length)).nonzero()[0])
-                raise _index_error(int(flat[bad]), bad, length)
-            if lo < 0:
-                index = torch.where(index < 0, index + length, index)
-            return index
-        return None
-
     def get(self, index: int | Sequence[int] | slice) -> Any:
         if not self.initialized:
             if getattr(self, "shared_init", False):
@@ -1347,7 +1277,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         if not self._is_full:
             length = self._len_along_dim0
             # traced, slice first as torchrl does (the check reads the index values)
-            mapped = None if is_compiling() else self._dim0_index(index, length)
+            mapped = None if is_compiling() else filled_index(index, length)
             if mapped is None:
                 # index kinds that depend on the filled length (masks...): slice first
                 if is_tc:
