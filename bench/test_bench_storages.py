@@ -64,11 +64,7 @@ def full_storage(lib, cls_name, tmp_path_factory):
     return _STORAGES[key]
 
 
-@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
-@pytest.mark.parametrize("lib", ["torchrl", "ours"])
-def test_set(benchmark, tmp_path_factory, pools, lib, cls_name):
-    benchmark.group = f"set-{cls_name}-256"
-    storage = full_storage(lib, cls_name, tmp_path_factory)
+def bench_sets(benchmark, storage, pools):
     cycle = itertools.cycle(zip(*pools))
 
     def run():
@@ -79,18 +75,28 @@ def test_set(benchmark, tmp_path_factory, pools, lib, cls_name):
     assert len(storage) == CAPACITY
 
 
-@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
-@pytest.mark.parametrize("lib", ["torchrl", "ours"])
-def test_get(benchmark, tmp_path_factory, pools, lib, cls_name):
-    benchmark.group = f"get-{cls_name}-256"
-    storage = full_storage(lib, cls_name, tmp_path_factory)
-    cycle = itertools.cycle(pools[0])
+def bench_gets(benchmark, storage, indices):
+    cycle = itertools.cycle(indices)
 
     def run():
         return storage.get(next(cycle))
 
     out = benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
     assert out.batch_size == torch.Size([BATCH])
+
+
+@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
+@pytest.mark.parametrize("lib", ["torchrl", "ours"])
+def test_set(benchmark, tmp_path_factory, pools, lib, cls_name):
+    benchmark.group = f"set-{cls_name}-256"
+    bench_sets(benchmark, full_storage(lib, cls_name, tmp_path_factory), pools)
+
+
+@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
+@pytest.mark.parametrize("lib", ["torchrl", "ours"])
+def test_get(benchmark, tmp_path_factory, pools, lib, cls_name):
+    benchmark.group = f"get-{cls_name}-256"
+    bench_gets(benchmark, full_storage(lib, cls_name, tmp_path_factory), pools[0])
 
 
 @pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
@@ -115,14 +121,7 @@ def half_storage(lib):
 @pytest.mark.parametrize("lib", ["torchrl", "ours"])
 def test_get_half_filled(benchmark, pools, lib):
     benchmark.group = "get-LazyTensorStorage-half-filled-256"
-    storage = half_storage(lib)
-    cycle = itertools.cycle([index % (CAPACITY // 2) for index in pools[0]])
-
-    def run():
-        return storage.get(next(cycle))
-
-    out = benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
-    assert out.batch_size == torch.Size([BATCH])
+    bench_gets(benchmark, half_storage(lib), [index % (CAPACITY // 2) for index in pools[0]])
 
 
 @pytest.mark.parametrize("lib", ["torchrl", "ours"])
@@ -131,11 +130,4 @@ def test_set_followed(benchmark, tmp_path_factory, pools, lib):
     storage = full_storage(lib, "LazyTensorStorage", tmp_path_factory)
     if lib == "ours":
         storage._writes_since(None)  # a reader follows the writes from now on
-    cycle = itertools.cycle(zip(*pools))
-
-    def run():
-        index, data = next(cycle)
-        storage.set(index, data)
-
-    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=20)
-    assert len(storage) == CAPACITY
+    bench_sets(benchmark, storage, pools)
