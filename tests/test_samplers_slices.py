@@ -141,19 +141,20 @@ def test_find_start_stop_traj_errors():
         _torch_slices.find_start_stop_traj(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5)
 
 
-def test_slices_from_starts_matches_torchrl():
+def test_slice_indices_match_torchrl():
     ref = trl.SliceSampler(num_slices=1)
     rng = np.random.default_rng(0)
     for ndim in (1, 2, 3):
-        start = torch.as_tensor(rng.integers(0, 20, (6, ndim)))
-        for seq in (1, 4, torch.as_tensor(rng.integers(1, 6, 6)), torch.tensor([0, 1, 0, 3, 2, 1])):
-            expected = ref._tensor_slices_from_startend(seq, start, 15)
-            got = _torch_slices.slices_from_starts(seq, start, 15)
-            assert got.dtype == expected.dtype and torch.equal(got, expected)
+        for dtype in (torch.int64, torch.int32):
+            start = torch.as_tensor(rng.integers(0, 20, (6, ndim))).to(dtype)
+            for seq in (1, 4, torch.as_tensor(rng.integers(1, 6, 6)), torch.tensor([0, 1, 0, 3, 2, 1])):
+                expected = ref._tensor_slices_from_startend(seq, start, 15)
+                got = _torch_slices.slice_indices(start, seq, 15)
+                assert got.dtype == torch.int64 and torch.equal(got, expected.long())
     start = torch.tensor([3, 14, 0])
     for seq in (3, torch.tensor([2, 3, 1])):
         assert torch.equal(
-            _torch_slices.slices_from_starts(seq, start, 15), ref._tensor_slices_from_startend(seq, start, 15)
+            _torch_slices.slice_indices(start, seq, 15), ref._tensor_slices_from_startend(seq, start, 15)
         )
 
 

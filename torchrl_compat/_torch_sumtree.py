@@ -344,6 +344,10 @@ class _TorchSegmentTree:
             hi = hi // 2
         return result
 
+    def values(self) -> np.ndarray:
+        """A numpy copy of the ``size`` leaf values (as ``replay``'s trees give them)."""
+        return self.leaves.detach().cpu().numpy().copy()
+
     # ----------------------------------------------------------------- pickling
     def __reduce__(self):
         # The ``size`` leaves only, as torchrl's trees pickle theirs.
