@@ -14,6 +14,7 @@ __all__ = [
     "flag_columns",
     "gather_fields",
     "ravel",
+    "snapshot",
     "storage_device",
 ]
 
@@ -91,6 +92,15 @@ def flag_columns(storage, keys):
             return None
         columns.append(value)
     return columns
+
+
+def snapshot(signal):
+    """A private copy of a signal read from a storage's memory, for a scan that reads it more
+    than once (count, then fill): another process may write that memory meanwhile (a shared
+    or memory-mapped storage), and the passes would disagree. One O(rows) copy."""
+    if isinstance(signal, torch.Tensor) and signal.is_cpu:
+        return signal.clone()
+    return signal
 
 
 def storage_device(storage) -> torch.device | None:

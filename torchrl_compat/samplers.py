@@ -61,7 +61,7 @@ from ._sampler_priorities import (
     ravel_rows,
     stored_values,
 )
-from ._sampler_storage import flag_columns, gather_fields, ravel, storage_device
+from ._sampler_storage import flag_columns, gather_fields, ravel, snapshot, storage_device
 from ._sampler_trees import (
     is_replay_tree,
     make_trees,
@@ -303,6 +303,12 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         comes from the buffer's generator or from torch's global RNG, so seeded runs repeat,
         though with other permutations than torchrl's. The ``_sample_list`` tensor of
         torchrl's ``state_dict`` / ``dumps`` is materialised (O(remaining)) only when read.
+
+    .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename (an
+        interrupted call leaves the previous checkpoint whole); :meth:`loads` reads them
+        read-only and checks them before the sampler changes (torchrl's
+        ``TensorDict.load_memmap`` extends a truncated file and skips a missing one). The
+        loaded values are plain ints, bools and a tensor, not memory-mapped tensors.
 
     Args:
         drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
@@ -616,21 +622,35 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             is tracked within the buffer. When ``False``, the max-priority tracks
             the maximum value since the instantiation of the sampler. Defaults to ``False``.
 
-    .. note:: On CPU, priorities live in ``replay``'s compiled segment trees when that
-        extension is available (so prioritized replay works on any torch release, where
-        torchrl 0.11 needs its trees compiled for torch 2.9), otherwise in tensor trees made
-        of torch ops. There, a batch is drawn by one fused kernel call (draws, descents,
-        priorities and, for fp64 trees, importance weights) that reads O(batch * log(size))
-        tree nodes, and an update makes one kernel call per tree; without a buffer generator
-        the kernel's stream is seeded from torch's global RNG. When the sampler first meets a storage on an accelerator, the
-        priorities move to tensor trees on that device, and sampling and updates then run
-        there with torch ops; each sample and each update synchronises with the host once
-        (to check the priorities and indices).
+    .. note:: On CPU, priorities live in ``replay``'s compiled segment trees (so prioritized
+        replay works on any torch release, where torchrl 0.11 needs its trees compiled for
+        torch 2.9). A batch is drawn by one fused kernel call (draws, descents, priorities
+        and, for fp64 trees, importance weights) that reads O(batch * log(size)) tree nodes,
+        and an update makes one kernel call for both trees; without a buffer generator the
+        kernel's stream is seeded from torch's global RNG. When the sampler meets a storage
+        on an accelerator, the priorities move to trees made of torch ops on that device,
+        and sampling and updates then run there; each sample and each update synchronises
+        with the host once (to check the priorities and indices).
 
-    .. note:: Unlike torchrl's, indices outside ``[0, max_capacity)`` and NaN, negative or
-        infinite priorities raise an exception before anything changes (torchrl writes
-        outside its tree or corrupts sampling), and the max priority is rebuilt with one
+    .. note:: As torchrl's, the trees hold ``capacity`` leaves, the next power of two above
+        ``max_capacity``: a storage longer than the sampler gets priorities and draws up to
+        that index (the library's logger says so once). Unlike torchrl's, an index at or past
+        the capacity (where torchrl writes outside its trees), a NaN, negative or infinite
+        priority, one whose stored value ``(priority + eps) ** alpha`` overflows the trees'
+        dtype, and priorities whose sum would overflow it (where torchrl's draws all land on
+        one leaf) raise before anything changes, the largest priority included.
+
+    .. note:: torchrl's fp64 trees take float64 values only: its fp64 sampler fails on the
+        float32 priorities of ``mark_update`` (so inside any replay buffer) and on the float32
+        masses of a seeded draw. Here any real priority dtype is accepted (bool and integer
+        priorities as torchrl takes them), and the largest priority is rebuilt with one
         reduction rather than a Python loop over the capacity.
+
+    .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename, so
+        an interrupted call leaves the previous checkpoint whole (torchrl rewrites the files
+        in place, one after the other). :meth:`loads` reads them read-only and checks them
+        all (sizes, JSON keys and types, leaf values) before the sampler changes, and names
+        the damaged file.
 
     Examples:
         >>> import torch
@@ -993,7 +1013,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         if cur_max_priority is None or highest > float(cur_max_priority):
             # A fresh tensor: the caller may reuse its priority buffer.
             cur_max_priority, cur_max_priority_index = self._max_priority = (
-                priority[argmax] if priority.ndim else priority.clone(),
+                priority[argmax].clone() if priority.ndim else priority.clone(),
                 torch.tensor(int(index[argmax])),
             )
         if (
@@ -1210,8 +1230,13 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         ``torchrl_compat``'s tensor storages, which journal their writes, the trajectory
         ends are instead kept up to date by reading only the rows written since the last
         call (O(trajectories + rows written)), with the same results; other storages, and
-        writes made in another process, are read whole as torchrl does. Editing the end
+        writes made in another process, are read whole as torchrl does, from a copy (the
+        scan reads twice, and another process may write in between). Editing the end
         signal in place behind the storage's back is not seen until the next whole read.
+
+    .. note:: With ``strict_length=False`` and an integer ``span``, torchrl fails
+        ("Boolean value of Tensor with more than one value is ambiguous"); here the span is
+        checked against the requested slice length and the slices are drawn.
 
     Examples:
         >>> import torch
@@ -1422,7 +1447,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                             "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
                         )
                 vals = self._find_start_stop_traj(
-                    trajectory=trajectory,
+                    trajectory=snapshot(trajectory),
                     at_capacity=storage._is_full,
                     cursor=getattr(storage, "_last_cursor", None),
                 )
@@ -1445,7 +1470,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                         "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
                     )
                 vals = self._find_start_stop_traj(
-                    end=done.squeeze()[: len(storage)],
+                    end=snapshot(done.squeeze()[: len(storage)]),
                     at_capacity=storage._is_full,
                     cursor=getattr(storage, "_last_cursor", None),
                 )
@@ -2001,11 +2026,23 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
 
     .. note:: torchrl zeroes the sum-tree leaves that cannot start a slice while it
         samples, then restores them, which races with a concurrent :meth:`update_priority`
-        and needs an ``[M, N, ndim]`` tensor to find each slice's stop. Here the trees are
-        never modified while sampling: on CPU, ``replay``'s kernel excludes those leaves
-        itself (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves);
-        on an accelerator they are zeroed in a masked copy of the priorities. The stops are
-        found by binary search.
+        (and, when the draw fails, leaves them zeroed), and needs an ``[M, N, ndim]`` tensor
+        to find each slice's stop. Here the trees are never modified while sampling: on
+        CPU, ``replay``'s kernel excludes those leaves itself
+        (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves); on an
+        accelerator they are zeroed in a masked copy of the priorities. The stops are found
+        by binary search. A draw that fails gives the random numbers it took back to the
+        generator, as torchrl's (which fails before drawing) leaves it.
+
+    .. note:: Where torchrl fails or errs, this sampler differs on purpose:
+
+        - one-step slices (``slice_len=1``, or ``span[1] == slice_len - 1``): torchrl
+          excludes every position and raises "non-positive p_sum"; here none is excluded;
+        - a slice whose right span runs past its trajectory's end is cut there (torchrl
+          fails on an integer ``seq_length``);
+        - for a start in the part of a trajectory that wraps around the end of the storage,
+          the trajectory's own stop bounds the slice (torchrl picks the next stop of any
+          trajectory, too far).
 
     Examples:
         >>> import torch
@@ -2304,6 +2341,10 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
 
     .. note:: The buffers are drawn with the generator set by the buffer (``_rng``) also
         when ``p`` is given (torchrl then uses the global generator), so seeded runs repeat.
+        Selecting several samplers (``ensemble[0:2]``, ``ensemble[[0, 2]]``) works without
+        ``p`` too (torchrl then fails indexing ``None``). :meth:`dumps` publishes every
+        member's checkpoint at once, and :meth:`loads` checks them all before any member
+        changes.
 
     Examples:
         >>> ensemble = SamplerEnsemble(RandomSampler(), RandomSampler(), p=[1, 3])
