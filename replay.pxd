@@ -91,6 +91,8 @@ cdef class _SegmentTree:
     cdef object _dtype               # numpy dtype of the leaves
     cdef object _lock                # serialises every kernel call (they run without the GIL)
     cdef object _saved               # scratch of the sum-tree update's overflow check, or None
+    cdef void *_saved_ptr            # _saved's data (NULL while it is None)
+    cdef int64_t _saved_len          # _saved's number of elements
 
     cdef _setup(self, object size, bint fp64, bint is_min)
     cdef _allocate(self, int64_t leaves)

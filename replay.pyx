@@ -229,6 +229,8 @@ cdef class _SegmentTree:
     def __cinit__(self, *args, **kwargs):
         self._t32 = NULL
         self._t64 = NULL
+        self._saved_ptr = NULL
+        self._saved_len = 0
 
     cdef _setup(self, object size, bint fp64, bint is_min):
         if not _is_scalar_int(size):
@@ -243,7 +245,6 @@ cdef class _SegmentTree:
         self._size = size
         self._capacity = _capacity_for(size)
         self._lock = threading.Lock()
-        self._saved = None
         self._allocate(size)
 
     cdef _allocate(self, int64_t leaves):
@@ -428,9 +429,11 @@ cdef class _SegmentTree:
     cdef void *_saved_scratch(self, int64_t n) except NULL:
         """The sum-tree update's scratch for ``n`` leaves (kept between calls, grown as needed:
         a fresh one would cost an allocation per update)."""
-        if self._saved is None or self._saved.shape[0] < n:
+        if self._saved_ptr == NULL or self._saved_len < n:
             self._saved = np.empty(max(n, 1), dtype=self._dtype)
-        return <void *><uintptr_t>self._saved.ctypes.data
+            self._saved_ptr = <void *><uintptr_t>self._saved.ctypes.data
+            self._saved_len = max(n, 1)
+        return self._saved_ptr
 
     cdef _raise_write_error(self, int rc, int64_t bad, const int64_t *iptr, const void *vptr,
                             int64_t stride, int64_t n, object value):

@@ -134,6 +134,25 @@ def test_find_start_stop_traj_matches_torchrl(shape):
                     assert torch.equal(e, g)
 
 
+@pytest.mark.parametrize("shape", [(1,), (2,), (17,), (12, 3), (9, 2, 3), (5, 1, 2, 2)])
+def test_end_to_start_stop_matches_torchrl(shape):
+    """The bounds of an end table as given (columns without an end hold no trajectory), and
+    ``SliceSampler._end_to_start_stop``, which calls it, against torchrl's."""
+    rng = np.random.default_rng(len(shape))
+    ref, mine = trl.SliceSampler(num_slices=1), ours.SliceSampler(num_slices=1)
+    for p in (0.0, 0.2, 0.6, 1.0):
+        end = _random_end(rng, shape, p)
+        expected = ref._end_to_start_stop(end, shape[0])
+        for got in (_torch_slices.end_to_start_stop(end, shape[0]), mine._end_to_start_stop(end, shape[0])):
+            for e, g in zip(expected, got):
+                assert e.dtype == g.dtype == torch.long and torch.equal(e, g), (end, e, g)
+        # the length may differ from the rows (torchrl wraps the starts on the rows)
+        expected = ref._end_to_start_stop(end.long(), shape[0] + 3)
+        got = _torch_slices.end_to_start_stop(end.long(), shape[0] + 3)
+        for e, g in zip(expected, got):
+            assert torch.equal(e, g)
+
+
 def test_find_start_stop_traj_errors():
     with pytest.raises(RuntimeError, match="at least 1-dimensional"):
         _torch_slices.find_start_stop_traj(end=torch.tensor(True), at_capacity=False)

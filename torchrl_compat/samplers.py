@@ -16,7 +16,6 @@ import textwrap
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from contextlib import nullcontext
 from copy import copy, deepcopy
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
@@ -753,7 +752,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
 
     def _note_storage_length(self, length: int) -> None:
         """Says once, through the library's logger, that the storage is longer than the sampler."""
-        if length > self._max_capacity and not self.__dict__.get("_said_smaller"):
+        if not self.__dict__.get("_said_smaller"):
             self.__dict__["_said_smaller"] = True
             logger.warning(
                 f"{type(self).__name__}(max_capacity={self._max_capacity}) samples a storage of "
@@ -829,28 +828,35 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         if num_valid == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         self._follow_storage(storage)
-        self._note_storage_length(num_valid)
+        if num_valid > self._max_capacity:
+            self._note_storage_length(num_valid)
         p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
-        # With excluded leaves the draw can still find nothing to land on, once the random
-        # numbers are taken: it gives them back then, as a refused call should.
-        with generator_kept_on_failure(self._rng) if exclude is not None else nullcontext():
-            if is_replay_tree(self._sum_tree):
-                # The buffer generator's draws when there is one (so a seeded buffer draws what
-                # the torch path draws), else the kernel's stream seeded from torch's RNG.
-                uniform = None if self._rng is None else _rand(batch_size, _CPU, self._rng).numpy()
-                index, weight = draw_with_kernel(
-                    self._sum_tree, num_valid, p_min, self._beta,
-                    uniform=uniform,
-                    seed=kernel_seed(None) if uniform is None else None,
-                    batch_size=batch_size,
-                    exclude=exclude,
-                )
-            else:
-                uniform = _rand(batch_size, self._device, self._rng)
-                index, weight = draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
+        if exclude is None:
+            index, weight = self._draw(num_valid, p_min, batch_size)
+        else:
+            # With excluded leaves the draw can still find nothing to land on, once the
+            # random numbers are taken: it gives them back then, as a refused call should.
+            with generator_kept_on_failure(self._rng):
+                index, weight = self._draw(num_valid, p_min, batch_size, exclude)
         if storage.ndim > 1:
             index = unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
+
+    def _draw(self, num_valid: int, p_min: float, batch_size: int, exclude=None):
+        """``(index, weight)`` of ``batch_size`` draws, with the trees' own machinery."""
+        if is_replay_tree(self._sum_tree):
+            # The buffer generator's draws when there is one (so a seeded buffer draws what
+            # the torch path draws), else the kernel's stream seeded from torch's RNG.
+            uniform = None if self._rng is None else _rand(batch_size, _CPU, self._rng).numpy()
+            return draw_with_kernel(
+                self._sum_tree, num_valid, p_min, self._beta,
+                uniform=uniform,
+                seed=kernel_seed(None) if uniform is None else None,
+                batch_size=batch_size,
+                exclude=exclude,
+            )
+        uniform = _rand(batch_size, self._device, self._rng)
+        return draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
 
     def sample(self, storage: Storage, batch_size: int) -> torch.Tensor:
         return self._prioritized_sample(storage, batch_size)
@@ -1291,33 +1297,22 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             span = (span, span)
         self.span = span
 
-        if trajectories is not None:
+        if trajectories is not None or ends is not None:
+            # A static signal given up front (trajectory ids first): its bounds are cached.
+            given = "trajectories" if trajectories is not None else "ends"
             if traj_key is not None or end_key:
                 raise RuntimeError(
-                    "`trajectories` and `end_key` or `traj_key` are exclusive arguments."
+                    f"`{given}` and `end_key` or `traj_key` are exclusive arguments."
                 )
-            if ends is not None:
+            if trajectories is not None and ends is not None:
                 raise RuntimeError("trajectories and ends are exclusive arguments.")
             if not cache_values:
                 raise RuntimeError(
-                    "To be used, trajectories requires `cache_values` to be set to `True`."
+                    f"To be used, {given} requires `cache_values` to be set to `True`."
                 )
-            vals = self._find_start_stop_traj(trajectory=trajectories, at_capacity=True)
-            self._cache["stop-and-length"] = vals
-
-        elif ends is not None:
-            if traj_key is not None or end_key:
-                raise RuntimeError(
-                    "`ends` and `end_key` or `traj_key` are exclusive arguments."
-                )
-            if trajectories is not None:
-                raise RuntimeError("trajectories and ends are exclusive arguments.")
-            if not cache_values:
-                raise RuntimeError(
-                    "To be used, ends requires `cache_values` to be set to `True`."
-                )
-            vals = self._find_start_stop_traj(end=ends, at_capacity=True)
-            self._cache["stop-and-length"] = vals
+            self._cache["stop-and-length"] = self._find_start_stop_traj(
+                trajectory=trajectories, end=ends, at_capacity=True
+            )
 
         else:
             if traj_key is not None:
@@ -1366,13 +1361,17 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             self._cache.clear()
 
     def __repr__(self):
+        return f"{self._repr_head()})"
+
+    def _repr_head(self) -> str:
+        """The part of torchrl's slice-sampler reprs they all share (each adds its tail)."""
         return (
             f"{self.__class__.__name__}(num_slices={self.num_slices}, "
             f"slice_len={self.slice_len}, "
             f"end_key={self.end_key}, "
             f"traj_key={self.traj_key}, "
             f"truncated_key={self.truncated_key}, "
-            f"strict_length={self.strict_length})"
+            f"strict_length={self.strict_length}"
         )
 
     # ------------------------------------------------------------------ trajectories
@@ -1920,16 +1919,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
             perc = self._remaining_in_epoch() / self.len_storage * 100
         else:
             perc = 0
-        return (
-            f"{self.__class__.__name__}("
-            f"num_slices={self.num_slices}, "
-            f"slice_len={self.slice_len}, "
-            f"end_key={self.end_key}, "
-            f"traj_key={self.traj_key}, "
-            f"truncated_key={self.truncated_key}, "
-            f"strict_length={self.strict_length},"
-            f"{perc}% sampled)"
-        )
+        return f"{self._repr_head()},{perc}% sampled)"
 
     def _empty(self):
         self._cache = {}
@@ -2116,18 +2106,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             self.span = (0, self.span[1])
 
     def __repr__(self):
-        return (
-            f"{self.__class__.__name__}("
-            f"num_slices={self.num_slices}, "
-            f"slice_len={self.slice_len}, "
-            f"end_key={self.end_key}, "
-            f"traj_key={self.traj_key}, "
-            f"truncated_key={self.truncated_key}, "
-            f"strict_length={self.strict_length},"
-            f"alpha={self._alpha}, "
-            f"beta={self._beta}, "
-            f"eps={self._eps}"
-        )
+        # torchrl's, closing parenthesis missing included
+        return f"{self._repr_head()},alpha={self._alpha}, beta={self._beta}, eps={self._eps}"
 
     def __getstate__(self):
         state = SliceSampler.__getstate__(self)
