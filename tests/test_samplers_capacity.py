@@ -71,12 +71,12 @@ def _list_storage_3_then_5(samplers, dtype=torch.float32):
     return record
 
 
-def _tensor_storage_past_max_capacity(samplers, dtype=torch.float32):
+def _tensor_storage_past_max_capacity(samplers, dtype=torch.float32, device="cpu"):
     """ReplayBuffer on LazyTensorStorage(8) with PrioritizedSampler(6): indices 6 and 7."""
     from torchrl.data import LazyTensorStorage, ReplayBuffer
 
     rb = ReplayBuffer(
-        storage=LazyTensorStorage(8),
+        storage=LazyTensorStorage(8, device=device),
         sampler=samplers.PrioritizedSampler(6, alpha=1.0, beta=0.4, dtype=dtype, max_priority_within_buffer=True),
         batch_size=10,
         generator=torch.Generator().manual_seed(1),
@@ -201,6 +201,15 @@ def test_index_past_the_capacity_raises_and_changes_nothing():
     with pytest.raises(IndexError, match="index 9 at position 1"):
         rb._sampler.update_priority(torch.tensor([1, 9]), torch.tensor([1.0, 1.0]))
     assert _state(rb._sampler) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_storage_draws_what_torchrl_draws():
+    """A CUDA storage: the priorities move to torch-op trees on the GPU, same draws."""
+    import torchrl_compat.samplers as ours
+
+    got = _tensor_storage_past_max_capacity(ours, device="cuda")
+    _assert_same(got, _golden()["tensor_storage_past_max_capacity"])
 
 
 def test_smaller_sampler_is_reported_once(caplog):
