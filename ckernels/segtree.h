@@ -76,9 +76,10 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
      * O(n log16 size), and O(size) at most.                                                     \
      * A sum tree also refuses a batch after which its total would not be finite (each leaf      \
      * finite, their sum not: two fp32 leaves of 2e38): RP_ERR_TOTAL, *bad = -1, tree unchanged. \
-     * When the current total plus the new values stays below half the dtype's largest value,    \
-     * that cannot happen; otherwise the old leaves are saved in `saved` (n scalars, caller's    \
-     * scratch), the batch is written, and the old leaves are put back if the total overflowed   \
+     * When every new value is below (half the dtype's largest value - the current total) / n,  \
+     * that cannot happen (checked in the validation pass); otherwise the old leaves are saved  \
+     * in `saved` (n scalars, caller's scratch), the batch is written, and the old leaves are    \
+     * put back if the total overflowed                                                          \
      * (parents are a pure function of the leaves, so the tree is then as it was, bit for bit).  \
      * The min-tree update has no `saved`: a min of finite values is finite. */                  \
     int rp_sumtree_update_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,                \

@@ -199,17 +199,29 @@ static inline int FN(bad_value)(SCALAR v, bool is_min) {
     return is_min ? v != v : !((v >= 0) & (v <= SCALAR_MAX));
 }
 
-/* The position of the first bad value in value[0..n), or n. O(n). */
-static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) {
+/* The position of the first bad value in value[0..n), or n; *above is set when a value
+ * exceeds `limit` (found in the same branch-free pass: one more compare per value). O(n). */
+static int64_t FN(first_bad_value_above)(const SCALAR *value, int64_t n, bool is_min,
+                                         SCALAR limit, bool *above) {
+    int big = 0;
     for (int64_t k0 = 0; k0 < n; k0 += RP_CHECK_CHUNK) {
         const int64_t k1 = k0 + RP_CHECK_CHUNK < n ? k0 + RP_CHECK_CHUNK : n;
         int flag = 0;
-        for (int64_t k = k0; k < k1; k++) flag |= FN(bad_value)(value[k], is_min);
+        for (int64_t k = k0; k < k1; k++) {
+            flag |= FN(bad_value)(value[k], is_min);
+            big |= value[k] > limit;
+        }
         if (RP_UNLIKELY(flag))
             for (int64_t k = k0; k < k1; k++)
                 if (FN(bad_value)(value[k], is_min)) return k;
     }
+    *above = big != 0;
     return n;
+}
+
+static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) {
+    bool above;
+    return FN(first_bad_value_above)(value, n, is_min, SCALAR_MAX, &above);
 }
 
 /* The position of the first index outside [0, size) in index[0..n), or n. O(n). */
@@ -278,24 +290,12 @@ static inline bool FN(total_is_finite)(const rp_segtree_layout *layout, const SC
     return FN(root_total)(layout, tree) <= (double)SCALAR_MAX;
 }
 
-/* Whether writing the batch surely leaves the total finite: the current total plus every new
- * value stays below half the dtype's largest value (far above any rounding of the sums). */
-static inline bool FN(total_surely_finite)(const rp_segtree_layout *layout, const SCALAR *tree,
-                                           const SCALAR *value, int64_t value_stride, int64_t n) {
-    double bound = FN(root_total)(layout, tree);
-    if (value_stride == 0) {
-        bound += (double)n * (double)value[0];
-    } else {
-        double s0 = 0.0, s1 = 0.0;
-        int64_t k = 0;
-        for (; k + 2 <= n; k += 2) {
-            s0 += (double)value[k];
-            s1 += (double)value[k + 1];
-        }
-        if (k < n) s0 += (double)value[k];
-        bound += s0 + s1;
-    }
-    return bound <= 0.5 * (double)SCALAR_MAX;
+/* The largest value a batch of n values may hold and surely leave a sum tree's total finite:
+ * the current total plus n of them stays below half the dtype's largest value (far above any
+ * rounding of the sums). Negative when the total is already that high. */
+static inline SCALAR FN(safe_value_limit)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t n) {
+    const double room = (0.5 * (double)SCALAR_MAX - FN(root_total)(layout, tree)) / (double)(n > 0 ? n : 1);
+    return room < 0 ? (SCALAR)-1 : (SCALAR)(room < (double)SCALAR_MAX ? room : (double)SCALAR_MAX);
 }
 
 static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
@@ -303,17 +303,24 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
                       int64_t *bad, bool is_min) {
     const int64_t size = layout->size;
     /* Check everything before writing anything; the first bad position wins, an index error
-     * before a value error at the same position. */
-    bool in_order = false;
+     * before a value error at the same position. A sum tree's values are also compared with
+     * the limit that surely keeps its total finite, in the same pass. */
+    const SCALAR limit = is_min ? SCALAR_MAX : FN(safe_value_limit)(layout, tree, n);
+    bool in_order = false, above = false;
     const int64_t bad_index = FN(first_bad_index)(index, n, size, &in_order);
-    const int64_t bad_value = value_stride == 0 ? (FN(bad_value)(value[0], is_min) ? 0 : n)
-                                                : FN(first_bad_value)(value, bad_index, is_min);
+    int64_t bad_value = n;
+    if (value_stride == 0) {
+        if (FN(bad_value)(value[0], is_min)) bad_value = 0;
+        above = value[0] > limit;
+    } else {
+        bad_value = FN(first_bad_value_above)(value, bad_index, is_min, limit, &above);
+    }
     if (RP_UNLIKELY(bad_index < n || bad_value < n)) {
         const bool index_first = bad_index <= bad_value;
         *bad = index_first ? bad_index : bad_value;
         return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
     }
-    if (is_min || RP_LIKELY(FN(total_surely_finite)(layout, tree, value, value_stride, n))) {
+    if (is_min || RP_LIKELY(!above)) {
         FN(write_batch)(layout, tree, index, value, value_stride, n, in_order, is_min);
         return RP_OK;
     }

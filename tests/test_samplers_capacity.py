@@ -245,3 +245,26 @@ def test_torch_op_trees_follow_the_same_rules(use_cpu_kernels):
     golden = _golden()
     for name in SCENARIOS:
         _assert_same(run_scenario(name, Accelerated), golden[name])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_moving_the_trees_keeps_the_leaves_past_max_capacity(dtype):
+    """The trees move between kinds (replay's on CPU, torch ops elsewhere) with every leaf,
+    those past max_capacity included, and the same draws follow."""
+    import torchrl_compat.samplers as ours
+    from torchrl.data import LazyTensorStorage
+
+    storage = LazyTensorStorage(8)
+    storage.set(torch.arange(8), torch.arange(8.0))
+    sampler = ours.PrioritizedSampler(5, 0.8, 0.5, dtype=dtype)
+    sampler.update_priority(torch.arange(8), torch.arange(1.0, 9.0, dtype=dtype))
+    before = _state(sampler)
+    sampler._rng = torch.Generator().manual_seed(4)
+    expected = sampler.sample(storage, 32)
+    sampler._use_cpu_kernels = False
+    sampler._rng = torch.Generator().manual_seed(4)
+    got = sampler.sample(storage, 32)  # moves the priorities first
+    assert type(sampler._sum_tree).__module__ == "torchrl_compat._torch_sumtree"
+    assert _state(sampler) == before
+    assert torch.equal(got[0], expected[0])
+    torch.testing.assert_close(got[1]["priority_weight"], expected[1]["priority_weight"])

@@ -373,3 +373,30 @@ def test_checkpoints_cross_both_ways(cls, tmp_path):
             assert int(loaded.len_storage) == int(source.len_storage)
             assert torch.equal(torch.as_tensor(loaded._sample_list), source._sample_list)
             assert bool(loaded.drop_last) == source.drop_last
+
+
+def test_dumps_without_an_atomic_exchange_still_publishes_whole(tmp_path, monkeypatch):
+    """Where the file system cannot exchange two directories, the previous checkpoint is
+    renamed aside, then the new one in place; nothing is left beside it."""
+    from torchrl_compat import _sampler_checkpoints
+
+    monkeypatch.setattr(_sampler_checkpoints, "_exchange", lambda a, b: False)
+    sampler = ours.PrioritizedSampler(16, 0.7, 0.4)
+    sampler.update_priority(torch.arange(16), torch.ones(16))
+    sampler.dumps(tmp_path / "ckpt")
+    sampler.update_priority(torch.arange(16), torch.full((16,), 3.0))
+    sampler.dumps(tmp_path / "ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    target = ours.PrioritizedSampler(16, 0.7, 0.4)
+    target.loads(tmp_path / "ckpt")
+    assert _prioritized_snapshot(target) == _prioritized_snapshot(sampler)
+
+
+def test_dumps_refuses_a_file_and_a_missing_parent(tmp_path):
+    sampler = ours.PrioritizedSampler(4, 0.7, 0.4)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="file: it is not a directory"):
+        sampler.dumps(tmp_path / "file")
+    with pytest.raises(FileNotFoundError, match="the parent directory .*missing does not exist"):
+        sampler.dumps(tmp_path / "missing" / "ckpt")
+    assert sorted(os.listdir(tmp_path)) == ["file"]
