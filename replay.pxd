@@ -15,6 +15,7 @@ cdef extern from "ckernels/rp_common.h" nogil:
         RP_ERR_INDEX
         RP_ERR_VALUE
         RP_ERR_EMPTY
+        RP_ERR_TOTAL
 
 cdef extern from "ckernels/prng.h" nogil:
     ctypedef struct rp_prng_state:
@@ -57,8 +58,8 @@ cdef extern from "ckernels/segtree.h" nogil:
                              int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad)
     int rp_priority_scan_f64(const int64_t *index, int64_t n, int64_t size, const double *priority,
                              int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad)
-    int rp_sumtree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)
-    int rp_sumtree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, int64_t *bad)
+    int rp_sumtree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, float *saved, int64_t *bad)
+    int rp_sumtree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, double *saved, int64_t *bad)
     int rp_mintree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)
     int rp_mintree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, int64_t *bad)
     double rp_sumtree_query_f32(const rp_segtree_layout *layout, const float *tree, int64_t l, int64_t r)
@@ -71,14 +72,16 @@ cdef extern from "ckernels/segtree.h" nogil:
     void rp_mintree_query_batch_f64(const rp_segtree_layout *layout, const double *tree, const int64_t *l, const int64_t *r, int64_t n, double *out)
     int rp_sumtree_scan_lower_bound_f32(const rp_segtree_layout *layout, const float *tree, const float *value, int64_t n, int64_t *out, int64_t *bad)
     int rp_sumtree_scan_lower_bound_f64(const rp_segtree_layout *layout, const double *tree, const double *value, int64_t n, int64_t *out, int64_t *bad)
-    int rp_sumtree_sample_f32(const rp_segtree_layout *layout, const float *tree, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
-    int rp_sumtree_sample_f64(const rp_segtree_layout *layout, const double *tree, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
-    int rp_sumtree_sample_exclude_f32(const rp_segtree_layout *layout, const float *tree, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
-    int rp_sumtree_sample_exclude_f64(const rp_segtree_layout *layout, const double *tree, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_f32(const rp_segtree_layout *layout, const float *tree, int64_t mass_end, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_f64(const rp_segtree_layout *layout, const double *tree, int64_t mass_end, int64_t num_valid, const double *uniform, int64_t n, double p_min, double beta, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_exclude_f32(const rp_segtree_layout *layout, const float *tree, int64_t mass_end, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_sample_exclude_f64(const rp_segtree_layout *layout, const double *tree, int64_t mass_end, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
 
 
 cdef class _SegmentTree:
     cdef rp_segtree_layout _layout  # level offsets and lengths of the 16-ary layout
+    cdef int64_t _size               # the size asked for (torchrl's ``size``)
+    cdef int64_t _capacity           # torchrl's ``capacity``: leaves [0, _capacity) are addressable
     cdef object _storage             # numpy array owning the buffer (over-allocated to align)
     cdef object _tree                # 64-byte aligned numpy view: every level, leaves first
     cdef float *_t32                 # _tree's data when the tree is fp32, else NULL
@@ -87,8 +90,21 @@ cdef class _SegmentTree:
     cdef bint _is_min                # min tree (else sum tree)
     cdef object _dtype               # numpy dtype of the leaves
     cdef object _lock                # serialises every kernel call (they run without the GIL)
+    cdef object _saved               # scratch of the sum-tree update's overflow check, or None
+    cdef void *_saved_ptr            # _saved's data (NULL while it is None)
+    cdef int64_t _saved_len          # _saved's number of elements
 
     cdef _setup(self, object size, bint fp64, bint is_min)
+    cdef _allocate(self, int64_t leaves)
+    cdef bint _grow_for(self, int64_t index) except -1
+    cdef void _rebuild(self) noexcept nogil
+    cdef void _draw_range(self, int64_t num_valid, int64_t *mass_end, int64_t *limit) noexcept
+    cdef _read_past_layout(self, object arr)
+    cdef int _write(self, const int64_t *iptr, const void *vptr, int64_t stride, int64_t n,
+                    int64_t *bad) except? -100
+    cdef void *_saved_scratch(self, int64_t n) except NULL
+    cdef _raise_write_error(self, int rc, int64_t bad, const int64_t *iptr, const void *vptr,
+                            int64_t stride, int64_t n, object value)
     cdef str _kind(self)
     cdef _raise_value_error(self, object stored, object value, int64_t position)
     cdef double _query_one(self, int64_t l, int64_t r) noexcept

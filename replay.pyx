@@ -148,6 +148,9 @@ cdef object _as_index_array(object x, str name):
     """
     arr = _as_array(x)
     kind = arr.dtype.kind
+    if arr.size == 0 and kind == "f" and not _is_tensor(x):
+        # An empty sequence has no dtype of its own (numpy makes it float64): nothing to index.
+        return np.empty(0, dtype=np.int64)
     if kind not in "iu":
         raise TypeError(f"{name} must hold integers, got an array of dtype {arr.dtype}")
     if kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > INT64_MAX:
@@ -204,52 +207,94 @@ cdef object _aligned_empty(int64_t n, object dtype):
     return storage, storage[shift:shift + n]
 
 
+cdef int64_t _capacity_for(int64_t size) noexcept:
+    """The smallest power of two strictly greater than ``size``, torchrl's tree capacity."""
+    cdef int64_t c = 1
+    while c <= size:
+        c <<= 1
+    return c
+
+
 cdef class _SegmentTree:
-    """Common state and methods of the sum and min segment trees (16-ary, see segtree.h)."""
+    """Common state and methods of the sum and min segment trees (16-ary, see segtree.h).
+
+    torchrl's trees keep ``capacity`` leaves (the smallest power of two above ``size``) and
+    accept every index below it; torchrl's ``PrioritizedSampler`` writes there when its
+    storage is longer than the sampler. So do these: leaves ``[0, capacity)`` can be read and
+    written, and a query that starts at 0 and reaches ``size`` covers all of them. The buffer
+    holds ``size`` leaves (the others read as the identity) until a leaf past them is first
+    written; it is then laid out for ``capacity`` leaves, once.
+    """
 
     def __cinit__(self, *args, **kwargs):
         self._t32 = NULL
         self._t64 = NULL
+        self._saved_ptr = NULL
+        self._saved_len = 0
 
     cdef _setup(self, object size, bint fp64, bint is_min):
         if not _is_scalar_int(size):
             raise TypeError(f"size must be an int, got {type(size).__name__}")
         if size < 0:
             raise ValueError(f"size must be non-negative, got size={size}")
-        if rp_segtree_layout_init(&self._layout, size, not is_min) != RP_OK:
+        if size > INT64_MAX // 4:
             raise ValueError(f"size={size} is too large")
         self._fp64 = fp64
         self._is_min = is_min
         self._dtype = np.dtype(np.float64 if fp64 else np.float32)
-        nbytes = self._layout.total * self._dtype.itemsize
-        try:
-            self._storage, self._tree = _aligned_empty(self._layout.total, self._dtype)
-        except MemoryError:
-            raise MemoryError(f"cannot allocate {nbytes} bytes for a segment tree of size {size}")
+        self._size = size
+        self._capacity = _capacity_for(size)
+        self._lock = threading.Lock()
+        self._allocate(size)
+
+    cdef _allocate(self, int64_t leaves):
+        """Lay out and allocate the buffer for ``leaves`` leaves, every entry the identity."""
+        cdef rp_segtree_layout layout
         cdef float[::1] v32
         cdef double[::1] v64
-        if fp64:
-            v64 = self._tree
+        if rp_segtree_layout_init(&layout, leaves, not self._is_min) != RP_OK:
+            raise ValueError(f"size={leaves} is too large")
+        nbytes = layout.total * self._dtype.itemsize
+        try:
+            storage, tree = _aligned_empty(layout.total, self._dtype)
+        except MemoryError:
+            raise MemoryError(f"cannot allocate {nbytes} bytes for a segment tree of {leaves} leaves")
+        if self._fp64:
+            v64 = tree
+            rp_segtree_fill_f64(&layout, &v64[0], self.identity_element)
             self._t64 = &v64[0]
-            rp_segtree_fill_f64(&self._layout, self._t64, self.identity_element)
         else:
-            v32 = self._tree
+            v32 = tree
+            rp_segtree_fill_f32(&layout, &v32[0], self.identity_element)
             self._t32 = &v32[0]
-            rp_segtree_fill_f32(&self._layout, self._t32, self.identity_element)
-        self._lock = threading.Lock()
+        self._layout = layout
+        self._storage = storage
+        self._tree = tree
+
+    cdef bint _grow_for(self, int64_t index) except -1:
+        """Lays the buffer out for ``capacity`` leaves when ``index`` lies past the allocated
+        ones but below ``capacity`` (O(capacity), once). Returns whether it did."""
+        if index < self._layout.size or index >= self._capacity:
+            return False
+        with self._lock:
+            if self._layout.size < self._capacity:
+                leaves = self._tree[:self._layout.size].copy()
+                self._allocate(self._capacity)
+                self._tree[:leaves.shape[0]] = leaves
+                with nogil:
+                    self._rebuild()
+        return True
 
     @property
     def size(self):
-        """The number of leaves."""
-        return self._layout.size
+        """The number of leaves asked for."""
+        return self._size
 
     @property
     def capacity(self):
-        """The smallest power of two strictly greater than ``size`` (torchrl's capacity)."""
-        cdef int64_t c = 1
-        while c <= self._layout.size:
-            c <<= 1
-        return c
+        """The smallest power of two strictly greater than ``size`` (torchrl's capacity): leaves
+        ``[0, capacity)`` can be read and written."""
+        return self._capacity
 
     @property
     def identity_element(self):
@@ -259,10 +304,10 @@ cdef class _SegmentTree:
         return float(np.finfo(self._dtype).max)
 
     def __len__(self):
-        return self._layout.size
+        return self._size
 
     def __repr__(self):
-        return f"{type(self).__name__}(size={self._layout.size})"
+        return f"{type(self).__name__}(size={self._size})"
 
     cdef str _kind(self):
         return "min" if self._is_min else "sum"
@@ -278,10 +323,12 @@ cdef class _SegmentTree:
         cdef float[::1] o32
         cdef double[::1] o64
         if _is_scalar_int(index):
+            if not 0 <= index < self._capacity:
+                raise IndexError(_index_message(index, -1, self._size, self._capacity))
             i = index
-            if i < 0 or i >= self._layout.size:
-                raise IndexError(f"index {index} is out of range for size {self._layout.size}")
             with self._lock:
+                if i >= self._layout.size:
+                    return self.identity_element
                 return float(self._t64[i]) if self._fp64 else float(self._t32[i])
         shape = np.shape(index) if not _is_tensor(index) else tuple(index.shape)
         arr = _as_index_array(index, "index")
@@ -299,8 +346,21 @@ cdef class _SegmentTree:
                     with nogil:
                         rc = rp_segtree_get_f32(&self._layout, self._t32, &idx[0], n, &o32[0], &bad)
             if rc != RP_OK:
-                _raise_index_error(arr, bad, self._layout.size)
+                out = self._read_past_layout(arr)
         return _numpy_to_like(out.reshape(shape), index)
+
+    cdef _read_past_layout(self, object arr):
+        """Leaves ``arr`` when some lie past the allocated ones (they read as the identity);
+        IndexError for the first index outside ``[0, capacity)``."""
+        outside = (arr < 0) | (arr >= self._capacity)
+        if outside.any():
+            position = int(np.argmax(outside))
+            raise IndexError(_index_message(int(arr[position]), position, self._size, self._capacity))
+        out = np.full(arr.shape[0], self.identity_element, dtype=self._dtype)
+        with self._lock:
+            inside = arr < self._layout.size
+            out[inside] = self._tree[arr[inside]]
+        return out
 
     def __getitem__(self, index):
         return self.at(index)
@@ -318,8 +378,8 @@ cdef class _SegmentTree:
         cdef const void *vptr = NULL
         cdef bint single = _is_scalar_int(index)
         if single:
-            if not 0 <= index < self._layout.size:
-                raise IndexError(f"index {index} is out of range for size {self._layout.size}")
+            if not 0 <= index < self._capacity:
+                raise IndexError(_index_message(index, -1, self._size, self._capacity))
             index = np.array([index], dtype=np.int64)
         if _is_scalar_real(value):
             value = np.array([value], dtype=self._dtype)
@@ -337,24 +397,75 @@ cdef class _SegmentTree:
             return
         stride = 0 if n_value == 1 else 1
         with self._lock:
+            rc = self._write(iptr, vptr, stride, n, &bad)
+        if rc == RP_ERR_INDEX and self._grow_for(iptr[bad]):
+            with self._lock:
+                rc = self._write(iptr, vptr, stride, n, &bad)
+        if rc != RP_OK:
+            self._raise_write_error(rc, bad, iptr, vptr, stride, n, value)
+
+    cdef int _write(self, const int64_t *iptr, const void *vptr, int64_t stride, int64_t n,
+                    int64_t *bad) except? -100:
+        """One update-kernel call (hold the lock): leaves ``iptr[k]`` get ``vptr[k * stride]``."""
+        cdef int rc
+        cdef void *saved = NULL
+        if not self._is_min:
+            saved = self._saved_scratch(n)
+        with nogil:
             if self._fp64:
                 if self._is_min:
-                    with nogil:
-                        rc = rp_mintree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, &bad)
+                    rc = rp_mintree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, bad)
                 else:
-                    with nogil:
-                        rc = rp_sumtree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, &bad)
+                    rc = rp_sumtree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n,
+                                               <double *>saved, bad)
             else:
                 if self._is_min:
-                    with nogil:
-                        rc = rp_mintree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n, &bad)
+                    rc = rp_mintree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n, bad)
                 else:
-                    with nogil:
-                        rc = rp_sumtree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n, &bad)
+                    rc = rp_sumtree_update_f32(&self._layout, self._t32, iptr, <const float *>vptr, stride, n,
+                                               <float *>saved, bad)
+        return rc
+
+    cdef void *_saved_scratch(self, int64_t n) except NULL:
+        """The sum-tree update's scratch for ``n`` leaves (kept between calls, grown as needed:
+        a fresh one would cost an allocation per update)."""
+        if self._saved_ptr == NULL or self._saved_len < n:
+            self._saved = np.empty(max(n, 1), dtype=self._dtype)
+            self._saved_ptr = <void *><uintptr_t>self._saved.ctypes.data
+            self._saved_len = max(n, 1)
+        return self._saved_ptr
+
+    cdef _raise_write_error(self, int rc, int64_t bad, const int64_t *iptr, const void *vptr,
+                            int64_t stride, int64_t n, object value):
+        """The exception for an update kernel's ``rc`` (``bad`` as the kernel set it)."""
         if rc == RP_ERR_INDEX:
-            _raise_index_value_error(iptr[bad], bad, self._layout.size)
+            raise IndexError(_index_message(iptr[bad], bad, self._size, self._capacity))
         if rc == RP_ERR_VALUE:
             self._raise_value_error(_stored_at(vptr, self._fp64, bad * stride), value, bad * stride)
+        if rc == RP_ERR_TOTAL:
+            index = np.asarray(<int64_t[:n]><int64_t *>iptr).copy()
+            if stride:
+                if self._fp64:
+                    values = np.asarray(<double[:n]><double *>vptr).copy()
+                else:
+                    values = np.asarray(<float[:n]><float *>vptr).copy()
+            else:
+                values = np.full(n, _stored_at(vptr, self._fp64, 0), dtype=self._dtype)
+            with self._lock:
+                leaves = self._tree[:self._layout.size].astype(np.float64)
+            leaves[index] = values
+            largest = int(np.argmax(values))
+            try:  # name the caller's value, not its cast
+                named = _as_array(value).reshape(-1)[largest if stride else 0].item()
+            except Exception:
+                named = float(values[largest])
+            with np.errstate(over="ignore"):
+                message = (
+                    f"value {named} at position {largest} would make the sum of the tree's leaves "
+                    f"{leaves.sum()}, past the largest finite {self._dtype} "
+                    f"({np.finfo(self._dtype).max}): the update was refused, the tree is unchanged")
+            raise ValueError(message)
+        raise RuntimeError(f"unexpected kernel return code {rc}")
 
     def __setitem__(self, index, value):
         self.update(index, value)
@@ -373,10 +484,12 @@ cdef class _SegmentTree:
     # --- reductions ----------------------------------------------------------------------
 
     def query(self, l, r):
-        """The sum (or min) of leaves ``[l, r)``, both clamped to ``[0, size]``.
+        """The sum (or min) of leaves ``[l, r)``, both clamped to ``[0, capacity]``.
 
         Ints give a float; integer arrays / tensors (broadcast together) give an array /
-        tensor of the tree's dtype. ``l <= 0 and r >= size`` is the whole tree.
+        tensor of the tree's dtype. ``l <= 0 and r >= size`` is the whole tree: every leaf
+        below ``capacity``, as in torchrl (where ``r`` past ``capacity`` with ``l > 0`` reads
+        outside the tree).
         """
         cdef int64_t lo, hi, n
         cdef const int64_t[::1] lv
@@ -387,6 +500,8 @@ cdef class _SegmentTree:
             lo = _clamped_int64(int(l))
             hi = _clamped_int64(int(r))
             with self._lock:
+                if lo <= 0 and hi >= self._size:
+                    hi = self._layout.size  # the whole tree, grown leaves included
                 return self._query_one(lo, hi)
         like = l if _is_tensor(l) else r
         la = _as_index_array(l, "l") if not _is_scalar_int(l) else np.array([l], dtype=np.int64)
@@ -395,6 +510,8 @@ cdef class _SegmentTree:
         la = np.ascontiguousarray(np.broadcast_to(la.reshape(_shape_of(l)), shape).reshape(-1))
         ra = np.ascontiguousarray(np.broadcast_to(ra.reshape(_shape_of(r)), shape).reshape(-1))
         out = np.empty(la.shape[0], dtype=np.float64)
+        if self._layout.size > self._size:  # grown: whole-tree queries reach every leaf
+            ra = np.where((la <= 0) & (ra >= self._size), self._layout.size, ra)
         n = la.shape[0]
         if n:
             lv = la
@@ -423,15 +540,37 @@ cdef class _SegmentTree:
             return rp_mintree_query_f32(&self._layout, self._t32, l, r)
         return rp_sumtree_query_f32(&self._layout, self._t32, l, r)
 
+    cdef void _draw_range(self, int64_t num_valid, int64_t *mass_end, int64_t *limit) noexcept:
+        """The leaves a prioritized draw spreads its mass over, ``[0, mass_end)``, and the
+        clamp of its leaves, ``[0, limit)`` (hold the lock). torchrl's sampler sums
+        ``query(0, len(storage))``, the whole tree once the storage reaches ``size``, and clamps
+        the draws to ``len(storage) - 1``."""
+        mass_end[0] = self._layout.size if num_valid >= self._size else num_valid
+        limit[0] = num_valid if num_valid < mass_end[0] else mass_end[0]
+
     # --- bulk access and pickling ----------------------------------------------------------
 
     def values(self):
         """A numpy copy of the ``size`` leaf values."""
         with self._lock:
-            return self._tree[:self._layout.size].copy()
+            return self._tree[:self._size].copy()
 
     def __reduce__(self):
-        return (type(self), (self._layout.size,), self.values())
+        # The ``size`` leaves only, as torchrl's trees pickle theirs.
+        return (type(self), (self._size,), self.values())
+
+    cdef void _rebuild(self) noexcept nogil:
+        """Recompute every level above the leaves (hold the lock). O(leaves)."""
+        if self._fp64:
+            if self._is_min:
+                rp_mintree_build_f64(&self._layout, self._t64)
+            else:
+                rp_sumtree_build_f64(&self._layout, self._t64)
+        else:
+            if self._is_min:
+                rp_mintree_build_f32(&self._layout, self._t32)
+            else:
+                rp_sumtree_build_f32(&self._layout, self._t32)
 
     def __setstate__(self, state):
         cdef int64_t bad = 0
@@ -442,9 +581,9 @@ cdef class _SegmentTree:
             raise TypeError(f"{type(self).__name__} state must be a numpy array, got {type(state).__name__}")
         if state.dtype != self._dtype:
             raise TypeError(f"{type(self).__name__} state must have dtype {self._dtype}, got {state.dtype}")
-        if state.shape != (self._layout.size,):
+        if state.shape != (self._size,):
             raise ValueError(
-                f"{type(self).__name__} state must have shape ({self._layout.size},), got {state.shape}")
+                f"{type(self).__name__} state must have shape ({self._size},), got {state.shape}")
         state = np.ascontiguousarray(state)
         n = state.shape[0]
         if n:
@@ -457,18 +596,22 @@ cdef class _SegmentTree:
             if rc != RP_OK:
                 self._raise_value_error(state[bad], state, bad)
         with self._lock:
+            previous = self._tree[:self._layout.size].copy()
             self._tree[:n] = state
+            # The state holds the ``size`` leaves: any grown past them go back to the identity.
+            self._tree[n:self._layout.size] = self.identity_element
             with nogil:
-                if self._fp64:
-                    if self._is_min:
-                        rp_mintree_build_f64(&self._layout, self._t64)
-                    else:
-                        rp_sumtree_build_f64(&self._layout, self._t64)
-                else:
-                    if self._is_min:
-                        rp_mintree_build_f32(&self._layout, self._t32)
-                    else:
-                        rp_sumtree_build_f32(&self._layout, self._t32)
+                self._rebuild()
+            if self._is_min or self._query_one(0, self._layout.size) <= np.finfo(self._dtype).max:
+                return
+            self._tree[:self._layout.size] = previous
+            with nogil:
+                self._rebuild()
+        with np.errstate(over="ignore"):
+            total = state.sum(dtype=np.float64)
+        raise ValueError(
+            f"{type(self).__name__} state sums to {total}, past the "
+            f"largest finite {self._dtype} ({float(np.finfo(self._dtype).max)}): the tree is unchanged")
 
     def _py_level(self, t):
         """Test hook: a copy of level ``t`` of the internal layout (0 = leaves)."""
@@ -484,12 +627,21 @@ cdef object _shape_of(object x):
     return np.shape(x)
 
 
-cdef _raise_index_error(object index, int64_t position, int64_t size):
-    _raise_index_value_error(int(index[position]), position, size)
+cdef int64_t _num_valid(object num_valid) except -1:
+    """``num_valid`` of a prioritized draw (``len(storage)``), checked; past int64 it clamps
+    (no tree is that large)."""
+    if not _is_scalar_int(num_valid):
+        raise TypeError(f"num_valid must be an int, got {type(num_valid).__name__}")
+    if num_valid < 1:
+        raise IndexError(f"num_valid={num_valid} must be at least 1")
+    return num_valid if num_valid < INT64_MAX else INT64_MAX
 
 
-cdef _raise_index_value_error(int64_t value, int64_t position, int64_t size):
-    raise IndexError(f"index {value} at position {position} is out of range for size {size}")
+cdef str _index_message(object value, int64_t position, int64_t size, int64_t capacity):
+    """The IndexError message for leaf ``value`` (at ``position`` of a batch, when >= 0)."""
+    where = f" at position {position}" if position >= 0 else ""
+    return (f"index {value}{where} is out of range for size {size}: a tree of that size holds "
+            f"leaves [0, {capacity})")
 
 
 cdef object _uniform_draws(object uniform, object batch_size, object seed):
@@ -545,7 +697,8 @@ cdef class _SumSegmentTree(_SegmentTree):
     def scan_lower_bound(self, value):
         """The first leaf whose inclusive prefix sum is ``>= value``.
 
-        ``size`` when ``value`` exceeds the total, 0 when ``value <= 0``. A float gives an int;
+        ``size`` when ``value`` exceeds the total (leaves below ``capacity`` included), 0 when
+        ``value <= 0``. A float gives an int;
         an array / tensor gives int64 of the same shape. For a value in ``(0, total]`` the
         leaf returned is never zero-valued, whatever the rounding of the fp32 sums (torchrl's
         trees can return such leaves). NaN raises ValueError.
@@ -571,8 +724,11 @@ cdef class _SumSegmentTree(_SegmentTree):
                 else:
                     with nogil:
                         rc = rp_sumtree_scan_lower_bound_f32(&self._layout, self._t32, <const float *>vptr, n, &ov[0], &bad)
+                allocated = self._layout.size
             if rc != RP_OK:
                 raise ValueError(f"value nan at position {bad} cannot be searched for in a sum tree")
+            if allocated > self._size:  # grown: past the total is still ``size``, as in torchrl
+                out[out == allocated] = self._size
         if shape is None:
             return int(out[0])
         return _numpy_to_like(out.reshape(shape), value)
@@ -582,12 +738,14 @@ cdef class _SumSegmentTree(_SegmentTree):
         """Draw leaves in proportion to their value, in one pass.
 
         Follows :class:`~torchrl.data.PrioritizedSampler`'s rules: the mass of draw ``k`` is
-        ``uniform[k] * sum(leaves[:num_valid])``; its leaf is clamped to ``num_valid - 1`` and
-        moved off a zero-valued leaf to the nearest positive one on its left (on its right when
-        there is none: torchrl raises there, for a draw of exactly 0).
+        ``uniform[k] * query(0, num_valid)`` (every leaf below ``capacity`` once ``num_valid``
+        reaches ``size``); its leaf is clamped to ``num_valid - 1`` and moved off a zero-valued
+        leaf to the nearest positive one on its left (on its right when there is none: torchrl
+        raises there, for a draw of exactly 0).
 
         Args:
-            num_valid (int): leaves ``[0, num_valid)`` may be drawn (``len(storage)``).
+            num_valid (int): leaves ``[0, num_valid)`` may be drawn (``len(storage)``, which
+                may exceed ``size``).
             uniform (array or tensor, optional): draws in ``[0, 1]``; the outputs follow its
                 kind (tensor in, tensors out). If omitted, ``batch_size`` draws come from a
                 xoshiro256** stream seeded with ``seed``.
@@ -607,11 +765,11 @@ cdef class _SumSegmentTree(_SegmentTree):
             float64 weights, or ``None`` for the weights when ``beta`` is not given.
 
         Raises:
-            IndexError: when ``num_valid`` is not in ``[1, size]``.
+            IndexError: when ``num_valid`` is below 1, or the tree has no leaf.
             ValueError: for a draw outside ``[0, 1]`` or NaN.
             RuntimeError: when no leaf in ``[0, num_valid)`` is positive.
         """
-        cdef int64_t n, nv, bad = 0
+        cdef int64_t n, nv, mass_end, bad = 0
         cdef int rc = RP_OK
         cdef double pmin = 1.0, b = 0.0
         cdef const double[::1] uv
@@ -621,11 +779,7 @@ cdef class _SumSegmentTree(_SegmentTree):
         cdef double[::1] wv
         cdef double *wptr = NULL
         cdef rp_prng_state st
-        if not _is_scalar_int(num_valid):
-            raise TypeError(f"num_valid must be an int, got {type(num_valid).__name__}")
-        if not 1 <= num_valid <= self._layout.size:
-            raise IndexError(f"num_valid={num_valid} is out of range [1, {self._layout.size}]")
-        nv = num_valid
+        wanted = _num_valid(num_valid)
         like = uniform
         us = _uniform_draws(uniform, batch_size, seed)
         n = us.shape[0]
@@ -639,16 +793,19 @@ cdef class _SumSegmentTree(_SegmentTree):
                 wv = out_weight
                 wptr = &wv[0]
             with self._lock:
+                self._draw_range(wanted, &mass_end, &nv)
                 if self._fp64:
                     p64 = out_priority
                     with nogil:
-                        rc = rp_sumtree_sample_f64(&self._layout, self._t64, nv, &uv[0], n, pmin, b,
-                                                   &oi[0], &p64[0], wptr, &bad)
+                        rc = rp_sumtree_sample_f64(&self._layout, self._t64, mass_end, nv, &uv[0], n,
+                                                   pmin, b, &oi[0], &p64[0], wptr, &bad)
                 else:
                     p32 = out_priority
                     with nogil:
-                        rc = rp_sumtree_sample_f32(&self._layout, self._t32, nv, &uv[0], n, pmin, b,
-                                                   &oi[0], &p32[0], wptr, &bad)
+                        rc = rp_sumtree_sample_f32(&self._layout, self._t32, mass_end, nv, &uv[0], n,
+                                                   pmin, b, &oi[0], &p32[0], wptr, &bad)
+            if rc == RP_ERR_INDEX:
+                raise IndexError(f"num_valid={num_valid}: a tree of size {self._size} has no leaf to draw")
             if rc == RP_ERR_EMPTY:
                 raise RuntimeError(
                     f"no positive priority among the first {num_valid} leaves: cannot sample")
@@ -666,14 +823,15 @@ cdef class _SumSegmentTree(_SegmentTree):
 
         The tree is never modified (torchrl's slice sampler zeroes such leaves and restores them
         afterwards, which races with a concurrent update). The mass of draw ``k`` is
-        ``uniform[k]`` times the sum of the other leaves of ``[0, num_valid)``, and no draw lands
-        on an excluded leaf. Costs O(len(exclude)) plus one range query per gap between excluded
-        leaves, then O(log) per draw: no pass over the leaves.
+        ``uniform[k]`` times the sum of the other leaves of ``query(0, num_valid)``'s range, and
+        no draw lands on an excluded leaf. Costs O(len(exclude)) plus one range query per gap
+        between excluded leaves, then O(log) per draw: no pass over the leaves.
 
         Args:
-            num_valid (int): leaves ``[0, num_valid)`` may be drawn.
+            num_valid (int): leaves ``[0, num_valid)`` may be drawn (as in
+                :meth:`sample_prioritized`).
             exclude (array or tensor of ints): the leaves that may not be drawn, in any order;
-                repeats and values outside ``[0, num_valid)`` are ignored.
+                repeats and values outside the leaves that carry the mass are ignored.
             uniform (array or tensor, optional): draws in ``[0, 1]`` (see
                 :meth:`sample_prioritized`).
 
@@ -684,11 +842,11 @@ cdef class _SumSegmentTree(_SegmentTree):
             ``(index, priority, weight)`` as :meth:`sample_prioritized` does.
 
         Raises:
-            IndexError: when ``num_valid`` is not in ``[1, size]``.
+            IndexError: when ``num_valid`` is below 1, or the tree has no leaf.
             ValueError: for a draw outside ``[0, 1]`` or NaN.
             RuntimeError: when no leaf of ``[0, num_valid)`` outside ``exclude`` is positive.
         """
-        cdef int64_t n, nv, m, bad = 0
+        cdef int64_t n, nv, mass_end, m, bad = 0
         cdef int rc = RP_OK
         cdef double pmin = 1.0, b = 0.0
         cdef const double[::1] uv
@@ -702,35 +860,31 @@ cdef class _SumSegmentTree(_SegmentTree):
         cdef const int64_t *eptr = NULL
         cdef double *sptr = NULL
         cdef rp_prng_state st
-        if not _is_scalar_int(num_valid):
-            raise TypeError(f"num_valid must be an int, got {type(num_valid).__name__}")
-        if not 1 <= num_valid <= self._layout.size:
-            raise IndexError(f"num_valid={num_valid} is out of range [1, {self._layout.size}]")
-        nv = num_valid
+        wanted = _num_valid(num_valid)
         ex = _as_index_array(exclude, "exclude")
-        if ex.shape[0]:
-            # The kernel takes a strictly increasing list within [0, num_valid).
-            if not (ex.shape[0] == 1 or (ex[1:] > ex[:ex.shape[0] - 1]).all()):
-                ex = np.unique(ex)
-            if ex[0] < 0 or ex[ex.shape[0] - 1] >= nv:
-                ex = np.ascontiguousarray(ex[(ex >= 0) & (ex < nv)])
-        m = ex.shape[0]
+        if ex.shape[0] > 1 and not (ex[1:] > ex[:ex.shape[0] - 1]).all():
+            ex = np.unique(ex)  # the kernel takes a strictly increasing list
         like = uniform
         us = _uniform_draws(uniform, batch_size, seed)
         n = us.shape[0]
         out_index = np.empty(n, dtype=np.int64)
         out_priority = np.empty(n, dtype=self._dtype)
         pmin, b, out_weight = _weight_request(p_min, beta, n)
+        m = 0
         if n:
             uv = us
             oi = out_index
-            if m:
-                ev = ex
-                eptr = &ev[0]
             if out_weight is not None:
                 wv = out_weight
                 wptr = &wv[0]
             with self._lock:
+                self._draw_range(wanted, &mass_end, &nv)
+                if ex.shape[0] and (ex[0] < 0 or ex[ex.shape[0] - 1] >= mass_end):
+                    ex = np.ascontiguousarray(ex[(ex >= 0) & (ex < mass_end)])
+                m = ex.shape[0]
+                if m:
+                    ev = ex
+                    eptr = &ev[0]
                 # The kernel's scratch (3 doubles an excluded leaf) is kept between calls and
                 # used under the lock: a fresh one costs its page faults at every call.
                 if self._scratch is None or self._scratch.shape[0] < 3 * m + 1:
@@ -740,19 +894,23 @@ cdef class _SumSegmentTree(_SegmentTree):
                 if self._fp64:
                     p64 = out_priority
                     with nogil:
-                        rc = rp_sumtree_sample_exclude_f64(&self._layout, self._t64, nv, eptr, m, &uv[0], n,
-                                                           pmin, b, sptr, 3 * m, &oi[0], &p64[0], wptr, &bad)
+                        rc = rp_sumtree_sample_exclude_f64(&self._layout, self._t64, mass_end, nv, eptr, m,
+                                                           &uv[0], n, pmin, b, sptr, 3 * m, &oi[0], &p64[0],
+                                                           wptr, &bad)
                 else:
                     p32 = out_priority
                     with nogil:
-                        rc = rp_sumtree_sample_exclude_f32(&self._layout, self._t32, nv, eptr, m, &uv[0], n,
-                                                           pmin, b, sptr, 3 * m, &oi[0], &p32[0], wptr, &bad)
+                        rc = rp_sumtree_sample_exclude_f32(&self._layout, self._t32, mass_end, nv, eptr, m,
+                                                           &uv[0], n, pmin, b, sptr, 3 * m, &oi[0], &p32[0],
+                                                           wptr, &bad)
             if rc == RP_ERR_EMPTY:
                 raise RuntimeError(
                     f"no positive priority among the first {num_valid} leaves outside the "
                     f"{m} excluded ones: cannot sample")
             if rc == RP_ERR_VALUE:
                 raise ValueError(f"uniform draw {us[bad]} at position {bad} is not in [0, 1]")
+            if rc != RP_OK and bad < 0:
+                raise IndexError(f"num_valid={num_valid}: a tree of size {self._size} has no leaf to draw")
             if rc != RP_OK:
                 raise IndexError(f"exclude value {int(ex[bad])} at position {bad} is invalid")
         if relative_to is not None:
@@ -846,8 +1004,9 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
         index is negative (nothing is written then).
 
     Raises:
-        IndexError: for an index past the trees' size (naming it and its position).
-        ValueError: for a NaN, negative or infinite priority or value, or mismatched sizes.
+        IndexError: for an index at or past the trees' capacity (naming it and its position).
+        ValueError: for a NaN, negative or infinite priority or value, a batch after which
+            the sum tree's total would overflow, or mismatched sizes.
         TypeError: for trees of different dtypes or kinds, or non-integer indices.
 
     Examples:
@@ -867,7 +1026,7 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
     cdef int rc
     if sum_tree._is_min or not min_tree._is_min:
         raise TypeError("update_priority_pair takes a sum tree, then a min tree")
-    if sum_tree._fp64 != min_tree._fp64 or sum_tree._layout.size != min_tree._layout.size:
+    if sum_tree._fp64 != min_tree._fp64 or sum_tree._size != min_tree._size:
         raise TypeError(
             f"the trees must share a size and dtype, got {sum_tree!r} ({sum_tree._dtype}) and "
             f"{min_tree!r} ({min_tree._dtype})")
@@ -886,15 +1045,16 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
         return -1
     v_stride = 0 if n_value == 1 else 1
     p_stride = 0 if n_priority == 1 else 1
-    with nogil:
-        if p32 != NULL:
-            rc = rp_priority_scan_f32(iptr, n, sum_tree._layout.size, p32, p_stride, &skipped,
-                                      &argmax, &bad)
-        else:
-            rc = rp_priority_scan_f64(iptr, n, sum_tree._layout.size, p64, p_stride, &skipped,
-                                      &argmax, &bad)
+    rc = _scan_priorities(iptr, n, min(sum_tree._layout.size, min_tree._layout.size), p32, p64,
+                          p_stride, &skipped, &argmax, &bad)
+    if rc == RP_ERR_INDEX and 0 <= iptr[bad] < sum_tree._capacity:
+        # A leaf past the allocated ones (a storage longer than the trees): both grow, once.
+        sum_tree._grow_for(sum_tree._capacity - 1)
+        min_tree._grow_for(min_tree._capacity - 1)
+        rc = _scan_priorities(iptr, n, sum_tree._capacity, p32, p64, p_stride, &skipped,
+                              &argmax, &bad)
     if rc == RP_ERR_INDEX:
-        _raise_index_value_error(iptr[bad], bad, sum_tree._layout.size)
+        raise IndexError(_index_message(iptr[bad], bad, sum_tree._size, sum_tree._capacity))
     if rc == RP_ERR_VALUE:
         bad_priority = p32[bad * p_stride] if p32 != NULL else p64[bad * p_stride]
         raise ValueError(
@@ -912,26 +1072,27 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
             value_owner = np.ascontiguousarray(_as_value_array(value, sum_tree._dtype, "value")[keep])
             value_owner = _value_data(value_owner, sum_tree, "value", &vptr, &n_value)
     with sum_tree._lock, min_tree._lock:
-        with nogil:
-            if sum_tree._fp64:
-                rc = rp_sumtree_update_f64(&sum_tree._layout, sum_tree._t64, iptr,
-                                           <const double *>vptr, v_stride, n, &bad)
-                if rc == RP_OK:
-                    rc = rp_mintree_update_f64(&min_tree._layout, min_tree._t64, iptr,
-                                               <const double *>vptr, v_stride, n, &bad)
-            else:
-                rc = rp_sumtree_update_f32(&sum_tree._layout, sum_tree._t32, iptr,
-                                           <const float *>vptr, v_stride, n, &bad)
-                if rc == RP_OK:
-                    rc = rp_mintree_update_f32(&min_tree._layout, min_tree._t32, iptr,
-                                               <const float *>vptr, v_stride, n, &bad)
-    if rc == RP_ERR_VALUE:
-        # The sum tree's check runs first and refuses what the min tree would: nothing written.
-        sum_tree._raise_value_error(_stored_at(vptr, sum_tree._fp64, bad * v_stride), value_owner,
-                                    bad * v_stride)
+        # The sum tree's checks run first and refuse all the min tree would (and a total
+        # that would overflow): nothing is written then.
+        rc = sum_tree._write(iptr, vptr, v_stride, n, &bad)
+        if rc == RP_OK:
+            rc = min_tree._write(iptr, vptr, v_stride, n, &bad)
     if rc != RP_OK:
-        _raise_index_value_error(iptr[bad], bad, sum_tree._layout.size)
+        sum_tree._raise_write_error(rc, bad, iptr, vptr, v_stride, n, value_owner)
     return argmax
+
+
+cdef int _scan_priorities(const int64_t *iptr, int64_t n, int64_t size, const float *p32,
+                          const double *p64, int64_t p_stride, int64_t *skipped, int64_t *argmax,
+                          int64_t *bad) noexcept:
+    """``rp_priority_scan`` of the priorities' dtype (one of ``p32`` / ``p64`` is set)."""
+    cdef int rc
+    with nogil:
+        if p32 != NULL:
+            rc = rp_priority_scan_f32(iptr, n, size, p32, p_stride, skipped, argmax, bad)
+        else:
+            rc = rp_priority_scan_f64(iptr, n, size, p64, p_stride, skipped, argmax, bad)
+    return rc
 
 
 # =====================================================================================

@@ -3,21 +3,14 @@
 Episodes last about 1000 steps; the storage is at capacity with a cursor, as in a full
 replay buffer. A pool of fresh signals rotates between rounds so caches flatter no side.
 """
-import importlib.util
 import itertools
-import os
 
 import pytest
 import torch
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
 import replay
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    "_slices_torch_bench", os.path.join(ROOT, "torchrl_compat", "_slices_torch.py"))
-TORCH_OPS = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(TORCH_OPS)
+from torchrl_compat import _torch_slices
 
 SIZE = 2**20
 EPISODE = 1000
@@ -27,7 +20,7 @@ ROUNDS = 60
 IMPLEMENTATIONS = {
     "torchrl": SliceSampler(num_slices=1)._find_start_stop_traj,
     "replay": replay.find_start_stop_traj,
-    "torch-ops": TORCH_OPS.find_start_stop_traj_torch,
+    "torch-ops": _torch_slices.find_start_stop_traj,
 }
 
 

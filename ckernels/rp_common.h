@@ -22,7 +22,8 @@ enum {
     RP_OK = 0,
     RP_ERR_INDEX = -1, /* an index outside its valid range */
     RP_ERR_VALUE = -2, /* a NaN, infinite or negative value where it is not allowed */
-    RP_ERR_EMPTY = -3  /* nothing to sample from (no positive mass, no element) */
+    RP_ERR_EMPTY = -3, /* nothing to sample from (no positive mass, no element) */
+    RP_ERR_TOTAL = -4  /* a write that would leave a sum tree's total infinite */
 };
 
 #if defined(__GNUC__) || defined(__clang__)

@@ -73,10 +73,18 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
      * value; a repeated index keeps its last value), then refresh the parents, each once per    \
      * batch where the batch is dense. Checks every index and value first: on error writes       \
      * nothing, sets *bad = k and returns RP_ERR_INDEX or RP_ERR_VALUE.                          \
-     * O(n log16 size), and O(size) at most. */                                                  \
+     * O(n log16 size), and O(size) at most.                                                     \
+     * A sum tree also refuses a batch after which its total would not be finite (each leaf      \
+     * finite, their sum not: two fp32 leaves of 2e38): RP_ERR_TOTAL, *bad = -1, tree unchanged. \
+     * When every new value is below (half the dtype's largest value - the current total) / n,  \
+     * that cannot happen (checked in the validation pass); otherwise the old leaves are saved  \
+     * in `saved` (n scalars, caller's scratch), the batch is written, and the old leaves are    \
+     * put back if the total overflowed                                                          \
+     * (parents are a pure function of the leaves, so the tree is then as it was, bit for bit).  \
+     * The min-tree update has no `saved`: a min of finite values is finite. */                  \
     int rp_sumtree_update_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,                \
                                    const int64_t *index, const SCALAR *value,                    \
-                                   int64_t value_stride, int64_t n, int64_t *bad);               \
+                                   int64_t value_stride, int64_t n, SCALAR *saved, int64_t *bad); \
     int rp_mintree_update_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,                \
                                    const int64_t *index, const SCALAR *value,                    \
                                    int64_t value_stride, int64_t n, int64_t *bad);               \
@@ -101,26 +109,29 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
     int rp_sumtree_scan_lower_bound_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree, \
                                              const SCALAR *value, int64_t n, int64_t *out,       \
                                              int64_t *bad);                                      \
-    /* Fused prioritized sampling over the first `num_valid` leaves (1 <= num_valid <= size):    \
-     * mass_k = uniform[k] * sum(leaves[0, num_valid)), descend, clamp to num_valid - 1, and     \
-     * move off a zero-valued leaf to the nearest positive one on its left (else on its right).  \
+    /* Fused prioritized sampling: mass_k = uniform[k] * sum(leaves[0, mass_end)), descend,      \
+     * clamp to num_valid - 1, and move off a zero-valued leaf to the nearest positive one on    \
+     * its left (else on its right, below num_valid). 1 <= num_valid <= mass_end <= size; the    \
+     * two differ when a storage is longer than torchrl's tree: the mass then spans every leaf  \
+     * and the draws are clamped to the storage, as torchrl's PrioritizedSampler does.           \
      * Writes out_index[k], out_priority[k] and, when out_weight is not NULL,                    \
-     * out_weight[k] = (priority / p_min) ** -beta. Returns RP_ERR_EMPTY when no leaf in range   \
-     * is positive, RP_ERR_INDEX when num_valid is out of [1, size] (*bad = num_valid),           \
-     * RP_ERR_VALUE when a draw is outside [0, 1] or NaN (*bad = k); nothing written on error.          \
-     * O(n * 16 log16 size). */                                                                  \
+     * out_weight[k] = (priority / p_min) ** -beta. Returns RP_ERR_EMPTY when no leaf of          \
+     * [0, num_valid) is positive, RP_ERR_INDEX when num_valid or mass_end is out of range       \
+     * (*bad = num_valid), RP_ERR_VALUE when a draw is outside [0, 1] or NaN (*bad = k);         \
+     * nothing written on error. O(n * 16 log16 size). */                                        \
     int rp_sumtree_sample_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,          \
-                                   int64_t num_valid, const double *uniform, int64_t n,          \
-                                   double p_min, double beta, int64_t *out_index,                \
+                                   int64_t mass_end, int64_t num_valid, const double *uniform,   \
+                                   int64_t n, double p_min, double beta, int64_t *out_index,     \
                                    SCALAR *out_priority, double *out_weight, int64_t *bad);      \
     /* rp_sumtree_sample with the leaves exclude[0, n_exclude) treated as zero for this call      \
      * only (the tree is not modified): mass_k = uniform[k] * (sum of the other leaves of          \
-     * [0, num_valid)), and a draw never lands on an excluded or zero-valued leaf. `exclude` is   \
-     * strictly increasing in [0, num_valid); `scratch` holds at least 3 * n_exclude doubles     \
+     * [0, mass_end)), and a draw never lands on an excluded or zero-valued leaf. `exclude` is    \
+     * strictly increasing in [0, mass_end); `scratch` holds at least 3 * n_exclude doubles      \
      * (two per run of consecutive excluded leaves, and the run's first position as an int64).    \
-     * Returns RP_ERR_INDEX with *bad = r for a bad exclude[r] (*bad = -1 when num_valid is out   \
-     * of [1, size]), RP_ERR_VALUE for a bad draw (*bad = k) or a short scratch (*bad = -1),     \
-     * RP_ERR_EMPTY when no allowed leaf is positive; nothing written on error.                   \
+     * Returns RP_ERR_INDEX with *bad = r for a bad exclude[r] (*bad = -1 when num_valid or      \
+     * mass_end is out of range), RP_ERR_VALUE for a bad draw (*bad = k) or a short scratch     \
+     * (*bad = -1), RP_ERR_EMPTY when no allowed leaf of [0, num_valid) is positive; nothing      \
+     * written on error.                                                                          \
      * O(n_exclude + runs * 16 log16 size + n * (log runs + 16 log16 size)), where runs is the    \
      * number of runs of consecutive excluded leaves; a draw stepping off a zero leaf may pay     \
      * O(log n_exclude * log16 size) per excluded leaf it passes.                                 \
@@ -128,7 +139,8 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
      * mass up to its end, a draw in (A_{R-1}, A_R] lies between runs R-1 and R and is the        \
      * unmasked draw of mass + X_{R-1}. */                                                        \
     int rp_sumtree_sample_exclude_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree, \
-                                           int64_t num_valid, const int64_t *exclude,            \
+                                           int64_t mass_end, int64_t num_valid,                  \
+                                           const int64_t *exclude,                               \
                                            int64_t n_exclude, const double *uniform, int64_t n,  \
                                            double p_min, double beta, double *scratch,           \
                                            int64_t scratch_len, int64_t *out_index,              \

@@ -199,17 +199,29 @@ static inline int FN(bad_value)(SCALAR v, bool is_min) {
     return is_min ? v != v : !((v >= 0) & (v <= SCALAR_MAX));
 }
 
-/* The position of the first bad value in value[0..n), or n. O(n). */
-static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) {
+/* The position of the first bad value in value[0..n), or n; *above is set when a value
+ * exceeds `limit` (found in the same branch-free pass: one more compare per value). O(n). */
+static int64_t FN(first_bad_value_above)(const SCALAR *value, int64_t n, bool is_min,
+                                         SCALAR limit, bool *above) {
+    int big = 0;
     for (int64_t k0 = 0; k0 < n; k0 += RP_CHECK_CHUNK) {
         const int64_t k1 = k0 + RP_CHECK_CHUNK < n ? k0 + RP_CHECK_CHUNK : n;
         int flag = 0;
-        for (int64_t k = k0; k < k1; k++) flag |= FN(bad_value)(value[k], is_min);
+        for (int64_t k = k0; k < k1; k++) {
+            flag |= FN(bad_value)(value[k], is_min);
+            big |= value[k] > limit;
+        }
         if (RP_UNLIKELY(flag))
             for (int64_t k = k0; k < k1; k++)
                 if (FN(bad_value)(value[k], is_min)) return k;
     }
+    *above = big != 0;
     return n;
+}
+
+static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) {
+    bool above;
+    return FN(first_bad_value_above)(value, n, is_min, SCALAR_MAX, &above);
 }
 
 /* The position of the first index outside [0, size) in index[0..n), or n. O(n). */
@@ -243,20 +255,10 @@ int FN(rp_mintree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
     return *bad < n ? RP_ERR_VALUE : RP_OK;
 }
 
-static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
-                      const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad, bool is_min) {
-    const int64_t size = layout->size;
-    /* Check everything before writing anything; the first bad position wins, an index error
-     * before a value error at the same position. */
-    bool in_order = false;
-    const int64_t bad_index = FN(first_bad_index)(index, n, size, &in_order);
-    const int64_t bad_value = value_stride == 0 ? (FN(bad_value)(value[0], is_min) ? 0 : n)
-                                                : FN(first_bad_value)(value, bad_index, is_min);
-    if (RP_UNLIKELY(bad_index < n || bad_value < n)) {
-        const bool index_first = bad_index <= bad_value;
-        *bad = index_first ? bad_index : bad_value;
-        return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
-    }
+/* Write the checked batch: leaves, then their parents. */
+static void FN(write_batch)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
+                            const SCALAR *value, int64_t value_stride, int64_t n, bool in_order,
+                            bool is_min) {
     if (in_order && value_stride == 1) {
         /* Leaves 0..n-1, e.g. a dense rewrite: copied node by node, each node reduced into
          * level 1 while its leaves are in L1 (one pass over the leaves instead of two). */
@@ -274,23 +276,74 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
             if (parents != NULL) parents[whole] = FN(node_reduce)(node, is_min);
         }
         FN(refresh)(layout, tree, index, n, is_min, true);
-        return RP_OK;
+        return;
     }
-    if (n * 16 < size) /* a sparse batch: bring its leaves in before the writes */
+    if (n * 16 < layout->size) /* a sparse batch: bring its leaves in before the writes */
         for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
     for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
     FN(refresh)(layout, tree, index, n, is_min, false);
-    return RP_OK;
+}
+
+/* Whether a sum tree's total, as sampling reads it, is finite. Every entry of the tree is at
+ * most its root's (non-negative sums, rounded monotonically), so this covers them all. */
+static inline bool FN(total_is_finite)(const rp_segtree_layout *layout, const SCALAR *tree) {
+    return FN(root_total)(layout, tree) <= (double)SCALAR_MAX;
+}
+
+/* The largest value a batch of n values may hold and surely leave a sum tree's total finite:
+ * the current total plus n of them stays below half the dtype's largest value (far above any
+ * rounding of the sums). Negative when the total is already that high. */
+static inline SCALAR FN(safe_value_limit)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t n) {
+    const double room = (0.5 * (double)SCALAR_MAX - FN(root_total)(layout, tree)) / (double)(n > 0 ? n : 1);
+    return room < 0 ? (SCALAR)-1 : (SCALAR)(room < (double)SCALAR_MAX ? room : (double)SCALAR_MAX);
+}
+
+static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
+                      const SCALAR *value, int64_t value_stride, int64_t n, SCALAR *saved,
+                      int64_t *bad, bool is_min) {
+    const int64_t size = layout->size;
+    /* Check everything before writing anything; the first bad position wins, an index error
+     * before a value error at the same position. A sum tree's values are also compared with
+     * the limit that surely keeps its total finite, in the same pass. */
+    const SCALAR limit = is_min ? SCALAR_MAX : FN(safe_value_limit)(layout, tree, n);
+    bool in_order = false, above = false;
+    const int64_t bad_index = FN(first_bad_index)(index, n, size, &in_order);
+    int64_t bad_value = n;
+    if (value_stride == 0) {
+        if (FN(bad_value)(value[0], is_min)) bad_value = 0;
+        above = value[0] > limit;
+    } else {
+        bad_value = FN(first_bad_value_above)(value, bad_index, is_min, limit, &above);
+    }
+    if (RP_UNLIKELY(bad_index < n || bad_value < n)) {
+        const bool index_first = bad_index <= bad_value;
+        *bad = index_first ? bad_index : bad_value;
+        return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
+    }
+    if (is_min || RP_LIKELY(!above)) {
+        FN(write_batch)(layout, tree, index, value, value_stride, n, in_order, is_min);
+        return RP_OK;
+    }
+    /* Near the dtype's limit: write, look at the total, and put the old leaves back if it
+     * overflowed (in reverse, so a repeated index gets its first saved value, the original). */
+    for (int64_t k = 0; k < n; k++) saved[k] = tree[index[k]];
+    FN(write_batch)(layout, tree, index, value, value_stride, n, in_order, false);
+    if (FN(total_is_finite)(layout, tree)) return RP_OK;
+    for (int64_t k = n - 1; k >= 0; k--) tree[index[k]] = saved[k];
+    FN(refresh)(layout, tree, index, n, false, false);
+    *bad = -1;
+    return RP_ERR_TOTAL;
 }
 
 int FN(rp_sumtree_update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
-                          const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad) {
-    return FN(update)(layout, tree, index, value, value_stride, n, bad, false);
+                          const SCALAR *value, int64_t value_stride, int64_t n, SCALAR *saved,
+                          int64_t *bad) {
+    return FN(update)(layout, tree, index, value, value_stride, n, saved, bad, false);
 }
 
 int FN(rp_mintree_update)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
                           const SCALAR *value, int64_t value_stride, int64_t n, int64_t *bad) {
-    return FN(update)(layout, tree, index, value, value_stride, n, bad, true);
+    return FN(update)(layout, tree, index, value, value_stride, n, NULL, bad, true);
 }
 
 /* Sum of lvl[a..b) in double, four running sums (a chain of dependent additions was most of a
@@ -596,10 +649,11 @@ static int64_t FN(first_positive_at_or_after)(const rp_segtree_layout *layout, c
     return -1;
 }
 
-int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t num_valid,
-                          const double *uniform, int64_t n, double p_min, double beta,
-                          int64_t *out_index, SCALAR *out_priority, double *out_weight, int64_t *bad) {
-    if (num_valid < 1 || num_valid > layout->size) {
+int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t mass_end,
+                          int64_t num_valid, const double *uniform, int64_t n, double p_min,
+                          double beta, int64_t *out_index, SCALAR *out_priority,
+                          double *out_weight, int64_t *bad) {
+    if (num_valid < 1 || mass_end < num_valid || mass_end > layout->size) {
         *bad = num_valid;
         return RP_ERR_INDEX;
     }
@@ -609,8 +663,10 @@ int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, i
             return RP_ERR_VALUE;
         }
     }
-    const double p_sum = FN(query)(layout, tree, 0, num_valid, false);
+    const double p_sum = FN(query)(layout, tree, 0, mass_end, false);
     if (!(p_sum > 0)) return RP_ERR_EMPTY;
+    /* The mass may lie past num_valid only: then no draw can be moved onto a positive leaf. */
+    if (mass_end > num_valid && !(FN(query)(layout, tree, 0, num_valid, false) > 0)) return RP_ERR_EMPTY;
     double v[RP_DESCENT_GROUP];
     for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
         const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
@@ -678,11 +734,12 @@ static int64_t FN(first_allowed_at_or_after)(const rp_segtree_layout *layout, co
 }
 
 int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR *tree,
-                                  int64_t num_valid, const int64_t *exclude, int64_t n_exclude,
-                                  const double *uniform, int64_t n, double p_min, double beta,
-                                  double *scratch, int64_t scratch_len, int64_t *out_index,
-                                  SCALAR *out_priority, double *out_weight, int64_t *bad) {
-    if (num_valid < 1 || num_valid > layout->size || n_exclude < 0) {
+                                  int64_t mass_end, int64_t num_valid, const int64_t *exclude,
+                                  int64_t n_exclude, const double *uniform, int64_t n,
+                                  double p_min, double beta, double *scratch, int64_t scratch_len,
+                                  int64_t *out_index, SCALAR *out_priority, double *out_weight,
+                                  int64_t *bad) {
+    if (num_valid < 1 || mass_end < num_valid || mass_end > layout->size || n_exclude < 0) {
         *bad = -1;
         return RP_ERR_INDEX;
     }
@@ -705,12 +762,12 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
         while (r_end < n_exclude && exclude[r_end] == exclude[r_end - 1] + 1) r_end++;
         r = r_end;
     }
-    /* the first entry outside [0, num_valid) among the sorted exclude[0, bad_order) */
+    /* the first entry outside [0, mass_end) among the sorted exclude[0, bad_order) */
     int64_t bad_range = bad_order;
     if (bad_order > 0 && exclude[0] < 0) {
         bad_range = 0;
-    } else if (bad_order > 0 && exclude[bad_order - 1] >= num_valid) {
-        bad_range = FN(first_at_least)(exclude, bad_order, num_valid);
+    } else if (bad_order > 0 && exclude[bad_order - 1] >= mass_end) {
+        bad_range = FN(first_at_least)(exclude, bad_order, mass_end);
     }
     if (bad_range < n_exclude) {
         *bad = bad_range;
@@ -739,7 +796,7 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
         cut[R] = excluded;
         pos = e + count;
     }
-    if (num_valid > pos) allowed += FN(query)(layout, tree, pos, num_valid, false);
+    if (mass_end > pos) allowed += FN(query)(layout, tree, pos, mass_end, false);
     if (!(allowed > 0)) return RP_ERR_EMPTY;
     if (FN(first_allowed_at_or_after)(layout, tree, exclude, n_exclude, 0, num_valid) < 0)
         return RP_ERR_EMPTY;
@@ -762,7 +819,7 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
             }
             const int64_t next = a < runs ? first[a] : n_exclude; /* first exclusion after it */
             lo[q] = next > 0 ? exclude[next - 1] + 1 : 0;
-            hi[q] = a < runs ? exclude[next] : num_valid;
+            hi[q] = a < runs ? exclude[next] : mass_end;
             /* The same draw in the unmasked tree: add the excluded mass on its left. */
             v[q] = mass + (a > 0 ? cut[a - 1] : 0.0);
         }
@@ -772,9 +829,9 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
             /* Rounding of the internal sums can end a descent just outside its gap. */
             if (i >= hi[q]) i = hi[q] - 1;
             if (i < lo[q]) i = lo[q];
+            if (i >= num_valid) i = num_valid - 1; /* past the storage: clamped, as torchrl does */
             if (RP_UNLIKELY(lo[q] >= hi[q]) || !(tree[i] > 0) || FN(is_excluded)(exclude, n_exclude, i)) {
-                const int64_t left = FN(last_allowed_at_or_before)(layout, tree, exclude, n_exclude,
-                                                                   i < num_valid ? i : num_valid - 1);
+                const int64_t left = FN(last_allowed_at_or_before)(layout, tree, exclude, n_exclude, i);
                 i = left >= 0 ? left
                               : FN(first_allowed_at_or_after)(layout, tree, exclude, n_exclude, i, num_valid);
             }

@@ -467,8 +467,8 @@ class TestUpdatePriority:
         sampler = self._sampler()
         sampler.update_priority(torch.tensor([0]), torch.tensor([1.0]))
         before = sampler._sum_tree.values()
-        with pytest.raises(IndexError, match="index 8 at position 1 is out of range for size 8"):
-            sampler.update_priority(torch.tensor([2, 8]), torch.tensor([1.0, 1.0]))
+        with pytest.raises(IndexError, match="index 16 at position 1 is out of range for size 8"):
+            sampler.update_priority(torch.tensor([2, 16]), torch.tensor([1.0, 1.0]))
         # torchrl itself drops every negative index before the trees see it.
         sampler.update_priority(torch.tensor([-2, -5]), torch.tensor([1.0, 2.0]))
         with pytest.raises(IndexError, match="index -2 at position 0"):

@@ -24,13 +24,9 @@ DEVICES = [
         marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     ),
 ]
-BACKENDS = [
-    "torch",
-    pytest.param(
-        "replay",
-        marks=pytest.mark.skipif(ours._REPLAY_TREES is None, reason="replay's trees not built"),
-    ),
-]
+# Where the priorities of a CPU sampler live: replay's trees, or the torch-op trees of the
+# accelerator path (``_use_cpu_kernels = False``).
+BACKENDS = ["torch", "replay"]
 
 
 class NumpyTree:
@@ -313,7 +309,7 @@ def test_prioritized_frequencies_and_weights(backend, dtype):
     n, alpha, beta, eps = 20, 0.6, 0.4, 1e-8
     storage = make_storage(32, filled=n)
     sampler = ours.PrioritizedSampler(32, alpha=alpha, beta=beta, eps=eps, dtype=dtype)
-    sampler._use_trees(backend)
+    sampler._use_cpu_kernels = backend == "replay"
     priority = torch.arange(1, n + 1, dtype=torch.float64)
     sampler.update_priority(torch.arange(n), priority)
     sampler._rng = generator(5)
@@ -400,13 +396,21 @@ def test_update_priority_nd_index_with_storage():
     (r0, r1), _ = ref.sample(storage, 32)
     (m0, m1), info = mine.sample(storage, 32)
     assert torch.equal(r0, m0) and torch.equal(r1, m1)
-    # rows with a -1 coordinate are skipped (torchrl's ravel_multi_index raises on them)
-    mine.update_priority(torch.tensor([[-1, -1], [2, 2]]), torch.tensor([7.0, 8.0]), storage=storage)
-    assert mine._sum_tree[10] == pytest.approx(8.0)
     with pytest.raises(RuntimeError, match="storage should be provided"):
         mine.update_priority(index, torch.ones(3))
-    with pytest.raises(IndexError, match=r"index \[10, 0\] at position 0 is out of range"):
-        mine.update_priority(torch.tensor([[10, 0]]), torch.ones(1), storage=storage)
+    # Rows outside the storage, a -1 row included: torchrl's ravel_multi_index raises
+    # ValueError, so do we (naming the row), and neither sampler changes.
+    before = mine._sum_tree[np.arange(40)].copy(), mine._max_priority
+    for rows, message in (
+        ([[2, 2], [10, 0]], r"index \[10, 0\] at position 1 is out of range for a storage of shape \(10, 4\)"),
+        ([[-1, -1], [2, 2]], r"index \[-1, -1\] at position 0 is out of range"),
+        ([[0, 4]], r"index \[0, 4\] at position 0"),
+    ):
+        for sampler, match in ((ref, "invalid entry in coordinates array"), (mine, message)):
+            with pytest.raises(ValueError, match=match):
+                sampler.update_priority(torch.tensor(rows), torch.ones(len(rows)), storage=storage)
+    np.testing.assert_array_equal(mine._sum_tree[np.arange(40)], before[0])
+    assert mine._max_priority is before[1]
 
 
 def test_update_priority_bad_input_leaves_sampler_usable():
@@ -422,8 +426,8 @@ def test_update_priority_bad_input_leaves_sampler_usable():
         s.update_priority(torch.tensor([0]), torch.tensor([-2.0]))
     with pytest.raises(ValueError, match="got priority=inf"):
         s.update_priority(torch.tensor([0]), torch.tensor([float("inf")]))
-    with pytest.raises(IndexError, match="index 10 at position 1 is out of range for max_capacity=10"):
-        s.update_priority(torch.tensor([0, 10]), torch.tensor([1.0, 2.0]))
+    with pytest.raises(IndexError, match="index 16 at position 1 is out of range for max_capacity=10: the priority trees hold 16 leaves"):
+        s.update_priority(torch.tensor([0, 16]), torch.tensor([1.0, 2.0]))
     with pytest.raises(IndexError, match="index -3"):
         s.update_priority(torch.tensor(-3), torch.tensor(2.0))
     after = (s._sum_tree[np.arange(10)], s._min_tree[np.arange(10)], s._max_priority)
@@ -563,7 +567,7 @@ def test_prioritized_torch_path_follows_storage_device(device):
     samplers = []
     for storage in (storage_cpu, storage_dev):
         s = ours.PrioritizedSampler(64, 0.7, 0.4)
-        s._use_trees("torch")
+        s._use_cpu_kernels = False
         s.update_priority(torch.arange(50), _priorities(50, 3), storage=storage)
         s._rng = generator(9)
         samplers.append((s, s.sample(storage, 128)))

@@ -6,8 +6,7 @@ from tensordict import TensorDict
 from torchrl.data.replay_buffers import LazyTensorStorage
 
 import torchrl_compat.samplers as ours
-
-pytestmark = pytest.mark.skipif(ours._REPLAY_TREES is None, reason="replay's trees not built")
+from torchrl_compat import _sampler_priorities, _sampler_trees
 
 
 def make_storage(n, filled=None):
@@ -35,7 +34,7 @@ def test_prioritized_update_and_sample_match_torch_path(dtype, within_buffer):
     fast, slow = _pair(
         ours.PrioritizedSampler, n, 0.7, 0.4, dtype=dtype, max_priority_within_buffer=within_buffer
     )
-    assert ours._is_replay_tree(fast._sum_tree)
+    assert _sampler_trees.is_replay_tree(fast._sum_tree)
     rng = np.random.default_rng(0)
     for step in range(20):
         index = torch.as_tensor(rng.integers(-1, n, size=int(rng.integers(0, 40))))
@@ -57,6 +56,8 @@ def test_prioritized_update_and_sample_match_torch_path(dtype, within_buffer):
         assert torch.equal(fi, si)
         assert finfo["priority_weight"].dtype == sinfo["priority_weight"].dtype == dtype
         torch.testing.assert_close(finfo["priority_weight"], sinfo["priority_weight"])
+    assert _sampler_trees.is_replay_tree(fast._sum_tree)
+    assert not _sampler_trees.is_replay_tree(slow._sum_tree)  # the accelerator path's trees
 
 
 def test_prioritized_kernel_errors_match_torch_path():
@@ -65,8 +66,8 @@ def test_prioritized_kernel_errors_match_torch_path():
     for sampler in (fast, slow):
         with pytest.raises(RuntimeError, match="non-positive p_sum"):
             sampler.sample(storage, 4)
-        with pytest.raises(IndexError, match="index 10 at position 1 is out of range for max_capacity=10"):
-            sampler.update_priority(torch.tensor([1, 10]), torch.tensor([1.0, 1.0]))
+        with pytest.raises(IndexError, match="index 16 at position 1 is out of range for max_capacity=10"):
+            sampler.update_priority(torch.tensor([1, 16]), torch.tensor([1.0, 1.0]))
         with pytest.raises(ValueError, match="got priority=nan at position 1"):
             sampler.update_priority(torch.tensor([1, 2]), torch.tensor([1.0, float("nan")]))
         with pytest.raises(ValueError, match="got priority=-1.0 at position 0"):
@@ -251,7 +252,8 @@ def test_prioritized_slice_kernel_matches_torch_path(config, wrap, dtype, monkey
         (si,), sinfo = slow.sample(storage, 20)
         # the kernel path neither reads every leaf nor writes the trees
         with monkeypatch.context() as patch:
-            patch.setattr(ours, "_read_leaves", None)
+            patch.setattr(ours, "read_leaves", None)
+            patch.setattr(_sampler_priorities, "read_leaves", None)
             (fi,), finfo = fast.sample(storage, 20)
         assert torch.equal(fi, si)
         assert set(finfo) == set(sinfo)

@@ -134,6 +134,25 @@ def test_find_start_stop_traj_matches_torchrl(shape):
                     assert torch.equal(e, g)
 
 
+@pytest.mark.parametrize("shape", [(1,), (2,), (17,), (12, 3), (9, 2, 3), (5, 1, 2, 2)])
+def test_end_to_start_stop_matches_torchrl(shape):
+    """The bounds of an end table as given (columns without an end hold no trajectory), and
+    ``SliceSampler._end_to_start_stop``, which calls it, against torchrl's."""
+    rng = np.random.default_rng(len(shape))
+    ref, mine = trl.SliceSampler(num_slices=1), ours.SliceSampler(num_slices=1)
+    for p in (0.0, 0.2, 0.6, 1.0):
+        end = _random_end(rng, shape, p)
+        expected = ref._end_to_start_stop(end, shape[0])
+        for got in (_torch_slices.end_to_start_stop(end, shape[0]), mine._end_to_start_stop(end, shape[0])):
+            for e, g in zip(expected, got):
+                assert e.dtype == g.dtype == torch.long and torch.equal(e, g), (end, e, g)
+        # the length may differ from the rows (torchrl wraps the starts on the rows)
+        expected = ref._end_to_start_stop(end.long(), shape[0] + 3)
+        got = _torch_slices.end_to_start_stop(end.long(), shape[0] + 3)
+        for e, g in zip(expected, got):
+            assert torch.equal(e, g)
+
+
 def test_find_start_stop_traj_errors():
     with pytest.raises(RuntimeError, match="at least 1-dimensional"):
         _torch_slices.find_start_stop_traj(end=torch.tensor(True), at_capacity=False)
@@ -141,19 +160,20 @@ def test_find_start_stop_traj_errors():
         _torch_slices.find_start_stop_traj(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5)
 
 
-def test_slices_from_starts_matches_torchrl():
+def test_slice_indices_match_torchrl():
     ref = trl.SliceSampler(num_slices=1)
     rng = np.random.default_rng(0)
     for ndim in (1, 2, 3):
-        start = torch.as_tensor(rng.integers(0, 20, (6, ndim)))
-        for seq in (1, 4, torch.as_tensor(rng.integers(1, 6, 6)), torch.tensor([0, 1, 0, 3, 2, 1])):
-            expected = ref._tensor_slices_from_startend(seq, start, 15)
-            got = _torch_slices.slices_from_starts(seq, start, 15)
-            assert got.dtype == expected.dtype and torch.equal(got, expected)
+        for dtype in (torch.int64, torch.int32):
+            start = torch.as_tensor(rng.integers(0, 20, (6, ndim))).to(dtype)
+            for seq in (1, 4, torch.as_tensor(rng.integers(1, 6, 6)), torch.tensor([0, 1, 0, 3, 2, 1])):
+                expected = ref._tensor_slices_from_startend(seq, start, 15)
+                got = _torch_slices.slice_indices(start, seq, 15)
+                assert got.dtype == torch.int64 and torch.equal(got, expected.long())
     start = torch.tensor([3, 14, 0])
     for seq in (3, torch.tensor([2, 3, 1])):
         assert torch.equal(
-            _torch_slices.slices_from_starts(seq, start, 15), ref._tensor_slices_from_startend(seq, start, 15)
+            _torch_slices.slice_indices(start, seq, 15), ref._tensor_slices_from_startend(seq, start, 15)
         )
 
 

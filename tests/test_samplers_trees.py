@@ -1,4 +1,5 @@
-"""The torch-op priority trees of torchrl_compat against a plain numpy model."""
+"""The torch-op priority trees of torchrl_compat (the CUDA path) against a plain numpy model
+and against ``replay``'s trees (the CPU path), on CPU tensors."""
 import copy
 import pickle
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import replay
 from torchrl_compat._torch_sumtree import (
     sample_prioritized_leaves,
     TorchMinSegmentTreeFp32,
@@ -35,7 +37,12 @@ def identity(kind, dtype):
     return 0.0 if kind == "sum" else float(np.finfo(dtype).max)
 
 
-def model_query(values, kind, dtype, left, right):
+def model_query(values, kind, dtype, left, right, size=None):
+    """torchrl's query over ``values`` (every leaf below the capacity): a range from 0 that
+    reaches ``size`` is the whole tree."""
+    size = len(values) if size is None else size
+    if left <= 0 and right >= size:
+        left, right = 0, len(values)
     left, right = max(left, 0), min(right, len(values))
     if right <= left:
         return identity(kind, dtype)
@@ -58,18 +65,19 @@ class TestTreeAPI:
         rng = np.random.default_rng(0)
         for size in (1, 7, 64, 1000):
             tree = cls(size, device=device)
-            model = np.full(size, identity(kind, dtype), dtype=dtype)
-            for _ in range(20):
+            model = np.full(tree.capacity, identity(kind, dtype), dtype=dtype)
+            for step in range(20):
                 n = int(rng.integers(0, 2 * size + 1))
-                index = rng.integers(0, size, n)
+                # leaves past size (below the capacity) now and then, as torchrl's samplers write
+                index = rng.integers(0, tree.capacity if step % 4 == 3 else size, n)
                 value = rng.uniform(0, 10, n).astype(dtype)
                 tree[torch.as_tensor(index, device=device)] = torch.as_tensor(value, device=device)
                 model[index] = value  # numpy: last write wins on duplicates
-                left, right = sorted(rng.integers(-2, size + 3, 2).tolist())
-                expected = model_query(model, kind, dtype, left, right)
+                left, right = sorted(rng.integers(-2, tree.capacity + 3, 2).tolist())
+                expected = model_query(model, kind, dtype, left, right, size)
                 np.testing.assert_allclose(tree.query(left, right), expected, rtol=1e-5)
-                np.testing.assert_array_equal(tree[np.arange(size)], model)
-            assert tree.query(0, size) == pytest.approx(model_query(model, kind, dtype, 0, size), rel=1e-5)
+                np.testing.assert_array_equal(tree[np.arange(tree.capacity)], model)
+            assert tree.query(0, size) == pytest.approx(model_query(model, kind, dtype, 0, size, size), rel=1e-5)
 
     def test_batched_query(self, cls, kind, dtype):
         rng = np.random.default_rng(1)
@@ -110,12 +118,12 @@ class TestTreeAPI:
         tree = cls(8)
         tree[np.arange(8)] = np.arange(8, dtype=np.float64)
         before = tree[np.arange(8)].copy()
-        with pytest.raises(IndexError, match="index 8 at position 2 is out of range for size 8"):
-            tree[torch.tensor([0, 1, 8])] = 1.0
+        with pytest.raises(IndexError, match=r"index 16 at position 2 is out of range for size 8: .* \[0, 16\)"):
+            tree[torch.tensor([0, 1, 16])] = 1.0
         with pytest.raises(IndexError, match="index -1 at position 0"):
             tree[torch.tensor([-1])] = 1.0
-        with pytest.raises(IndexError, match="index 9 at position 0"):
-            tree[9]
+        with pytest.raises(IndexError, match="index 17 is out of range"):
+            tree[17]
         with pytest.raises(ValueError, match="position 1"):
             tree[torch.tensor([0, 1])] = torch.tensor([1.0, float("nan")])
         with pytest.raises(TypeError, match="must hold integers"):
@@ -256,3 +264,66 @@ class TestSamplePrioritized:
         moved = tree.to("cpu")
         moved[1] = 9.0
         assert tree.query(0, 5) == 1.0 and moved.query(0, 5) == 2.0
+
+
+# --------------------------------------------------------------------------- against replay
+
+PAIRED = [
+    (TorchSumSegmentTreeFp32, replay.SumSegmentTreeFp32),
+    (TorchSumSegmentTreeFp64, replay.SumSegmentTreeFp64),
+    (TorchMinSegmentTreeFp32, replay.MinSegmentTreeFp32),
+    (TorchMinSegmentTreeFp64, replay.MinSegmentTreeFp64),
+]
+
+
+@pytest.mark.parametrize("torch_cls,replay_cls", PAIRED, ids=TREE_IDS)
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(1, 70), seed=st.integers(0, 2**32 - 1))
+def test_torch_ops_match_replay(torch_cls, replay_cls, size, seed):
+    """The same writes (leaves past size included) into both: every leaf, torchrl-rule queries,
+    scans and prioritized draws agree exactly (small integer values keep every sum exact)."""
+    rng = np.random.default_rng(seed)
+    ours, theirs = torch_cls(size), replay_cls(size)
+    assert ours.capacity == theirs.capacity
+    reach = ours.capacity if seed % 3 == 0 else size
+    for _ in range(4):
+        index = torch.as_tensor(rng.integers(0, reach, int(rng.integers(0, 2 * size))))
+        value = torch.as_tensor(rng.integers(0, 6, index.numel()).astype(np.float64))
+        ours[index] = value
+        theirs[index] = value
+    every = np.arange(ours.capacity)
+    np.testing.assert_array_equal(ours[every], theirs[every])
+    left = rng.integers(-2, ours.capacity + 2, 30)
+    right = rng.integers(-2, ours.capacity + 2, 30)
+    np.testing.assert_array_equal(ours.query(left, right), theirs.query(left, right))
+    assert ours.query(0, size) == theirs.query(0, size)
+    if not torch_cls.__name__.startswith("TorchSum"):
+        return
+    total = theirs.query(0, size)
+    mass = rng.uniform(-1, total + 2, 50)
+    np.testing.assert_array_equal(ours.scan_lower_bound(mass), theirs.scan_lower_bound(mass))
+    uniform = torch.as_tensor(np.concatenate([[0.0, 1.0], rng.random(40)]))
+    for num_valid in {1, max(size - 1, 1), size, ours.capacity - 1, ours.capacity, 3 * ours.capacity}:
+        try:
+            expected = theirs.sample_prioritized(num_valid, uniform)
+        except RuntimeError:
+            with pytest.raises(RuntimeError, match="non-positive p_sum"):
+                ours.sample_prioritized(uniform, num_valid)
+            continue
+        index, priority, _ = ours.sample_prioritized(uniform, num_valid)
+        assert torch.equal(index, expected[0]), num_valid
+        assert torch.equal(priority, expected[1])
+
+
+@pytest.mark.parametrize("torch_cls,replay_cls", PAIRED[:2], ids=TREE_IDS[:2])
+def test_total_overflow_refused_as_replay_refuses_it(torch_cls, replay_cls):
+    big = float(torch.finfo(torch_cls._dtype).max) * 0.6
+    for tree in (torch_cls(6), replay_cls(6)):
+        tree[np.arange(6)] = np.arange(6.0)
+        tree[2] = big
+        before = tree[np.arange(tree.capacity)].copy()
+        with pytest.raises(ValueError, match="would make the sum of the tree's leaves .* past the largest finite"):
+            tree[np.array([0, 4])] = np.array([1.0, big])
+        np.testing.assert_array_equal(tree[np.arange(tree.capacity)], before)
+        tree[np.array([2, 4])] = np.array([1.0, big])  # replaces the big leaf: accepted
+        assert np.isfinite(tree.query(0, 6))

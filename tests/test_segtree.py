@@ -13,6 +13,10 @@ import replay
 SUM_CLASSES = [replay.SumSegmentTreeFp32, replay.SumSegmentTreeFp64]
 MIN_CLASSES = [replay.MinSegmentTreeFp32, replay.MinSegmentTreeFp64]
 ALL_CLASSES = SUM_CLASSES + MIN_CLASSES
+PAIRS = [
+    (replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32),
+    (replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64),
+]
 
 
 def _dtype(cls):
@@ -23,19 +27,32 @@ def _is_sum(cls):
     return cls.__name__.startswith("Sum")
 
 
+def _capacity(size):
+    """torchrl's tree capacity: the smallest power of two strictly greater than size."""
+    return 1 << int(size).bit_length()
+
+
 class Model:
-    """The reference: leaves in a float64 array, reductions by numpy."""
+    """The reference: torchrl's tree semantics over a float64 array, reductions by numpy.
+
+    torchrl's trees hold ``capacity`` leaves and accept every index below it; a query from 0
+    (or below) that reaches ``size`` covers all of them; the scan of a mass past the total
+    gives ``size``.
+    """
 
     def __init__(self, cls, size):
         self.is_sum = _is_sum(cls)
+        self.size = size
         self.identity = 0.0 if self.is_sum else float(np.finfo(_dtype(cls)).max)
-        self.leaves = np.full(size, self.identity, dtype=np.float64)
+        self.leaves = np.full(_capacity(size), self.identity, dtype=np.float64)
 
     def update(self, index, value):
         for i, v in zip(np.ravel(index), np.broadcast_to(value, np.shape(index)).ravel()):
             self.leaves[i] = v  # sequential: a repeated index keeps its last value
 
     def query(self, l, r):
+        if l <= 0 and r >= self.size:
+            l, r = 0, self.leaves.size
         l, r = max(l, 0), min(r, self.leaves.size)
         if l >= r:
             return self.identity
@@ -47,7 +64,7 @@ class Model:
         if v <= 0:
             return 0
         if v > total:
-            return self.leaves.size
+            return self.size
         return int(np.searchsorted(np.cumsum(self.leaves), v, side="left"))
 
 
@@ -106,9 +123,11 @@ class TestBasics:
 
     def test_size_zero(self, cls):
         tree = cls(0)
-        assert len(tree) == 0 and tree.query(0, 10) == tree.identity_element
-        with pytest.raises(IndexError, match="out of range for size 0"):
-            tree[0] = 1.0
+        assert len(tree) == 0 and tree.capacity == 1 and tree.query(0, 10) == tree.identity_element
+        with pytest.raises(IndexError, match=r"index 1 is out of range for size 0: .* \[0, 1\)"):
+            tree[1] = 1.0
+        tree[0] = 1.0  # torchrl's capacity-1 tree takes leaf 0
+        assert tree[0] == 1.0 and tree.query(0, 0) == 1.0 and tree.values().shape == (0,)
 
     def test_pickle_and_deepcopy(self, cls):
         tree = cls(100)
@@ -144,20 +163,22 @@ class TestBadInput:
         return tree
 
     def test_out_of_range_index(self, cls):
-        tree = self._filled(cls)
+        tree = self._filled(cls)  # size 30, capacity 32
         before = tree.values()
-        with pytest.raises(IndexError, match="index 30 is out of range for size 30"):
-            tree[30] = 1.0
+        with pytest.raises(IndexError, match=r"index 32 is out of range for size 30: .* \[0, 32\)"):
+            tree[32] = 1.0
         with pytest.raises(IndexError, match="index -1 is out of range"):
             tree.update(-1, 1.0)
         with pytest.raises(IndexError, match="index 1000003 at position 2 is out of range for size 30"):
             tree[np.array([0, 1, 1000003, 4])] = np.array([9.0, 9.0, 9.0, 9.0])
         with pytest.raises(IndexError, match="index -5 at position 1"):
             tree[torch.tensor([3, -5])] = 2.0
-        with pytest.raises(IndexError, match="index 31 at position 0"):
-            tree[np.array([31])]
-        with pytest.raises(IndexError, match="index 30 is out of range"):
-            tree.at(30)
+        with pytest.raises(IndexError, match="index 32 at position 1"):
+            tree[np.array([31, 32])]
+        with pytest.raises(IndexError, match="index 33 is out of range"):
+            tree.at(33)
+        with pytest.raises(IndexError, match="index 32 at position 2"):  # grown or not
+            tree[np.array([0, 31, 32])] = 1.0
         with pytest.raises(IndexError, match="does not fit in int64"):
             tree[np.array([2**64 - 1], dtype=np.uint64)]
         np.testing.assert_array_equal(tree.values(), before)  # batch rejected whole
@@ -217,20 +238,24 @@ def test_random_operation_sequences(cls, size, ops, seed):
     """Integer-valued leaves keep every sum exact, so results must match the model exactly."""
     rng = np.random.default_rng(seed)
     tree, model = cls(size), Model(cls, size)
+    # Mostly leaves below size; some past it, below capacity, as torchrl's samplers write them.
+    reach = size if seed % 3 else tree.capacity
     for op, a, b in ops:
         if op == "update":
-            index = np.array([i % size for i in a], dtype=np.int64)
+            index = np.array([i % reach for i in a], dtype=np.int64)
             values = rng.integers(0, 1000, index.size).astype(np.float64)
             tree[index] = values
             model.update(index, values)
         elif op == "scalar":
-            tree[a % size] = float(b)
-            model.update(np.array([a % size]), float(b))
+            tree[a % reach] = float(b)
+            model.update(np.array([a % reach]), float(b))
         elif op == "query":
             assert tree.query(a, b) == pytest.approx(model.query(a, b), rel=0, abs=0)
         elif op == "scan" and _is_sum(cls):
             assert tree.scan_lower_bound(a) == model.scan(np.float32(a) if _dtype(cls) == np.float32 else a)
-    np.testing.assert_array_equal(tree.values(), model.leaves.astype(_dtype(cls)))
+    np.testing.assert_array_equal(tree.values(), model.leaves[:size].astype(_dtype(cls)))
+    every = np.arange(tree.capacity)
+    np.testing.assert_array_equal(tree[every], model.leaves.astype(_dtype(cls)))
     assert tree.query(0, size) == model.query(0, size)
     if _is_sum(cls):
         masses = rng.uniform(-1, model.leaves.sum() + 2, 64).astype(_dtype(cls))
@@ -257,7 +282,7 @@ def test_dense_build_matches_incremental(cls, size):
     lo = rng.integers(0, size, 50)
     hi = rng.integers(0, size + 1, 50)
     model = Model(cls, size)
-    model.leaves[:] = values
+    model.leaves[:size] = values
     np.testing.assert_array_equal(dense.query(lo, hi), [model.query(a, b) for a, b in zip(lo, hi)])
 
 
@@ -368,10 +393,10 @@ class TestSamplePrioritized:
         tree = self._tree(replay.SumSegmentTreeFp32, [0, 0, 1])
         with pytest.raises(RuntimeError, match="no positive priority among the first 2 leaves"):
             tree.sample_prioritized(2, np.array([0.5]))
-        with pytest.raises(IndexError, match=r"num_valid=4 is out of range \[1, 3\]"):
-            tree.sample_prioritized(4, np.array([0.5]))
-        with pytest.raises(IndexError, match="num_valid=0"):
+        with pytest.raises(IndexError, match="num_valid=0 must be at least 1"):
             tree.sample_prioritized(0, np.array([0.5]))
+        with pytest.raises(IndexError, match="num_valid=1: a tree of size 0 has no leaf to draw"):
+            replay.SumSegmentTreeFp32(0).sample_prioritized(1, np.array([0.5]))
         with pytest.raises(ValueError, match="uniform draw 1.5 at position 1"):
             tree.sample_prioritized(3, np.array([0.1, 1.5]))
         with pytest.raises(ValueError, match="p_min is required"):
@@ -423,6 +448,140 @@ def test_threads_never_corrupt_the_tree():
     np.testing.assert_array_equal(level1[: padded.size // 16], padded.reshape(-1, 16).sum(1))
 
 
+# --------------------------------------------------------------------------- leaves past size
+
+
+def _levels(tree):
+    """Every internal level of the layout (a tree's whole state, for unchanged-state checks)."""
+    out = []
+    for level in range(20):
+        try:
+            out.append(tree._py_level(level))
+        except IndexError:
+            return out
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+@pytest.mark.parametrize("size", [5, 16, 149])
+def test_leaves_past_size_behave_as_torchrls(cls, size):
+    """torchrl's trees keep ``capacity`` leaves; torchrl's samplers write past ``size`` when the
+    storage is longer. Reads before any such write see the identity; the first write lays the
+    buffer out again (once); a whole-tree query and the scan cover those leaves; pickling keeps
+    the ``size`` leaves only, as torchrl's trees do."""
+    tree, model = cls(size), Model(cls, size)
+    capacity = tree.capacity
+    assert capacity == _capacity(size)
+    past = np.arange(size, capacity)
+    np.testing.assert_array_equal(tree[past], np.full(past.size, tree.identity_element, _dtype(cls)))
+    assert tree.at(capacity - 1) == tree.identity_element
+    tree[np.arange(size)] = np.arange(1.0, size + 1)
+    model.update(np.arange(size), np.arange(1.0, size + 1))
+    allocated = tree._py_level(0).size
+    tree[capacity - 1] = 0.5
+    model.update([capacity - 1], 0.5)
+    assert tree._py_level(0).size >= capacity > allocated or allocated >= capacity
+    tree[torch.tensor([size, capacity - 2])] = torch.tensor([7.0, 3.0])
+    model.update([size, capacity - 2], [7.0, 3.0])
+    np.testing.assert_array_equal(tree[np.arange(capacity)], model.leaves.astype(_dtype(cls)))
+    for l, r in [(0, size), (-3, size + 5), (0, capacity), (1, size), (size, capacity - 1), (0, size - 1)]:
+        assert tree.query(l, r) == model.query(l, r), (l, r)
+    np.testing.assert_array_equal(
+        tree.query(np.array([0, -1, 2, size]), np.array([size, capacity, size, capacity - 1])),
+        [model.query(0, size), model.query(-1, capacity), model.query(2, size), model.query(size, capacity - 1)],
+    )
+    if _is_sum(cls):
+        total = model.leaves.sum()
+        masses = np.array([0.5, total - 0.25, total, total + 1.0])
+        assert tree.scan_lower_bound(masses).tolist() == [model.scan(v) for v in masses]
+    assert tree.values().shape == (size,) and len(tree) == size
+    clone = pickle.loads(pickle.dumps(tree))
+    np.testing.assert_array_equal(clone.values(), tree.values())
+    assert clone.at(capacity - 1) == tree.identity_element  # torchrl pickles the size leaves
+    tree.__setstate__(tree.values())
+    assert tree.at(capacity - 1) == tree.identity_element
+
+
+@pytest.mark.parametrize("sum_cls,min_cls", PAIRS)
+def test_update_priority_pair_grows_both_trees(sum_cls, min_cls):
+    sum_tree, min_tree = sum_cls(5), min_cls(5)
+    replay.update_priority_pair(sum_tree, min_tree, np.arange(3), 1.0, 1.0)
+    assert replay.update_priority_pair(sum_tree, min_tree, np.array([3, 7, -1]), np.array([2.0, 0.5, 9.0]),
+                                       np.array([2.0, 0.5, 9.0])) == 0
+    assert sum_tree.query(0, 5) == 5.5 and min_tree.query(0, 5) == 0.5
+    assert sum_tree.at(7) == min_tree.at(7) == 0.5
+    with pytest.raises(IndexError, match=r"index 8 at position 1 is out of range for size 5: .* \[0, 8\)"):
+        replay.update_priority_pair(sum_tree, min_tree, np.array([1, 8]), 1.0, 1.0)
+
+
+# --------------------------------------------------------------------------- sum overflow
+
+
+@pytest.mark.parametrize("cls", SUM_CLASSES)
+def test_write_whose_total_overflows_is_refused_whole(cls):
+    """Each leaf finite, their sum not (two fp32 leaves of 2e38): the write is refused and the
+    tree is left as it was, every level to the bit; a write that keeps the total finite near
+    the limit goes through (the exact check, not the bound)."""
+    big = float(np.finfo(_dtype(cls)).max) * 0.6
+    tree = cls(40)
+    tree[np.arange(40)] = np.arange(40.0)
+    tree[3] = big
+    before = _levels(tree)
+    attempts = [
+        lambda: tree.update(7, big),
+        lambda: tree.update(np.array([1, 2]), np.array([big / 2, big / 2])),
+        lambda: tree.update(np.arange(40), big / 20),  # broadcast, in-order path
+        lambda: tree.update(torch.tensor([9, 9]), torch.tensor([0.0, big], dtype=torch.float64)),  # last wins
+    ]
+    for attempt in attempts:
+        with pytest.raises(ValueError, match="would make the sum of the tree's leaves .* past the largest finite"):
+            attempt()
+        for a, b in zip(_levels(tree), before):
+            np.testing.assert_array_equal(a, b)
+    tree[np.array([3, 5])] = np.array([big / 3, big])  # replaces the big leaf: total stays finite
+    assert tree[5] == np.float64(_dtype(cls)(big)) and np.isfinite(tree.query(0, 40))
+    sum_tree, min_tree = cls(4), (replay.MinSegmentTreeFp64 if _dtype(cls) == np.float64 else replay.MinSegmentTreeFp32)(4)
+    replay.update_priority_pair(sum_tree, min_tree, np.array([0]), big, big)
+    pair_before = _levels(sum_tree), _levels(min_tree)
+    with pytest.raises(ValueError, match="would make the sum"):
+        replay.update_priority_pair(sum_tree, min_tree, np.array([1]), big, big)
+    for tree_now, levels in zip((sum_tree, min_tree), pair_before):
+        for a, b in zip(_levels(tree_now), levels):
+            np.testing.assert_array_equal(a, b)
+    state = np.full(4, big, dtype=_dtype(cls))
+    with pytest.raises(ValueError, match="state sums to"):
+        sum_tree.__setstate__(state)
+    for a, b in zip(_levels(sum_tree), pair_before[0]):
+        np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------- empty sequences
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES)
+def test_empty_sequences_are_accepted_as_torchrls_trees_accept_them(cls):
+    """``tree[[]] = []`` and friends: numpy turns an empty list into float64, yet torchrl's
+    trees take them as empty index batches (nothing written, empty results)."""
+    tree = cls(6)
+    tree[np.arange(6)] = np.arange(6.0)
+    before = _levels(tree)
+    tree[[]] = []
+    tree[()] = ()
+    tree[[]] = 1.0
+    tree[np.array([])] = np.array([])
+    tree.update([], [])
+    out = tree[[]]
+    assert isinstance(out, np.ndarray) and out.shape == (0,) and out.dtype == _dtype(cls)
+    assert tree.query([], []).shape == (0,)
+    if _is_sum(cls):
+        assert tree.scan_lower_bound([]).shape == (0,)
+    for a, b in zip(_levels(tree), before):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="dtype float32"):
+        tree[torch.tensor([])] = torch.tensor([])  # an empty float tensor still has a dtype
+    with pytest.raises(TypeError, match="index must hold integers"):
+        tree[[1.0]] = [2.0]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tensors_give_cuda_results():
     tree = replay.SumSegmentTreeFp32(100)
@@ -440,14 +599,9 @@ def test_bfloat16_priorities_are_widened():
 
 # --------------------------------------------------------------------------- update_priority_pair
 
-PAIRS = [
-    (replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32),
-    (replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64),
-]
-
-
 def _leaves(tree):
-    return np.asarray(tree[np.arange(tree.size)], dtype=np.float64)
+    """Every leaf below the capacity (those past ``size`` included)."""
+    return np.asarray(tree[np.arange(tree.capacity)], dtype=np.float64)
 
 
 @pytest.mark.parametrize("sum_cls,min_cls", PAIRS)
@@ -463,8 +617,10 @@ def test_update_priority_pair_matches_model(sum_cls, min_cls, size, n, scalar_pr
     rng = np.random.default_rng(seed)
     sum_tree, min_tree = sum_cls(size), min_cls(size)
     sum_model, min_model = Model(sum_cls, size), Model(min_cls, size)
+    # Leaves past size (below capacity) in some examples: a storage longer than the trees.
+    reach = size if seed % 4 else sum_tree.capacity
     for _ in range(3):
-        index = rng.integers(-1, size, n)  # -1 marks an item to skip; repeats allowed
+        index = rng.integers(-1, reach, n)  # -1 marks an item to skip; repeats allowed
         priority = rng.random(1 if scalar_priority else n) * 10
         if n and not scalar_priority:
             priority[rng.integers(0, n)] = priority.max()  # a tie: the first one wins
@@ -484,6 +640,7 @@ def test_update_priority_pair_matches_model(sum_cls, min_cls, size, n, scalar_pr
         min_model.update(index[kept], stored[kept])
         np.testing.assert_array_equal(_leaves(sum_tree), sum_model.leaves)
         np.testing.assert_array_equal(_leaves(min_tree), min_model.leaves)
+        assert sum_tree.values().shape == (size,)
         np.testing.assert_allclose(sum_tree.query(0, size), sum_model.query(0, size), rtol=1e-5)
         assert min_tree.query(0, size) == min_model.query(0, size)
 
@@ -496,7 +653,7 @@ def test_update_priority_pair_rejects_bad_input_whole(sum_cls, min_cls):
     index = np.array([1, 2, 3])
     good = np.array([1.0, 2.0, 3.0])
     cases = [
-        (IndexError, "index 8 at position 2 is out of range for size 8", (np.array([1, 2, 8]), good, good)),
+        (IndexError, "index 16 at position 2 is out of range for size 8", (np.array([1, 2, 16]), good, good)),
         (ValueError, "priority=nan at position 1", (index, good, np.array([1.0, np.nan, 3.0]))),
         (ValueError, "priority=-1.0 at position 0", (index, good, np.array([-1.0, 2.0, 3.0]))),
         (ValueError, "priority=inf at position 2", (index, good, np.array([1.0, 2.0, np.inf]))),

@@ -8,14 +8,22 @@ import replay
 CLASSES = [(replay.SumSegmentTreeFp32, np.float32), (replay.SumSegmentTreeFp64, np.float64)]
 
 
-def model(leaves, num_valid, exclude, uniform):
-    """Masked copy, float64 prefix sums, searchsorted, clamp, step off zero leaves (left, then right)."""
-    masked = leaves[:num_valid].astype(np.float64)
+def model(leaves, num_valid, exclude, uniform, size=None):
+    """torchrl's sampling rule over a masked float64 copy: the mass spans ``query(0, num_valid)``
+    (every leaf below the capacity once ``num_valid`` reaches the tree's ``size``), searchsorted,
+    clamp to ``num_valid - 1``, step off zero leaves (left, then right)."""
+    size = len(leaves) if size is None else size
+    capacity = 1 << int(size).bit_length()
+    padded = np.zeros(capacity)
+    padded[: len(leaves)] = leaves
+    mass_end = capacity if num_valid >= size else num_valid
+    masked = padded[:mass_end]
     exclude = np.asarray(exclude, dtype=np.int64)
-    masked[exclude[(exclude >= 0) & (exclude < num_valid)]] = 0
+    masked[exclude[(exclude >= 0) & (exclude < mass_end)]] = 0
     prefix = np.cumsum(masked)
-    index = np.minimum(np.searchsorted(prefix, uniform * prefix[-1], side="left"), num_valid - 1)
-    positive = np.flatnonzero(masked > 0)
+    limit = min(num_valid, capacity)
+    index = np.minimum(np.searchsorted(prefix, uniform * prefix[-1], side="left"), limit - 1)
+    positive = np.flatnonzero(masked[:limit] > 0)
     for k, i in enumerate(index):
         if masked[i] == 0:
             left = positive[positive <= i]
@@ -23,8 +31,8 @@ def model(leaves, num_valid, exclude, uniform):
     return index
 
 
-def make_tree(cls, values):
-    tree = cls(len(values))
+def make_tree(cls, values, size=None):
+    tree = cls(len(values) if size is None else size)
     tree.update(np.arange(len(values)), values)
     return tree
 
@@ -104,9 +112,7 @@ def test_frequencies():
 @pytest.mark.parametrize("cls,dtype", CLASSES)
 def test_errors_leave_tree_usable(cls, dtype):
     tree = make_tree(cls, np.array([0.0, 1.0, 2.0, 0.0], dtype=dtype))
-    with pytest.raises(IndexError, match=r"num_valid=5 is out of range \[1, 4\]"):
-        tree.sample_prioritized_excluding(5, [1], [0.5])
-    with pytest.raises(IndexError, match=r"num_valid=0 is out of range"):
+    with pytest.raises(IndexError, match=r"num_valid=0 must be at least 1"):
         tree.sample_prioritized_excluding(0, [1], [0.5])
     with pytest.raises(ValueError, match="uniform draw 1.5 at position 1 is not in"):
         tree.sample_prioritized_excluding(4, [1], [0.5, 1.5])
@@ -141,3 +147,34 @@ def test_runs_of_excluded_leaves_match_model(cls, dtype, block):
         index, priority, _ = tree.sample_prioritized_excluding(num_valid, torch.as_tensor(exclude), uniform)
         np.testing.assert_array_equal(index, model(values, num_valid, exclude, uniform))
         assert not np.isin(index, exclude).any()
+
+
+@pytest.mark.parametrize("cls,dtype", CLASSES)
+@pytest.mark.parametrize("size", [1, 3, 5, 16, 17, 149])
+def test_leaves_past_size_match_torchrls_rule(cls, dtype, size):
+    """A storage longer than the tree: leaves past ``size`` (below the capacity) written, and
+    ``num_valid`` below, at and past the capacity. With and without excluded leaves."""
+    rng = np.random.default_rng(size)
+    capacity = 1 << size.bit_length()
+    for trial in range(12):
+        written = int(rng.integers(size, capacity + 1))
+        values = rng.integers(0, 5, written).astype(dtype)
+        values[int(rng.integers(0, min(size, written)))] = 3
+        num_valid = int(rng.integers(1, 2 * capacity + 2))
+        exclude = rng.integers(-2, capacity + 2, int(rng.integers(0, 4))) if trial % 2 else []
+        mass_end = capacity if num_valid >= size else num_valid
+        masked = np.zeros(capacity)
+        masked[:written] = values
+        kept = np.asarray(exclude, dtype=np.int64)
+        masked[kept[(kept >= 0) & (kept < mass_end)]] = 0
+        if not (masked[: min(num_valid, capacity)] > 0).any():
+            continue
+        tree = make_tree(cls, values, size)
+        uniform = np.concatenate([[0.0, 1.0], rng.random(300)])
+        expected = model(values, num_valid, exclude, uniform, size=size)
+        index, priority, _ = tree.sample_prioritized_excluding(num_valid, exclude, uniform)
+        np.testing.assert_array_equal(index, expected)
+        np.testing.assert_array_equal(priority, masked[index].astype(dtype))
+        if not len(exclude):
+            index, priority, _ = tree.sample_prioritized(num_valid, uniform)
+            np.testing.assert_array_equal(index, expected)

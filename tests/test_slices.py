@@ -1,7 +1,4 @@
 """Trajectory starts / stops and slice indices, against torchrl 0.11's SliceSampler code."""
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -10,24 +7,12 @@ from hypothesis import strategies as st
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
 import replay
+from torchrl_compat import _torch_slices as TORCH_OPS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _load_torch_ops():
-    # Loaded from its path: the torchrl_compat package itself is not needed for these ops.
-    path = os.path.join(ROOT, "torchrl_compat", "_slices_torch.py")
-    spec = importlib.util.spec_from_file_location("_slices_torch_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-TORCH_OPS = _load_torch_ops()
 SAMPLER = SliceSampler(num_slices=1)
 IMPLEMENTATIONS = {
     "replay": replay.find_start_stop_traj,
-    "torch-ops": TORCH_OPS.find_start_stop_traj_torch,
+    "torch-ops": TORCH_OPS.find_start_stop_traj,
 }
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -302,7 +287,7 @@ def test_replay_and_torch_ops_agree_on_big_nd_ids():
     trajectory = (torch.rand(500, 3, 4, generator=gen) < 0.02).long().cumsum(0)
     for cursor in (None, 17, torch.tensor([4, 499])):
         got = replay.find_start_stop_traj(trajectory=trajectory, at_capacity=True, cursor=cursor)
-        _assert_same(got, TORCH_OPS.find_start_stop_traj_torch(
+        _assert_same(got, TORCH_OPS.find_start_stop_traj(
             trajectory=trajectory, at_capacity=True, cursor=cursor))
 
 
@@ -327,7 +312,7 @@ def test_cuda_signal(from_ids):
 
 SLICE_IMPLEMENTATIONS = {
     "replay": replay.slice_indices,
-    "torch-ops": TORCH_OPS.slice_indices_torch,
+    "torch-ops": TORCH_OPS.slice_indices,
 }
 
 
@@ -480,15 +465,13 @@ def test_excluded_starts_match_model(lengths, tail, keep_first, slack, data):
 
 
 def test_excluded_starts_match_the_torch_path():
-    from torchrl_compat import _torch_slices
-
     rng = np.random.default_rng(0)
     for _ in range(50):
         lengths = torch.as_tensor(rng.integers(1, 60, int(rng.integers(1, 40))))
         total = int(lengths.sum())
         offset = int(rng.integers(0, total))
         for strict_length in (True, False):
-            torch_ops = _torch_slices.excluded_start_positions(lengths, 8, 0, strict_length)
+            torch_ops = TORCH_OPS.excluded_start_positions(lengths, 8, 0, strict_length)
             expected = np.sort(((torch_ops + offset) % total).numpy())
             got = replay.excluded_starts(lengths, 7, keep_first=not strict_length, offset=offset)
             np.testing.assert_array_equal(got, expected)

@@ -1,146 +1,258 @@
-"""Torch-op implementations of the trajectory / slice computations of the slice samplers.
+"""Torch-op implementations of the trajectory and slice computations of the slice samplers.
 
-Every function here runs on any device with no host round trip unless stated, and gives
-the same values, dtypes and row order as the corresponding step of torchrl 0.11's
-``SliceSampler`` / ``PrioritizedSliceSampler`` (where torchrl's result is wrong, the
-docstring says what we return instead). They are the CUDA path of
-:mod:`torchrl_compat.samplers` and run on CPU tensors in the tests.
+These run where the signal lives (the accelerator path of :class:`SliceSampler` and
+:class:`PrioritizedSliceSampler`) and give the same values, dtypes, row order and errors as
+``replay``'s kernels (``replay.find_start_stop_traj``, ``replay.slice_indices``,
+``replay.excluded_starts``) and as the corresponding steps of torchrl 0.11's samplers (where
+torchrl's result is wrong, the docstring says what is returned instead). They also run on CPU
+tensors, where the tests compare them with ``replay``. Their only host synchronisation is the
+one a data-dependent output size needs (``nonzero`` for the trajectories, the total length for
+per-slice lengths) unless stated.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
-from ._sampler_deps import _is_int
+_CURSOR_ERROR = "cursor should be an integer or a 1d tensor or a range."
+_SIGNAL_NDIM_ERROR = "Expected the end-of-trajectory signal to be at least 1-dimensional."
+
+
+class _SignalDimError(IndexError, RuntimeError):
+    """A 0-dim end-of-trajectory signal.
+
+    torchrl's ``_find_start_stop_traj`` means to raise a RuntimeError here but reaches an
+    IndexError first (``end.shape[0]``), so this error is both.
+    """
+
+
+def _is_int_cursor(cursor) -> bool:
+    # torchrl's ``_is_int``: Python / numpy integers (bool included) or 0-dim arrays.
+    if isinstance(cursor, (int, np.integer)):
+        return True
+    if isinstance(cursor, (np.ndarray, torch.Tensor)):
+        return cursor.ndim == 0
+    return False
+
+
+def _mark_cursor(end: torch.Tensor, cursor) -> None:
+    """Sets the cursor row of ``end`` (owned, modified in place) to ``True``."""
+    if isinstance(cursor, torch.Tensor):
+        last = cursor[-1]
+        if last.device.type != "cpu" and last.numel() == 1 and not (
+            last.is_floating_point() or last.is_complex()
+        ):
+            # A device cursor stays on its device: no host round trip. An out-of-range
+            # value is then a device-side error instead of an IndexError.
+            index = last.reshape(1).to(device=end.device, dtype=torch.long)
+            end.index_fill_(0, index, True)
+            return
+        cursor = last.item()
+    elif isinstance(cursor, range):
+        cursor = cursor[-1]
+    if not _is_int_cursor(cursor):
+        raise RuntimeError(_CURSOR_ERROR)
+    # Basic indexing wraps negative rows and raises torchrl's IndexError for the others.
+    end[int(cursor)] = True
+
+
+def _empty_result(ndim: int, device):
+    empty = torch.empty((0, ndim), dtype=torch.long, device=device)
+    return empty, empty.clone(), torch.empty((0,), dtype=torch.long, device=device)
+
 
 __all__ = [
     "end_to_start_stop",
     "excluded_start_positions",
     "excluded_tail",
     "find_start_stop_traj",
-    "slices_from_starts",
+    "slice_indices",
     "stops_after_starts",
 ]
 
 
-def find_start_stop_traj(
-    *,
-    trajectory: torch.Tensor | None = None,
-    end: torch.Tensor | None = None,
-    at_capacity: bool,
-    cursor=None,
-):
-    """Start indices, stop indices and lengths of the trajectories in a storage.
+def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None):
+    """Start, stop and length of every trajectory, with torch ops on the signal's device.
 
-    Same contract as torchrl's ``SliceSampler._find_start_stop_traj``: ``trajectory``
-    (ids) or ``end`` (end-of-trajectory flags), shape ``[T]`` or ``[T, ...]``; when not
-    ``at_capacity`` the last step ends every trajectory; at capacity the ``cursor`` (an
-    int, a tensor or a range whose last element is the last written position) closes a
-    trajectory, and a column without any end gets one at its last step.
+    Same arguments, results and errors as ``replay.find_start_stop_traj`` (and torchrl's
+    ``SliceSampler._find_start_stop_traj``).
+
+    Keyword Args:
+        trajectory (torch.Tensor, optional): trajectory ids of shape ``[T, ...]``. Takes
+            precedence over ``end``.
+        end (torch.Tensor, optional): end-of-trajectory signal of shape ``[T, ...]``.
+        at_capacity (bool): whether the storage is full.
+        cursor (int, torch.Tensor or range, optional): the last written position of a full
+            storage. Ignored when ``at_capacity`` is ``False``.
 
     Returns:
-        ``(start_idx, stop_idx, lengths)``: int64 tensors of shapes ``[M, ndim]``,
-        ``[M, ndim]`` and ``[M]``, rows ordered as ``end.transpose(0, -1).nonzero()``.
+        a tuple ``(start_idx, stop_idx, lengths)`` of int64 tensors on the signal's device.
+
+    Examples:
+        >>> import torch
+        >>> end = torch.tensor([False, True, False, False, True, False])
+        >>> start, stop, lengths = find_start_stop_traj(end=end, at_capacity=True)
+        >>> start.flatten().tolist(), stop.flatten().tolist(), lengths.tolist()
+        ([5, 2], [1, 4], [3, 3])
+
+    .. note:: torchrl synchronises with the host for the cursor (``.item()``), for the
+        "is there a column without an end" test and for its boolean-mask shifts; here only
+        ``nonzero`` does (and ``.item()`` of a CPU cursor, which costs no device sync).
     """
-    if trajectory is not None:
-        if trajectory.ndim == 0:
-            raise RuntimeError(
-                "Expected the end-of-trajectory signal to be at least 1-dimensional."
-            )
-        end = trajectory[:-1] != trajectory[1:]
-        if at_capacity:
-            last = trajectory[-1:] != trajectory[:1]
+    from_ids = trajectory is not None
+    signal = trajectory if from_ids else end
+    if signal is None:
+        raise TypeError("find_start_stop_traj() needs one of trajectory or end")
+    if signal.ndim == 0:
+        raise _SignalDimError(_SIGNAL_NDIM_ERROR)
+    full = bool(at_capacity)
+    length = signal.shape[0]
+    ndim = signal.ndim
+    device = signal.device
+
+    if from_ids:
+        flags = signal[:-1] != signal[1:]
+        if full:
+            last = signal[-1:] != signal[:1]
         else:
-            last = torch.ones_like(end[:1]) if end.shape[0] else torch.ones_like(
-                trajectory[:1], dtype=torch.bool
-            )
-        end = torch.cat([end, last], 0)
-        length = trajectory.shape[0]
+            # As torchrl: empty for a single step, which then holds no trajectory.
+            last = torch.ones_like(flags[:1])
+        flags = torch.cat([flags, last], 0)
     else:
-        if end.ndim == 0:
-            raise RuntimeError(
-                "Expected the end-of-trajectory signal to be at least 1-dimensional."
-            )
-        length = end.shape[0]
-        if not at_capacity:
-            # We presume that not done at the end means the trajectory spans the end and
-            # the beginning of the storage: only a storage that is not full ends there.
-            end = end.clone()
-            end[length - 1] = True
-    if at_capacity:
+        if length == 0 and not full:
+            raise IndexError("index -1 is out of bounds for dimension 0 with size 0")
+        flags = signal.clone() if signal.dtype == torch.bool else signal != 0
+        if not full:
+            flags[length - 1] = True
+    if full:
         if cursor is not None:
-            if isinstance(cursor, torch.Tensor):
-                cursor = cursor.reshape(-1)[-1].item()
-            elif isinstance(cursor, range):
-                cursor = cursor[-1]
-            if not _is_int(cursor):
-                raise RuntimeError("cursor should be an integer or a 1d tensor or a range.")
-            end = end.clone()
-            end[int(cursor)] = True
-        no_end = ~end.any(0)
-        if bool(no_end.any()):
-            end = end.clone()
-            end[-1] |= no_end
-    return end_to_start_stop(end, length)
+            _mark_cursor(flags, cursor)
+        if flags.shape[0]:
+            # A column without any end holds one trajectory ending at the last row. Done
+            # unconditionally: testing first would cost a host sync.
+            flags[-1] |= ~flags.any(0)
+    return end_to_start_stop(flags, length)
 
 
 def end_to_start_stop(end: torch.Tensor, length: int):
-    """``(start_idx, stop_idx, lengths)`` from end-of-trajectory flags (see above).
+    """``(start_idx, stop_idx, lengths)`` of the trajectories an end-of-trajectory table closes.
 
-    Stops are the non-zero positions of ``end``, sorted by the trailing dimensions first
-    (the order of ``end.transpose(0, -1).nonzero()``, which torchrl uses). Each start is
-    the step after the previous stop of the same column; the first trajectory of a column
-    starts after its last stop, wrapping around the time dimension. O(M) after the
-    ``nonzero``.
+    Stops are the non-zero positions of ``end`` (``[T, ...]``), in the order of torchrl's
+    ``end.transpose(0, -1).nonzero()`` (trailing dimensions slowest); each start is the step
+    after the previous stop of its column, the first trajectory of a column starting after the
+    column's last stop (wrapping around the time dimension). A column without any end holds
+    no trajectory. Same results as torchrl's ``SliceSampler._end_to_start_stop``, with one
+    ``nonzero``. O(T * columns).
     """
-    coords = end.transpose(0, -1).nonzero()
-    stop_idx = coords.clone()
-    if coords.shape[1] > 1:
-        stop_idx[:, 0] = coords[:, -1]
-        stop_idx[:, -1] = coords[:, 0]
-    num = stop_idx.shape[0]
-    if num == 0:
-        return stop_idx.clone(), stop_idx, stop_idx[:, 0].clone()
-    device = stop_idx.device
-    new_group = torch.ones(num, dtype=torch.bool, device=device)
-    if stop_idx.shape[1] > 1:
-        new_group[1:] = (stop_idx[1:, 1:] != stop_idx[:-1, 1:]).any(-1)
-    else:
-        new_group[1:] = False
-    group_id = new_group.cumsum(0) - 1
-    first_rows = new_group.nonzero().squeeze(-1)
-    last_rows = torch.cat([first_rows[1:] - 1, first_rows.new_full((1,), num - 1)])
-    previous = torch.arange(-1, num - 1, device=device)
-    previous = torch.where(new_group, last_rows[group_id], previous)
-    start_idx = stop_idx.clone()
-    start_idx[:, 0] = (stop_idx[previous, 0] + 1) % end.shape[0]
-    lengths = stop_idx[:, 0] - start_idx[:, 0] + 1
+    flags = end if end.dtype == torch.bool else end != 0
+    ndim = flags.ndim
+    device = flags.device
+    if flags.shape[0] == 0 or flags.numel() == 0:
+        return _empty_result(ndim, device)
+
+    rows = flags.shape[0]
+    groups = math.prod(flags.shape[1:])
+    if ndim >= 3:
+        # The column order of torchrl's ``end.transpose(0, -1).nonzero()``: last dim slowest.
+        flags = flags.permute(0, ndim - 1, *range(1, ndim - 1))
+    group_shape = flags.shape[1:]
+    group, stop_t = flags.reshape(rows, groups).t().nonzero().unbind(1)
+
+    # The first trajectory of a group starts after its last end, the others one step after
+    # the previous end (a group without an end has no row here).
+    first = torch.ones_like(group, dtype=torch.bool)
+    first[1:] = group[1:] != group[:-1]
+    last_stop = torch.full((groups,), -1, dtype=torch.long, device=device)
+    last_stop.scatter_reduce_(0, group, stop_t, reduce="amax")
+    previous = torch.where(first, last_stop[group], stop_t.roll(1))
+    start_t = previous + 1
+    start_t = torch.where(start_t == rows, torch.zeros_like(start_t), start_t)
+    lengths = stop_t - start_t + 1
     lengths = torch.where(lengths <= 0, lengths + length, lengths)
+
+    if ndim == 1:
+        coords = []
+    elif ndim == 2:
+        coords = [group]
+    else:
+        unravelled = torch.unravel_index(group, tuple(group_shape))
+        coords = list(unravelled[1:]) + [unravelled[0]]
+    stop_idx = torch.stack([stop_t, *coords], 1)
+    start_idx = torch.stack([start_t, *coords], 1)
     return start_idx, stop_idx, lengths
 
 
-def slices_from_starts(seq_length, start: torch.Tensor, storage_length: int) -> torch.Tensor:
-    """Every index of the slices ``start[k] + (0 .. seq_length[k] - 1)`` along dim 0.
+def slice_indices(start, seq_length, storage_length):
+    """Storage indices of slices given their starts and lengths, with torch ops.
 
-    ``start`` is ``[N]`` or ``[N, ndim]``; ``seq_length`` an int or an ``[N]`` tensor.
-    Returns ``[sum(seq_length), ndim]`` (``ndim = 1`` for a 1-D ``start``), of
-    ``start``'s dtype, with dim 0 taken modulo ``storage_length``. One pass,
-    vectorised (torchrl concatenates one tensor per slice when lengths differ).
+    Same arguments and results as ``replay.slice_indices`` (torchrl's
+    ``SliceSampler._tensor_slices_from_startend``).
+
+    Args:
+        start (torch.Tensor): ``[num_slices, ndim]`` (or ``[num_slices]``) integer starts.
+        seq_length (int or torch.Tensor): the length of every slice, or ``[num_slices]``
+            per-slice lengths.
+        storage_length (int): the length of the storage's time dimension.
+
+    Returns:
+        an int64 ``[total_length, ndim]`` tensor on ``start``'s device.
+
+    Examples:
+        >>> import torch
+        >>> slice_indices(torch.tensor([[3, 0], [0, 1]]), 2, 4).tolist()
+        [[3, 0], [0, 0], [0, 1], [1, 1]]
     """
-    start2d = start.unsqueeze(-1) if start.ndim == 1 else start
-    num = start2d.shape[0]
-    if isinstance(seq_length, int):
-        offsets = torch.arange(seq_length, device=start.device, dtype=start.dtype)
-        result = start2d.unsqueeze(1).expand(num, seq_length, start2d.shape[1]).clone()
-        result[..., 0] += offsets
+    if start.is_floating_point() or start.is_complex() or start.dtype == torch.bool:
+        raise TypeError(f"start must hold integers, got a tensor of dtype {start.dtype}")
+    if start.ndim == 1:
+        start = start.unsqueeze(-1)
+    elif start.ndim != 2:
+        raise ValueError(f"start must have shape [num_slices, ndim], got shape {tuple(start.shape)}")
+    start = start.to(torch.long)
+    if isinstance(storage_length, (torch.Tensor, np.ndarray)):
+        storage_length = storage_length.item()
+    if storage_length < 1:
+        raise ValueError(f"storage_length must be at least 1, got storage_length={storage_length}")
+    num_slices = start.shape[0]
+    if isinstance(seq_length, (int, np.integer)) or (
+        isinstance(seq_length, (torch.Tensor, np.ndarray)) and seq_length.ndim == 0
+    ):
+        steps = int(seq_length)
+        if steps < 0:
+            raise ValueError(f"seq_length must be non-negative, got seq_length={steps}")
+        offset = torch.arange(steps, device=start.device)
+        result = start.unsqueeze(1).repeat(1, steps, 1)
+        result[..., 0] += offset
         result = result.flatten(0, 1)
     else:
-        seq_length = seq_length.to(device=start.device)
-        rows = torch.repeat_interleave(torch.arange(num, device=start.device), seq_length)
-        first = torch.repeat_interleave(seq_length.cumsum(0) - seq_length, seq_length)
-        offsets = torch.arange(rows.shape[0], device=start.device) - first
-        result = start2d[rows].clone()
-        result[:, 0] += offsets.to(start.dtype)
-    result[:, 0] = result[:, 0] % storage_length
+        seq_length = torch.as_tensor(seq_length, device=start.device)
+        if seq_length.is_floating_point() or seq_length.is_complex() or seq_length.dtype == torch.bool:
+            raise TypeError(
+                f"seq_length must hold integers, got an array of dtype {seq_length.dtype}"
+            )
+        if tuple(seq_length.shape) != (num_slices,):
+            raise ValueError(
+                f"seq_length must have shape ({num_slices},) to match start of shape "
+                f"{tuple(start.shape)}, got shape {tuple(seq_length.shape)}"
+            )
+        seq_length = seq_length.to(torch.long)
+        negative = (seq_length < 0).nonzero()
+        if negative.numel():
+            bad = int(negative[0, 0])
+            raise ValueError(
+                f"seq_length must be non-negative, got {int(seq_length[bad])} at position {bad}"
+            )
+        total = int(seq_length.sum())
+        slice_of_row = torch.repeat_interleave(
+            torch.arange(num_slices, device=start.device), seq_length, output_size=total
+        )
+        first_row = seq_length.cumsum(0) - seq_length
+        offset = torch.arange(total, device=start.device) - first_row[slice_of_row]
+        result = start[slice_of_row]
+        result[:, 0] += offset
+    result[:, 0] %= storage_length
     return result
 
 

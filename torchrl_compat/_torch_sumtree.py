@@ -20,10 +20,14 @@ A write costs O(batch) (plus a sort to make duplicate indices deterministic: the
 wins, as it does in torchrl's trees on CPU); the first read after a write costs O(size).
 That trade suits replay buffers, where every sampling step follows at most one update.
 
-Unlike torchrl's trees, every index is checked (``0 <= i < size``) and values are
-validated (NaN always rejected; sum trees also reject negative and infinite values). A
-batch with one bad entry is rejected whole, leaving the tree unchanged. Validation needs
-one host synchronisation per write when the tree lives on an accelerator.
+As torchrl's trees do, a tree keeps ``capacity`` leaves (the smallest power of two above
+``size``): every index below it can be written and read, and a query from 0 that reaches
+``size`` covers them all (torchrl's ``PrioritizedSampler`` relies on it when its storage is
+longer than the sampler). Unlike torchrl's trees, every index is checked
+(``0 <= i < capacity``) and values are validated (NaN always rejected; sum trees also reject
+negative and infinite values, and a write after which their total would not be finite in
+the tree's dtype). A batch with one bad entry is rejected whole, leaving the tree unchanged.
+Validation needs one host synchronisation per write when the tree lives on an accelerator.
 """
 from __future__ import annotations
 
@@ -68,8 +72,9 @@ class _TorchSegmentTree:
         self._size = size
         self._capacity = _capacity_for(size)
         device = torch.device("cpu") if device is None else torch.device(device)
+        # every leaf below the capacity, as torchrl's trees keep them
         self._leaves = torch.full(
-            (size,), self.identity_element, dtype=self._dtype, device=device
+            (self._capacity,), self.identity_element, dtype=self._dtype, device=device
         )
         self._invalidate()
 
@@ -98,8 +103,8 @@ class _TorchSegmentTree:
 
     @property
     def leaves(self) -> torch.Tensor:
-        """The leaf values (a tensor of ``size`` elements; read it, do not write it)."""
-        return self._leaves
+        """The ``size`` leaf values (a view: read it, do not write it)."""
+        return self._leaves[: self._size]
 
     def __len__(self) -> int:
         return self._size
@@ -109,27 +114,32 @@ class _TorchSegmentTree:
 
     # ----------------------------------------------------------------- caches
     def _invalidate(self) -> None:
-        self._prefix = None  # float64 [size + 1], prefix[k] = sum(leaves[:k]) (sum trees)
+        self._prefix = None  # float64 [capacity + 1], prefix[k] = sum(leaves[:k]) (sum trees)
         self._levels = None  # list of [capacity >> k] tensors (min trees, batched query)
 
     def _prefix_sums(self) -> torch.Tensor:
         prefix = self._prefix
         if prefix is None:
-            prefix = torch.zeros(self._size + 1, dtype=torch.float64, device=self.device)
+            prefix = torch.zeros(self._capacity + 1, dtype=torch.float64, device=self.device)
             torch.cumsum(self._leaves, 0, dtype=torch.float64, out=prefix[1:])
             self._prefix = prefix
         return prefix
 
+    def _query_range(self, left, right):
+        """``(left, right)`` clamped to ``[0, capacity]``, torchrl's way: a range from 0 (or
+        below) that reaches ``size`` is the whole tree, every leaf below the capacity."""
+        whole = (left <= 0) & (right >= self._size)
+        if isinstance(whole, torch.Tensor):
+            right = torch.where(whole, self._capacity, right)
+            return left.clamp(0, self._capacity), right.clamp(0, self._capacity)
+        if whole:
+            return 0, self._capacity
+        return min(max(left, 0), self._capacity), min(max(right, 0), self._capacity)
+
     def _level_table(self) -> list[torch.Tensor]:
         levels = self._levels
         if levels is None:
-            level = torch.full(
-                (self._capacity,),
-                self.identity_element,
-                dtype=self._dtype,
-                device=self.device,
-            )
-            level[: self._size] = self._leaves
+            level = self._leaves
             levels = [level]
             while level.shape[0] > 1:
                 pairs = level.view(-1, 2)
@@ -164,16 +174,21 @@ class _TorchSegmentTree:
             raise TypeError(f"{name} must hold real numbers, got an array of dtype {array.dtype}")
         return torch.as_tensor(array, dtype=self._dtype, device=self.device)
 
+    def _index_error(self, value: int, position: int | None = None) -> IndexError:
+        where = "" if position is None else f" at position {position}"
+        return IndexError(
+            f"index {value}{where} is out of range for size {self._size}: a tree of that size "
+            f"holds leaves [0, {self._capacity})"
+        )
+
     def _check_index(self, index: torch.Tensor) -> None:
         flat = index.reshape(-1)
         if not flat.numel():
             return
-        bad = (flat < 0) | (flat >= self._size)
+        bad = (flat < 0) | (flat >= self._capacity)
         if bool(bad.any()):
             pos = int(bad.nonzero()[0, 0])
-            raise IndexError(
-                f"index {int(flat[pos])} at position {pos} is out of range for size {self._size}"
-            )
+            raise self._index_error(int(flat[pos]), pos)
 
     def _check_values(self, values: torch.Tensor) -> None:
         flat = values.reshape(-1)
@@ -204,10 +219,8 @@ class _TorchSegmentTree:
     def __getitem__(self, index):
         if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
             index = int(index)
-            if not 0 <= index < self._size:
-                raise IndexError(
-                    f"index {index} at position 0 is out of range for size {self._size}"
-                )
+            if not 0 <= index < self._capacity:
+                raise self._index_error(index)
             return float(self._leaves[index])
         idx = self._as_index(index)
         self._check_index(idx)
@@ -240,24 +253,45 @@ class _TorchSegmentTree:
                     0, inverse, torch.arange(idx.numel(), device=idx.device), "amax"
                 )
                 idx, values = unique, values[last]
+        previous = self._leaves[idx]
         self._leaves[idx] = values
+        if self._is_sum:
+            # Each value is finite; their sum must stay so in the tree's dtype, or sampling
+            # from the total breaks: put the old leaves back and refuse the write.
+            total = self._leaves.sum(dtype=torch.float64)
+            if not bool(total <= torch.finfo(self._dtype).max):
+                self._leaves[idx] = previous
+                raise self._total_error(values, float(total))
         self._invalidate()
 
+    def _total_error(self, values: torch.Tensor, total: float) -> ValueError:
+        largest = int(values.argmax())
+        return ValueError(
+            f"value {float(values[largest])} at position {largest} would make the sum of the "
+            f"tree's leaves {total}, past the largest finite {self._dtype} "
+            f"({torch.finfo(self._dtype).max}): the update was refused, the tree is unchanged"
+        )
+
     def _set_all(self, values: torch.Tensor) -> None:
-        """Set every leaf from a tensor of ``size`` values (checked), in O(size)."""
+        """Set the ``size`` leaves from a tensor of ``size`` values (checked), in O(size); the
+        leaves past them go back to the identity."""
         values = self._as_values(values).reshape(-1)
         if values.numel() != self._size:
             raise ValueError(
                 f"expected {self._size} leaf values, got a tensor of shape {tuple(values.shape)}"
             )
         self._check_values(values)
-        self._leaves.copy_(values)
+        if self._is_sum:
+            total = values.sum(dtype=torch.float64)
+            if not bool(total <= torch.finfo(self._dtype).max):
+                raise self._total_error(values, float(total))
+        self._leaves[: self._size] = values
+        self._leaves[self._size :] = self.identity_element
         self._invalidate()
 
     # ----------------------------------------------------------------- queries
     def _scalar_query(self, left: int, right: int) -> float:
-        left = min(max(left, 0), self._size)
-        right = min(max(right, 0), self._size)
+        left, right = self._query_range(left, right)
         if right <= left:
             return self.identity_element
         if self._is_sum:
@@ -278,8 +312,7 @@ class _TorchSegmentTree:
                 f"left and right must have the same shape, got {tuple(lo.shape)} and "
                 f"{tuple(hi.shape)}"
             )
-        lo = lo.clamp(0, self._size)
-        hi = hi.clamp(0, self._size)
+        lo, hi = self._query_range(lo, hi)
         if self._is_sum:
             prefix = self._prefix_sums()
             result = (prefix[hi] - prefix[lo]).clamp_min(0).to(self._dtype)
@@ -311,10 +344,15 @@ class _TorchSegmentTree:
             hi = hi // 2
         return result
 
+    def values(self) -> np.ndarray:
+        """A numpy copy of the ``size`` leaf values (as ``replay``'s trees give them)."""
+        return self.leaves.detach().cpu().numpy().copy()
+
     # ----------------------------------------------------------------- pickling
     def __reduce__(self):
+        # The ``size`` leaves only, as torchrl's trees pickle theirs.
         state = {
-            "leaves": self._leaves.detach().cpu().clone(),
+            "leaves": self.leaves.detach().cpu().clone(),
             "device": str(self.device),
         }
         return (type(self), (self._size,), state)
@@ -330,7 +368,10 @@ class _TorchSegmentTree:
             raise ValueError(
                 f"expected leaves of shape ({self._size},), got {tuple(leaves.shape)}"
             )
-        self._leaves = leaves.to(state.get("device", "cpu")).contiguous().clone()
+        self._leaves = torch.full(
+            (self._capacity,), self.identity_element, dtype=self._dtype, device=state.get("device", "cpu")
+        )
+        self._leaves[: self._size] = leaves
         self._invalidate()
 
     def to(self, device) -> _TorchSegmentTree:
@@ -344,7 +385,8 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
     _is_sum = True
 
     def scan_lower_bound(self, value):
-        """The first leaf whose inclusive prefix sum is ``>= value`` (``size`` past the total)."""
+        """The first leaf whose inclusive prefix sum is ``>= value`` (``size`` past the total,
+        as in torchrl)."""
         prefix = self._prefix_sums()[1:]
         if isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(
             value, bool
@@ -353,7 +395,8 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
             if math.isnan(value):
                 raise ValueError("value nan at position 0 is invalid: values must not be NaN")
             target = torch.tensor([value], dtype=torch.float64, device=self.device)
-            return int(torch.searchsorted(prefix, target, side="left")[0])
+            found = int(torch.searchsorted(prefix, target, side="left")[0])
+            return self._size if found == self._capacity else found
         target = self._as_values(value).to(torch.float64)
         flat = target.reshape(-1)
         nan = torch.isnan(flat)
@@ -363,6 +406,7 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
         result = torch.searchsorted(prefix, flat.contiguous(), side="left").reshape(
             target.shape
         )
+        result = torch.where(result == self._capacity, self._size, result)
         return self._like(result, value)
 
     def sample_prioritized(
@@ -372,15 +416,24 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
         *,
         exclude: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draws leaves with probability proportional to their value.
+        """Draws leaves with probability proportional to their value, by the rule of torchrl's
+        ``PrioritizedSampler`` (``num_valid`` is ``len(storage)``): the mass spans
+        ``query(0, num_valid)``, every leaf below the capacity once ``num_valid`` reaches
+        ``size``, and the draws are clamped to ``num_valid - 1``.
 
         See :func:`sample_prioritized_leaves`; the tree is never modified, even with
         ``exclude``.
         """
-        num_valid = min(int(num_valid), self._size)
-        prefix = self._prefix_sums()[1 : num_valid + 1] if num_valid > 0 else None
+        num_valid = int(num_valid)
+        if num_valid <= 0:
+            raise RuntimeError("non-positive p_sum: there is no item to sample from")
+        mass_end = self._capacity if num_valid >= self._size else num_valid
         return sample_prioritized_leaves(
-            self._leaves[: max(num_valid, 0)], uniform, prefix=prefix, exclude=exclude
+            self._leaves[:mass_end],
+            uniform,
+            prefix=self._prefix_sums()[1 : mass_end + 1],
+            exclude=exclude,
+            num_valid=min(num_valid, mass_end),
         )
 
 
@@ -390,12 +443,13 @@ def sample_prioritized_leaves(
     *,
     prefix: torch.Tensor | None = None,
     exclude: torch.Tensor | None = None,
+    num_valid: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draws positions of ``leaves`` with probability proportional to their value.
 
     Args:
-        leaves (torch.Tensor): the non-negative values of the ``num_valid`` drawable
-            leaves (1-D).
+        leaves (torch.Tensor): the non-negative values of the leaves that carry the mass
+            (1-D).
         uniform (torch.Tensor): draws in ``[0, 1)``, one per sample.
 
     Keyword Args:
@@ -403,36 +457,44 @@ def sample_prioritized_leaves(
             when already known (ignored with ``exclude``). Defaults to ``None``.
         exclude (torch.Tensor, optional): positions treated as zero for this draw only
             (``leaves`` is not modified). Defaults to ``None``.
+        num_valid (int, optional): the draws are clamped to ``[0, num_valid)``, at most
+            ``len(leaves)``. Defaults to every leaf.
 
     Returns:
         ``(index, priority, total)``: int64 positions on the leaves' device, their values
         (leaves' dtype) and the float64 mass the draws were scaled by (a 0-d tensor).
 
     Each draw ``u`` selects the first leaf whose inclusive prefix sum reaches
-    ``u * total``, clamped to the last leaf; a zero-valued leaf steps left to the nearest
+    ``u * total``, clamped to ``num_valid - 1``; a zero-valued leaf steps left to the nearest
     positive one (right when there is none on its left, where torchrl raises). Raises
-    ``RuntimeError`` when no leaf is positive. Costs O(num_valid + batch) and one host
-    synchronisation (the positivity check) on an accelerator, two when a zero leaf is hit.
+    ``RuntimeError`` when no leaf below ``num_valid`` is positive. Costs O(len(leaves) +
+    batch) and one host synchronisation (the positivity check) on an accelerator, two when a
+    zero leaf is hit.
     """
-    num_valid = leaves.shape[0]
+    mass_end = leaves.shape[0]
+    num_valid = mass_end if num_valid is None else min(int(num_valid), mass_end)
     if num_valid <= 0:
         raise RuntimeError("non-positive p_sum: there is no item to sample from")
     device = leaves.device
     if exclude is not None:
         leaves = leaves.clone()
         exclude = exclude.to(device=device, dtype=torch.long).reshape(-1)
-        leaves[exclude[(exclude >= 0) & (exclude < num_valid)]] = 0
+        leaves[exclude[(exclude >= 0) & (exclude < mass_end)]] = 0
         prefix = None
     if prefix is None:
         prefix = torch.cumsum(leaves, 0, dtype=torch.float64)
     total = prefix[-1]
-    if not bool(total > 0):
+    # Past num_valid only (a storage shorter than the leaves that carry the mass), a draw
+    # could not be moved onto a positive leaf.
+    reachable = total if num_valid == mass_end else prefix[num_valid - 1]
+    if not bool(reachable > 0):
         raise RuntimeError(
             f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
-            f"sum to {float(total)}"
+            f"sum to {float(reachable)}"
         )
     mass = uniform.to(device=device, dtype=torch.float64).reshape(-1) * total
     index = torch.searchsorted(prefix, mass, side="left").clamp_max_(num_valid - 1)
+    leaves = leaves[:num_valid]
     priority = leaves[index]
     zero = priority == 0
     if bool(zero.any()):

@@ -17,10 +17,7 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection
 
-try:  # the sorted-ends kernels; without them, storages are read whole (supports() is False)
-    import replay as _replay
-except ImportError:  # pragma: no cover - replay is built with the package
-    _replay = None
+import replay
 
 __all__ = ["TrajectoryEnds"]
 
@@ -117,8 +114,7 @@ class TrajectoryEnds:
         """Whether ``storage`` can be followed: a 1-D ``torchrl_compat`` tensor storage
         holding an initialized tensordict (the end entry is checked by :meth:`bounds`)."""
         return (
-            _replay is not None
-            and callable(getattr(storage, "_writes_since", None))
+            callable(getattr(storage, "_writes_since", None))
             and getattr(storage, "ndim", None) == 1
             and bool(getattr(storage, "initialized", False))
             and is_tensor_collection(getattr(storage, "_storage", None))
@@ -194,7 +190,7 @@ class TrajectoryEnds:
             forced.append(length - 1)
         limit = length - 1 if self.from_ids else length
         result = tuple(
-            torch.from_numpy(array) for array in _replay.bounds_from_ends(ends, limit, length, forced)
+            torch.from_numpy(array) for array in replay.bounds_from_ends(ends, limit, length, forced)
         )
         with self._lock:
             if self._ends is ends:
@@ -245,7 +241,13 @@ class TrajectoryEnds:
         return length
 
     def _scan(self, signal: np.ndarray) -> np.ndarray:
-        """All the rows where ``signal`` is nonzero (ids: differs from the next row). O(capacity)."""
+        """All the rows where ``signal`` is nonzero (ids: differs from the next row). O(capacity).
+
+        The scan runs on a copy: numpy's nonzero counts, then fills, and another process
+        writing the storage's memory between the two raises "number of non-zero array
+        elements changed".
+        """
+        signal = signal.copy()
         if self.from_ids:
             return np.flatnonzero(signal[:-1] != signal[1:]).astype(np.int64, copy=False)
         return np.flatnonzero(signal).astype(np.int64, copy=False)
@@ -262,7 +264,7 @@ class TrajectoryEnds:
         changed. O(len(rows) + num_ends), one C merge."""
         if not rows.size:
             return self._ends
-        return _replay.patch_ends(self._ends, rows, self._read(signal, rows))
+        return replay.patch_ends(self._ends, rows, self._read(signal, rows))
 
 
 def _signal_view(tensor, max_size: int) -> np.ndarray | None:

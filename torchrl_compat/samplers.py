@@ -4,52 +4,75 @@ The classes have torchrl 0.11's names, signatures, defaults, properties, info di
 ``state_dict`` / ``dumps`` / ``loads`` formats and error messages, and work with any
 storage that follows torchrl's storage API (duck typing, as torchrl's samplers do).
 
-The index computations run as torch ops on the storage's device (:mod:`._torch_slices`),
-and :class:`PrioritizedSampler` keeps its priorities in segment trees chosen by device:
-``replay``'s compiled trees on CPU when they are available, tensor trees made of torch ops
-(:mod:`._torch_sumtree`) on accelerators or when ``replay`` is missing.
+On CPU the index computations run in ``replay``'s kernels; on an accelerator they run as
+torch ops on the storage's device (:mod:`._torch_slices`). :class:`PrioritizedSampler` keeps
+its priorities in segment trees chosen by device (:mod:`._sampler_trees`): ``replay``'s
+compiled trees on CPU, trees made of torch ops on accelerators.
 """
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import warnings
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from copy import copy, deepcopy
-from functools import partial
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import MemoryMappedTensor, TensorDict, TensorDictBase
+from tensordict import TensorDict
 from tensordict.utils import NestedKey
 
+import replay
+
 from . import _torch_slices
-from ._trajectory_ends import TrajectoryEnds
-from .utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index
+from ._sampler_checkpoints import (
+    MetadataError,
+    publish_directory,
+    read_float64_leaves,
+    read_json_object,
+    read_memmapped_state,
+    real_number,
+)
 from ._sampler_deps import (
     _auto_device,
     _is_int,
     _replace_last,
+    _torchrl_twin,
     logger,
     Storage,
     StorageEnsemble,
     TensorStorage,
     unravel_index,
 )
-from ._torch_sumtree import (
-    _TorchSegmentTree,
-    _TorchSumSegmentTree,
-    sample_prioritized_leaves,
-    TorchMinSegmentTreeFp32,
-    TorchMinSegmentTreeFp64,
-    TorchSumSegmentTreeFp32,
-    TorchSumSegmentTreeFp64,
+from ._sampler_priorities import (
+    check_sampleable,
+    check_update,
+    draw_with_kernel,
+    draw_with_torch,
+    EpsOperand,
+    generator_kept_on_failure,
+    kernel_seed,
+    largest_leaf,
+    ravel_rows,
+    stored_values,
 )
+from ._sampler_storage import flag_columns, gather_fields, ravel, snapshot, storage_device
+from ._sampler_trees import (
+    is_replay_tree,
+    make_trees,
+    moved_trees,
+    read_leaves,
+    tree_device,
+    tree_dtype,
+    trees_fit,
+    write_leaves,
+)
+from ._trajectory_ends import TrajectoryEnds
+from .utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index
 
 __all__ = [
     "PrioritizedSampler",
@@ -63,47 +86,11 @@ __all__ = [
 ]
 
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+_CPU = torch.device("cpu")
 
-# ---------------------------------------------------------------------------- trees
-
-_TORCH_TREES = {
-    torch.float32: (TorchSumSegmentTreeFp32, TorchMinSegmentTreeFp32),
-    torch.float64: (TorchSumSegmentTreeFp64, TorchMinSegmentTreeFp64),
-}
-
-
-def _replay_trees():
-    """``replay``'s compiled trees by dtype, or ``None`` when they cannot be imported."""
-    try:
-        import replay
-    except ImportError:
-        return None
-    names = ("SumSegmentTreeFp32", "MinSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp64")
-    if not all(hasattr(replay, name) for name in names):
-        return None
-    return {
-        torch.float32: (replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32),
-        torch.float64: (replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64),
-    }
-
-
-_REPLAY_TREES = _replay_trees()
-
-
-def _replay_module():
-    """The ``replay`` extension when it provides the slice and permutation kernels, else ``None``."""
-    try:
-        import replay
-    except ImportError:
-        return None
-    names = ("find_start_stop_traj", "slice_indices", "sample_slice_index", "PermutationEpoch")
-    return replay if all(hasattr(replay, name) for name in names) else None
-
-
-_REPLAY = _replay_module()
-# One call writing a priority update into both trees (None with an older replay build).
-_REPLAY_UPDATE = getattr(_REPLAY, "update_priority_pair", None)
-
+# torchrl's module-level names of its segment trees: here ``replay``'s, which load on any torch.
+SumSegmentTreeFp32, MinSegmentTreeFp32 = replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32
+SumSegmentTreeFp64, MinSegmentTreeFp64 = replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64
 
 try:
     from torch.compiler import is_compiling as _is_compiling
@@ -113,70 +100,6 @@ except ImportError:  # pragma: no cover - torch < 2.3
 
 def _on_cpu(tensor) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu"
-
-# The classes a PrioritizedSampler uses on CPU, under torchrl's module-level names.
-SumSegmentTreeFp32, MinSegmentTreeFp32 = (_REPLAY_TREES or _TORCH_TREES)[torch.float32]
-SumSegmentTreeFp64, MinSegmentTreeFp64 = (_REPLAY_TREES or _TORCH_TREES)[torch.float64]
-
-
-def _tree_dtype(dtype) -> torch.dtype:
-    if dtype in (torch.float, torch.FloatType, torch.float32):
-        return torch.float32
-    if dtype in (torch.double, torch.DoubleTensor, torch.float64):
-        return torch.float64
-    raise NotImplementedError(f"dtype {dtype} not supported by PrioritizedSampler")
-
-
-def _make_trees(size: int, dtype: torch.dtype, backend: str, device: torch.device | None):
-    if backend == "replay":
-        if _REPLAY_TREES is None:
-            raise RuntimeError("the replay extension's segment trees are not available")
-        sum_cls, min_cls = _REPLAY_TREES[dtype]
-        return sum_cls(size), min_cls(size)
-    sum_cls, min_cls = _TORCH_TREES[dtype]
-    return sum_cls(size, device=device), min_cls(size, device=device)
-
-
-def _read_leaves(tree, size: int) -> torch.Tensor:
-    """The first ``size`` leaves of any tree following torchrl's tree API, as a tensor."""
-    if isinstance(tree, _TorchSegmentTree):
-        return tree.leaves[:size]
-    return torch.as_tensor(tree[np.arange(size, dtype=np.int64)])
-
-
-def _write_leaves(tree, values: torch.Tensor) -> None:
-    """Set every leaf of ``tree`` (``values`` holds ``tree.size`` elements)."""
-    if isinstance(tree, _TorchSegmentTree):
-        tree._set_all(values)
-    elif values.numel():
-        tree[np.arange(values.numel(), dtype=np.int64)] = values.detach().cpu().numpy()
-
-
-def _tree_device(tree) -> torch.device:
-    if isinstance(tree, _TorchSegmentTree):
-        return tree.device
-    return torch.device("cpu")
-
-
-def _is_replay_tree(tree) -> bool:
-    """Whether ``tree`` is one of ``replay``'s compiled trees (fused CPU kernels)."""
-    return _REPLAY_TREES is not None and type(tree) in _REPLAY_TREE_TYPES
-
-
-_REPLAY_TREE_TYPES = frozenset(
-    cls for pair in (_REPLAY_TREES or {}).values() for cls in pair
-)
-_UINT64_MASK = (1 << 64) - 1
-
-
-def _kernel_seed(generator) -> int:
-    """64 random bits from ``generator`` or, when it is ``None``, torch's global RNG.
-
-    The kernels draw from their own xoshiro256** stream; seeding it from torch keeps
-    ``torch.manual_seed`` (and the buffer's generator) in control of the samples.
-    """
-    seed = torch.randint(-(2**63), 2**63 - 1, (), generator=generator, dtype=torch.int64)
-    return int(seed) & _UINT64_MASK
 
 
 # ---------------------------------------------------------------------------- random draws
@@ -209,28 +132,6 @@ def _randperm(num: int, device, generator) -> torch.Tensor:
     return out.to(device) if device is not None else out
 
 
-def _plain_tensor_storage_gets():
-    gets = set()
-    from torchrl_compat import storages as compat_storages
-
-    modules = [compat_storages]
-    try:
-        from torchrl.data.replay_buffers import storages as torchrl_storages
-
-        modules.append(torchrl_storages)
-    except ImportError:  # pragma: no cover - torchrl is a test requirement
-        pass
-    for module in modules:
-        for name in ("TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"):
-            cls = getattr(module, name, None)
-            if cls is not None:
-                gets.add(cls.get)
-    return frozenset(gets)
-
-
-_PLAIN_TENSOR_STORAGE_GETS = _plain_tensor_storage_gets()
-
-
 def _plain_rand_given_ndim():
     """The ``TensorStorage._rand_given_ndim`` of torchrl (when importable) and ours: for a 1-D
     storage, ``torch.randint(len(storage))`` behind dynamo-disabled wrappers."""
@@ -256,101 +157,6 @@ def _random_sample_outside_graph(storage, batch_size: int):
     if len(storage) == 0:
         raise RuntimeError(_EMPTY_STORAGE_ERROR)
     return storage._rand_given_ndim(batch_size)
-
-
-def _gather_fields(storage, index, keys):
-    """``storage[index].get(key)`` for each key (``None`` when missing), gathering only those keys.
-
-    Tensor storages whose ``get`` is torchrl's (or ours) index their tensordict directly, for
-    the indices a sampler produces (within the filled length): ``storage[index]`` would gather
-    every field of the data.
-    """
-    data = _plain_tensordict(storage)
-    if data is not None:
-        out = []
-        for key in keys:
-            value = data.get(key, None)
-            out.append(None if value is None else value[index])
-        return out
-    gathered = storage[index]
-    return [gathered.get(key, default=None) for key in keys]
-
-
-def _plain_tensordict(storage):
-    """The tensordict of a tensor storage whose ``get`` is torchrl's (or ours), which its
-    fields can be read from directly; ``None`` for any other storage."""
-    data = getattr(storage, "_storage", None)
-    if (
-        type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
-        and getattr(storage, "initialized", False)
-        and isinstance(data, TensorDictBase)
-    ):
-        return data
-    return None
-
-
-def _flag_columns(storage, keys):
-    """The ``[rows, 1]`` bool CPU columns of a plain tensor storage at ``keys`` (``None`` for a
-    missing key), for ``replay.sample_slice_index`` to read at the sampled rows; ``None`` when
-    a column is of another kind (the caller then indexes the storage as torchrl does)."""
-    data = _plain_tensordict(storage)
-    if data is None:
-        return None
-    columns = []
-    for key in keys:
-        value = data.get(key, None)
-        if value is not None and not (
-            isinstance(value, torch.Tensor)
-            and value.dtype is torch.bool
-            and value.ndim == 2
-            and value.shape[1] == 1
-            and value.is_cpu
-        ):
-            return None
-        columns.append(value)
-    return columns
-
-
-def _storage_device(storage) -> torch.device | None:
-    device = getattr(storage, "device", None)
-    if device is None or isinstance(device, str) and device == "auto":
-        return None
-    try:
-        return torch.device(device)
-    except (TypeError, RuntimeError):
-        return None
-
-
-def _ravel(coords, shape, device=None) -> torch.Tensor:
-    """``np.ravel_multi_index`` in torch ops (coordinates are trusted to be in range)."""
-    flat = None
-    stride = 1
-    for coord, size in zip(reversed(tuple(coords)), reversed(tuple(shape))):
-        coord = torch.as_tensor(coord, device=device)
-        term = coord * stride
-        flat = term if flat is None else flat + term
-        stride *= int(size)
-    return flat
-
-
-
-def _torchrl_twin(name: str) -> tuple:
-    """``(torchrl's sampler class of that name,)`` when torchrl is importable, else ``()``.
-
-    torchrl's replay buffers accept only instances of its own ``Sampler`` (and branch on
-    ``PrioritizedSampler`` and friends), so each class here lists its torchrl twin as its
-    *last* base, as ``torchrl_compat.storages`` does: the twin only answers those
-    ``isinstance`` checks, every attribute resolves to our code (a test checks it).
-    ``TORCHRL_COMPAT_STANDALONE=1`` drops the twins.
-    """
-    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
-        return ()
-    try:
-        from torchrl.data.replay_buffers import samplers as _torchrl_samplers
-    except Exception:  # torchrl absent, or broken in this environment
-        return ()
-    twin = getattr(_torchrl_samplers, name, None)
-    return (twin,) if isinstance(twin, type) else ()
 
 
 class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
@@ -422,6 +228,15 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
     @abstractmethod
     def loads(self, path):
         ...
+
+    # ``loads`` in two steps, so that a sampler ensemble checks every member's checkpoint
+    # before any member changes. Samplers with state on disk read and check it in
+    # ``_read_checkpoint`` (changing nothing) and take it in ``_apply_checkpoint``.
+    def _read_checkpoint(self, path):
+        return path
+
+    def _apply_checkpoint(self, state) -> None:
+        self.loads(state)
 
     def __repr__(self):
         return f"{self.__class__.__name__}()"
@@ -502,6 +317,12 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         though with other permutations than torchrl's. The ``_sample_list`` tensor of
         torchrl's ``state_dict`` / ``dumps`` is materialised (O(remaining)) only when read.
 
+    .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename (an
+        interrupted call leaves the previous checkpoint whole); :meth:`loads` reads them
+        read-only and checks them before the sampler changes (torchrl's
+        ``TensorDict.load_memmap`` extends a truncated file and skips a missing one). The
+        loaded values are plain ints, bools and a tensor, not memory-mapped tensors.
+
     Args:
         drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
             If ``False``, this last sample will be kept and (unlike with torch dataloaders)
@@ -541,13 +362,55 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         self.shuffle = shuffle
 
     def dumps(self, path):
-        path = Path(path)
-        path.mkdir(exist_ok=True)
-        TensorDict(self.state_dict()).memmap(path)
+        publish_directory(path, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        TensorDict(self.state_dict()).memmap(directory)
 
     def loads(self, path):
-        sd = TensorDict.load_memmap(path).to_dict()
-        self.load_state_dict(sd)
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> dict:
+        """The state dict saved at ``path`` by :meth:`dumps` (or torchrl's), read and checked
+        without changing anything."""
+        path = Path(path)
+        state = read_memmapped_state(path, ("len_storage", "_sample_list", "drop_last", "_ran_out"))
+        meta = path / "meta.json"
+
+        def scalar(key, kinds):
+            value = state[key]
+            if value is None or value.ndim != 0 or value.dtype not in kinds:
+                raise MetadataError(f"{meta}: {key} must be a 0-d tensor of {kinds}, got {value!r}")
+            return value.item()
+
+        integers = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+        len_storage = scalar("len_storage", integers)
+        if len_storage < 0:
+            raise MetadataError(f"{meta}: len_storage must be non-negative, got {len_storage}")
+        sample_list = state["_sample_list"]
+        if sample_list is not None:
+            if sample_list.ndim != 1 or sample_list.dtype not in integers:
+                raise MetadataError(
+                    f"{path / '_sample_list.memmap'}: expected a 1-d integer tensor, got "
+                    f"shape {tuple(sample_list.shape)} and dtype {sample_list.dtype}"
+                )
+            outside = (sample_list < 0) | (sample_list >= len_storage)
+            if bool(outside.any()):
+                pos = int(outside.nonzero()[0, 0])
+                raise MetadataError(
+                    f"{path / '_sample_list.memmap'}: index {int(sample_list[pos])} at position "
+                    f"{pos} is out of range for len_storage={len_storage}"
+                )
+            sample_list = sample_list.to(torch.long)
+        return OrderedDict(
+            len_storage=len_storage,
+            _sample_list=sample_list,
+            drop_last=scalar("drop_last", (torch.bool,)),
+            _ran_out=scalar("_ran_out", (torch.bool,)),
+        )
+
+    def _apply_checkpoint(self, state: dict) -> None:
+        self.load_state_dict(state)
 
     # ``_sample_list`` (torchrl's state) is a property: on CPU the first batch of an epoch is
     # drawn by ``replay.PermutationEpoch`` (O(batch)) and the rest of the permutation is only
@@ -613,17 +476,16 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
             else:
                 device = self.__dict__["_sample_list_value"].device
         else:
-            device = _storage_device(storage)
+            device = storage_device(storage)
         if (
             self.shuffle
             and self._use_cpu_kernels
-            and _REPLAY is not None
             and (device is None or device.type == "cpu")
             and (self._rng is None or self._rng.device.type == "cpu")
         ):
             # Seeded from the buffer's generator (or torch's global RNG): seeded runs repeat,
             # with other permutations than torch.randperm's.
-            epoch = _REPLAY.PermutationEpoch(len_storage, generator=self._rng)
+            epoch = replay.PermutationEpoch(len_storage, generator=self._rng)
             self._sample_list = None
             self.__dict__["_epoch"] = epoch
             self.__dict__["_epoch_batch_size"] = batch_size
@@ -773,21 +635,35 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             is tracked within the buffer. When ``False``, the max-priority tracks
             the maximum value since the instantiation of the sampler. Defaults to ``False``.
 
-    .. note:: On CPU, priorities live in ``replay``'s compiled segment trees when that
-        extension is available (so prioritized replay works on any torch release, where
-        torchrl 0.11 needs its trees compiled for torch 2.9), otherwise in tensor trees made
-        of torch ops. There, a batch is drawn by one fused kernel call (draws, descents,
-        priorities and, for fp64 trees, importance weights) that reads O(batch * log(size))
-        tree nodes, and an update makes one kernel call per tree; without a buffer generator
-        the kernel's stream is seeded from torch's global RNG. When the sampler first meets a storage on an accelerator, the
-        priorities move to tensor trees on that device, and sampling and updates then run
-        there with torch ops; each sample and each update synchronises with the host once
-        (to check the priorities and indices).
+    .. note:: On CPU, priorities live in ``replay``'s compiled segment trees (so prioritized
+        replay works on any torch release, where torchrl 0.11 needs its trees compiled for
+        torch 2.9). A batch is drawn by one fused kernel call (draws, descents, priorities
+        and, for fp64 trees, importance weights) that reads O(batch * log(size)) tree nodes,
+        and an update makes one kernel call for both trees; without a buffer generator the
+        kernel's stream is seeded from torch's global RNG. When the sampler meets a storage
+        on an accelerator, the priorities move to trees made of torch ops on that device,
+        and sampling and updates then run there; each sample and each update synchronises
+        with the host once (to check the priorities and indices).
 
-    .. note:: Unlike torchrl's, indices outside ``[0, max_capacity)`` and NaN, negative or
-        infinite priorities raise an exception before anything changes (torchrl writes
-        outside its tree or corrupts sampling), and the max priority is rebuilt with one
+    .. note:: As torchrl's, the trees hold ``capacity`` leaves, the next power of two above
+        ``max_capacity``: a storage longer than the sampler gets priorities and draws up to
+        that index (the library's logger says so once). Unlike torchrl's, an index at or past
+        the capacity (where torchrl writes outside its trees), a NaN, negative or infinite
+        priority, one whose stored value ``(priority + eps) ** alpha`` overflows the trees'
+        dtype, and priorities whose sum would overflow it (where torchrl's draws all land on
+        one leaf) raise before anything changes, the largest priority included.
+
+    .. note:: torchrl's fp64 trees take float64 values only: its fp64 sampler fails on the
+        float32 priorities of ``mark_update`` (so inside any replay buffer) and on the float32
+        masses of a seeded draw. Here any real priority dtype is accepted (bool and integer
+        priorities as torchrl takes them), and the largest priority is rebuilt with one
         reduction rather than a Python loop over the capacity.
+
+    .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename, so
+        an interrupted call leaves the previous checkpoint whole (torchrl rewrites the files
+        in place, one after the other). :meth:`loads` reads them read-only and checks them
+        all (sizes, JSON keys and types, leaf values) before the sampler changes, and names
+        the damaged file.
 
     Examples:
         >>> import torch
@@ -860,48 +736,46 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         return super().__getstate__()
 
     # ------------------------------------------------------------------ trees
-    @property
-    def _tree_backend(self) -> str:
-        return self.__dict__.get("_tree_backend_value") or (
-            "replay" if _REPLAY_TREES is not None else "torch"
-        )
-
     def _init(self) -> None:
-        dtype = _tree_dtype(self.dtype)
-        backend = self._tree_backend
-        device = self.__dict__.get("_tree_device_value")
-        self._sum_tree, self._min_tree = _make_trees(self._max_capacity, dtype, backend, device)
+        device = tree_device(self._sum_tree) if "_sum_tree" in self.__dict__ else None
+        self._sum_tree, self._min_tree = make_trees(
+            self._max_capacity, tree_dtype(self.dtype), device, cpu_kernels=self._use_cpu_kernels
+        )
         self._max_priority = None
 
-    def _use_trees(self, backend: str | None = None, device=None) -> None:
-        """Move the priorities to trees of ``backend`` ("replay" or "torch") on ``device``."""
-        device = torch.device("cpu") if device is None else torch.device(device)
-        if backend is None:
-            backend = "replay" if device.type == "cpu" and _REPLAY_TREES is not None else "torch"
-        if backend == "replay" and device.type != "cpu":
-            raise ValueError(f"replay's trees live on the CPU, got device={device}")
-        size = self._sum_tree.size
-        sum_values = _read_leaves(self._sum_tree, size)
-        min_values = _read_leaves(self._min_tree, size)
-        sum_tree, min_tree = _make_trees(size, _tree_dtype(self.dtype), backend, device)
-        _write_leaves(sum_tree, sum_values)
-        _write_leaves(min_tree, min_values)
-        self._sum_tree, self._min_tree = sum_tree, min_tree
-        self.__dict__["_tree_backend_value"] = backend
-        self.__dict__["_tree_device_value"] = device
-
     def _follow_storage(self, storage) -> None:
-        # Priorities live where the data lives, so a CUDA storage is sampled on CUDA.
+        """Puts the priorities in the trees chosen for the storage's device (kept where they
+        are when the storage does not say): a CUDA storage is sampled on CUDA."""
         device = getattr(storage, "device", None)
-        if device is None or (type(device) is torch.device and device.type == "cpu"):
+        if (
+            (device is None or (type(device) is torch.device and device.type == "cpu"))
+            and self._use_cpu_kernels
+            and is_replay_tree(self._sum_tree)
+        ):
             return  # the common case, checked before building a torch.device
-        device = _storage_device(storage)
-        if device is not None and device.type != "cpu" and device != _tree_device(self._sum_tree):
-            self._use_trees("torch", device)
+        device = storage_device(storage) or self._device
+        if not trees_fit(self._sum_tree, device, self._use_cpu_kernels):
+            self._sum_tree, self._min_tree = moved_trees(
+                self._sum_tree, self._min_tree, tree_dtype(self.dtype), device,
+                cpu_kernels=self._use_cpu_kernels,
+            )
 
     @property
     def _device(self) -> torch.device:
-        return _tree_device(self._sum_tree)
+        return tree_device(self._sum_tree)
+
+    def _note_storage_length(self, length: int) -> None:
+        """Says once, through the library's logger, that the storage is longer than the sampler."""
+        if not self.__dict__.get("_said_smaller"):
+            self.__dict__["_said_smaller"] = True
+            logger.warning(
+                f"{type(self).__name__}(max_capacity={self._max_capacity}) samples a storage of "
+                f"{length} items. As in torchrl, its priority trees hold "
+                f"{self._sum_tree.capacity} leaves (the next power of two): items up to "
+                f"{self._sum_tree.capacity - 1} get priorities and can be drawn, later ones never "
+                f"are (an index past them raises IndexError). Give the sampler the storage's "
+                f"capacity to prioritise every item."
+            )
 
     def _empty(self) -> None:
         self._init()
@@ -960,99 +834,43 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         return (mp + self._eps) ** self._alpha
 
     # ------------------------------------------------------------------ sampling
-    def _sample_tree(self, num_valid: int, batch_size: int, exclude=None):
-        """``(index, priority)`` of ``batch_size`` prioritized draws among the first ``num_valid`` leaves."""
-        device = self._device
-        uniform = _rand(batch_size, device, self._rng)
-        sum_tree = self._sum_tree
-        if isinstance(sum_tree, _TorchSumSegmentTree):
-            index, priority, _ = sum_tree.sample_prioritized(uniform, num_valid, exclude=exclude)
-        else:
-            # Any tree with torchrl's API: sample over a copy of its leaves.
-            leaves = _read_leaves(sum_tree, num_valid)
-            index, priority, _ = sample_prioritized_leaves(leaves, uniform, exclude=exclude)
-        return index, priority
-
-    def _fused_sample(self, num_valid: int, batch_size: int, exclude=None):
-        """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
-
-        Reads O(batch * log(size)) tree nodes: no pass over the leaves. The uniforms come from
-        ``self._rng`` when it is set (so a seeded buffer draws what the torch path draws),
-        otherwise the kernel's stream is seeded from torch's global RNG.
-        """
-        sum_tree = self._sum_tree
-        num_valid = min(num_valid, sum_tree.size)
-        p_min = self._min_tree.query(0, num_valid)
-        if not p_min > 0:
-            total = sum_tree.query(0, num_valid)
-            if not total > 0:
-                raise RuntimeError(
-                    f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
-                    f"sum to {total}"
-                )
-            raise RuntimeError(
-                f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
-            )
-        if self._rng is not None:
-            uniform = _rand(batch_size, torch.device("cpu"), self._rng).numpy()
-            seed = None
-        else:
-            uniform = None
-            seed = _kernel_seed(None)
-        # fp64 trees take the kernel's float64 weights. fp32 trees compute them from the fp32
-        # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
-        # torchrl's by one ulp, and the two libraries should return the same weights.
-        fp64 = sum_tree.__class__ is _REPLAY_TREES[torch.float64][0]
-        if exclude is not None:
-            # The excluded leaves count as zero for this draw only: the tree is not modified.
-            if isinstance(exclude, torch.Tensor):
-                exclude = exclude.detach().cpu().numpy()
-            sample = partial(sum_tree.sample_prioritized_excluding, num_valid, exclude)
-        else:
-            sample = partial(sum_tree.sample_prioritized, num_valid)
-        try:
-            index, priority, weight = sample(
-                uniform,
-                batch_size=batch_size,
-                seed=seed,
-                p_min=p_min if fp64 else None,
-                beta=self._beta if fp64 else None,
-                relative_to=None if fp64 else p_min,
-            )
-        except RuntimeError:
-            raise RuntimeError(
-                f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
-                f"sum to {sum_tree.query(0, num_valid)}"
-            ) from None
-        index = torch.from_numpy(index)
-        if fp64:
-            return index, torch.from_numpy(weight)
-        # priority / p_min came from the kernel in fp32 (IEEE division: what torch's div_ gives)
-        return index, torch.from_numpy(priority).pow_(-self._beta)
-
     def _prioritized_sample(self, storage, batch_size: int, exclude=None):
+        """``(index, info)`` of ``batch_size`` prioritized draws; the leaves ``exclude`` (for the
+        slice sampler: the positions that cannot start a slice) count as zero, for this call."""
         # len() once: a torchrl storage's __len__ goes through a torch.compile guard.
         num_valid = len(storage)
         if num_valid == 0:
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         self._follow_storage(storage)
-        if self._use_cpu_kernels and _is_replay_tree(self._sum_tree):
-            index, weight = self._fused_sample(num_valid, batch_size, exclude)
-            if storage.ndim > 1:
-                index = unravel_index(index, storage.shape)
-            return index, {"priority_weight": weight}
-        index, priority = self._sample_tree(num_valid, batch_size, exclude=exclude)
-        p_min = self._min_tree.query(0, num_valid)
-        if not p_min > 0:
-            raise RuntimeError(
-                f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
-            )
-        # Importance sampling weight, normalised by the largest weight (that of p_min):
-        #   w_i = (N * P(i)) ** -beta / (N * P_min) ** -beta = (p_i / p_min) ** -beta
-        weight = torch.pow(priority / p_min, -self._beta)
+        if num_valid > self._max_capacity:
+            self._note_storage_length(num_valid)
+        p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
+        if exclude is None:
+            index, weight = self._draw(num_valid, p_min, batch_size)
+        else:
+            # With excluded leaves the draw can still find nothing to land on, once the
+            # random numbers are taken: it gives them back then, as a refused call should.
+            with generator_kept_on_failure(self._rng):
+                index, weight = self._draw(num_valid, p_min, batch_size, exclude)
         if storage.ndim > 1:
             index = unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
+
+    def _draw(self, num_valid: int, p_min: float, batch_size: int, exclude=None):
+        """``(index, weight)`` of ``batch_size`` draws, with the trees' own machinery."""
+        if is_replay_tree(self._sum_tree):
+            # The buffer generator's draws when there is one (so a seeded buffer draws what
+            # the torch path draws), else the kernel's stream seeded from torch's RNG.
+            uniform = None if self._rng is None else _rand(batch_size, _CPU, self._rng).numpy()
+            return draw_with_kernel(
+                self._sum_tree, num_valid, p_min, self._beta,
+                uniform=uniform,
+                seed=kernel_seed(None) if uniform is None else None,
+                batch_size=batch_size,
+                exclude=exclude,
+            )
+        uniform = _rand(batch_size, self._device, self._rng)
+        return draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
 
     def sample(self, storage: Storage, batch_size: int) -> torch.Tensor:
         return self._prioritized_sample(storage, batch_size)
@@ -1065,6 +883,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         super().extend(index)
         self._maybe_erase_max_priority(index)
 
+    # ------------------------------------------------------------------ updates
     def update_priority(
         self,
         index: int | torch.Tensor,
@@ -1085,19 +904,19 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
                 the 1d size of the sum_tree and min_tree. Only required whenever
                 ``index.ndim > 2``.
 
-        .. note:: Bad input (an index past ``max_capacity``, a NaN, negative or infinite
-            priority, mismatched shapes) raises before the sampler changes.
+        .. note:: Bad input (an index past the trees' capacity, a NaN, negative or infinite
+            priority, one whose stored value ``(priority + eps) ** alpha`` does not fit the
+            trees' dtype, priorities whose sum would overflow it, mismatched shapes) raises
+            before the sampler changes: its trees and its largest priority stay as they were.
         """
         self._follow_storage(storage)
         if (
-            self._use_cpu_kernels
-            and isinstance(index, torch.Tensor)
+            isinstance(index, torch.Tensor)
             and index.ndim == 1
             and index.device.type == "cpu"
             and not index.is_floating_point()
             and index.dtype != torch.bool
-            and _REPLAY_UPDATE is not None
-            and _is_replay_tree(self._sum_tree)
+            and is_replay_tree(self._sum_tree)
             and self._update_with_kernels(index, priority)
         ):
             return
@@ -1145,62 +964,50 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
                         "Could not retrieve the storage shape. If your storage is not a TensorStorage subclass "
                         "or its shape isn't accessible via the shape attribute, submit an issue on GitHub."
                     )
-                index = self._ravel_index(index, shape)
+                index = ravel_rows(index, shape)
             valid_index = index >= 0
             if not valid_index.any():
-                return
+                return  # nothing to update (an empty index too)
             if not valid_index.all():
                 index = index[valid_index]
                 if priority.ndim:
                     priority = priority[valid_index]
-        self._check_update(index, priority)
-
+        check_update(index, priority, self._sum_tree.capacity, self._max_capacity)
+        value = stored_values(priority, self._eps, self._alpha, tree_dtype(self.dtype))
         max_p, max_p_idx = priority.max(dim=0)
+        # The trees first: each refuses a bad batch whole (priorities whose sum would
+        # overflow), and the largest priority moves only once they hold the update.
+        self._sum_tree[index] = value
+        self._min_tree[index] = value
         cur_max_priority, cur_max_priority_index = self._max_priority
         if cur_max_priority is None or max_p > cur_max_priority:
+            # Fresh tensors, as torchrl's priority.max gives: never a view of the caller's.
             cur_max_priority, cur_max_priority_index = self._max_priority = (
                 max_p,
-                index[max_p_idx] if index.ndim else index,
+                index[max_p_idx] if index.ndim else index.clone(),
             )
-        priority = torch.pow(priority + self._eps, self._alpha)
-        self._sum_tree[index] = priority
-        self._min_tree[index] = priority
         if (
             self._max_priority_within_buffer
             and cur_max_priority_index is not None
             and (index == cur_max_priority_index).any()
         ):
-            self._rebuild_max_priority()
-
-    def _rebuild_max_priority(self) -> None:
-        # As torchrl does, the max is taken over the stored values p ** alpha, here with
-        # one reduction (torchrl loops in Python over the whole capacity).
-        if _is_replay_tree(self._sum_tree):
-            leaves = self._sum_tree.values()
-            maxidx = int(leaves.argmax())
-            self._max_priority = (
-                torch.tensor(float(leaves[maxidx]), dtype=torch.get_default_dtype()),
-                torch.tensor(maxidx),
-            )
-            return
-        leaves = _read_leaves(self._sum_tree, self._sum_tree.size)
-        maxval, maxidx = leaves.to(torch.get_default_dtype()).max(0)
-        self._max_priority = (maxval, maxidx)
+            # As torchrl does, the max is taken over the stored values p ** alpha.
+            self._max_priority = largest_leaf(self._sum_tree)
 
     def _update_with_kernels(self, index: torch.Tensor, priority) -> bool:
         """The common update (a 1-D CPU index) in one ``replay`` call for both trees.
 
-        ``replay.update_priority_pair`` checks the indices and priorities, skips the ``-1``
-        indices and finds the largest priority in one pass, then writes both trees. Returns
-        ``False``, having changed nothing, when the input needs the general path (which also
-        produces every error message).
+        ``replay.update_priority_pair`` checks the indices, priorities and stored values,
+        skips the ``-1`` indices and finds the largest priority in one pass, then writes both
+        trees (or neither). Returns ``False``, having changed nothing, when the input needs the
+        general path (which also produces every error message).
         """
         if not isinstance(priority, torch.Tensor):
-            if not isinstance(priority, (int, float)) or isinstance(priority, bool):
-                return False
-            priority = torch.tensor(float(priority))
+            if type(priority) is not float:
+                return False  # an int priority keeps its dtype in the largest priority
+            priority = torch.tensor(priority)
         priority = priority.detach()
-        if not priority.is_cpu or not priority.is_floating_point():
+        if not priority.is_cpu or not priority.is_floating_point() or not index.numel():
             return False
         if priority.numel() > 1 and priority.shape != index.shape:
             if priority.numel() != index.shape[0]:
@@ -1209,9 +1016,9 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         elif priority.numel() <= 1:
             priority = priority.reshape(())
         # torch computes the stored values, so that they match torchrl's to the last bit
-        value = priority.add(self._eps_operand(priority.dtype)).pow_(self._alpha)
+        value = priority.add(self._eps_operand(self._eps, priority.dtype)).pow_(self._alpha)
         try:
-            argmax = _REPLAY_UPDATE(self._sum_tree, self._min_tree, index, value, priority)
+            argmax = replay.update_priority_pair(self._sum_tree, self._min_tree, index, value, priority)
         except (IndexError, ValueError, TypeError):
             return False
         if argmax < 0:
@@ -1224,8 +1031,9 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             highest = float(priority[argmax])
         cur_max_priority, cur_max_priority_index = self._max_priority
         if cur_max_priority is None or highest > float(cur_max_priority):
+            # A fresh tensor: the caller may reuse its priority buffer.
             cur_max_priority, cur_max_priority_index = self._max_priority = (
-                priority[argmax] if priority.ndim else priority,
+                priority[argmax].clone() if priority.ndim else priority.clone(),
                 torch.tensor(int(index[argmax])),
             )
         if (
@@ -1233,65 +1041,15 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             and cur_max_priority_index is not None
             and bool((index == int(cur_max_priority_index)).any())
         ):
-            self._rebuild_max_priority()
+            self._max_priority = largest_leaf(self._sum_tree)
         return True
 
-    def _eps_operand(self, dtype):
-        """``eps`` as ``priority.add`` should take it: for fp32 and fp64 priorities a cached 0-d
-        tensor of their dtype (the same sum to the bit, as the Python float is cast to that dtype
-        too; torch wraps a Python float into a tensor at every call, about 2 us), the Python
-        float for other dtypes (half precision adds in float)."""
-        if dtype is not torch.float32 and dtype is not torch.float64:
-            return self._eps
-        cached = self.__dict__.get("_eps_tensors")
-        if cached is None or cached[0] != self._eps:
-            eps = float(self._eps)
-            tensors = {kind: torch.tensor(eps, dtype=kind) for kind in (torch.float32, torch.float64)}
-            cached = self._eps_tensors = (self._eps, tensors)
-        return cached[1][dtype]
-
-    @staticmethod
-    def _ravel_index(index: torch.Tensor, shape) -> torch.Tensor:
-        # Rows holding a negative coordinate stay negative, so they are ignored like -1.
-        if index.shape[-1] != len(shape):
-            raise IndexError(
-                f"index rows must have {len(shape)} coordinates for a storage of shape "
-                f"{tuple(shape)}, got an index of shape {tuple(index.shape)}"
-            )
-        negative = (index < 0).any(-1)
-        sizes = torch.as_tensor(tuple(shape), device=index.device)
-        outside = (index >= sizes).any(-1) & ~negative
-        if outside.any():
-            pos = int(outside.nonzero()[0, 0])
-            raise IndexError(
-                f"index {index[pos].tolist()} at position {pos} is out of range for a "
-                f"storage of shape {tuple(shape)}"
-            )
-        flat = _ravel(index.unbind(-1), shape)
-        return torch.where(negative, -1, flat)
-
-    def _check_update(self, index: torch.Tensor, priority: torch.Tensor) -> None:
-        flat_index = index.reshape(-1)
-        outside = (flat_index >= self._max_capacity) | (flat_index < 0)
-        if outside.any():
-            pos = int(outside.nonzero()[0, 0])
-            raise IndexError(
-                f"index {int(flat_index[pos])} at position {pos} is out of range for "
-                f"max_capacity={self._max_capacity}"
-            )
-        if priority.is_complex() or priority.dtype == torch.bool:
-            raise TypeError(f"priority must hold real numbers, got dtype {priority.dtype}")
-        flat = priority.reshape(-1)
-        if flat.is_floating_point():
-            bad = ~torch.isfinite(flat) | (flat < 0)
-        else:
-            bad = flat < 0
-        if bad.any():
-            pos = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"priority must be finite and non-negative, got priority={float(flat[pos])} "
-                f"at position {pos}"
-            )
+    @property
+    def _eps_operand(self) -> EpsOperand:
+        operand = self.__dict__.get("_eps_operand_cache")
+        if operand is None:
+            operand = self.__dict__["_eps_operand_cache"] = EpsOperand()
+        return operand
 
     def mark_update(
         self, index: int | torch.Tensor, *, storage: Storage | None = None
@@ -1317,45 +1075,34 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
                 raise RuntimeError(
                     f"max capacity of loaded trees ({len(tree)}) differs from self._max_capacity ({self._max_capacity})."
                 )
+        # Trees of any class following torchrl's API are accepted (a state dict written by
+        # torchrl holds its own); their values move into trees of this sampler's kind, filled
+        # (and so checked) before anything changes.
+        trees = self._trees_holding(read_leaves(sum_tree, self._max_capacity), read_leaves(min_tree, self._max_capacity))
         self._alpha = state_dict["_alpha"]
         self._beta = state_dict["_beta"]
         self._eps = state_dict["_eps"]
         self._max_priority = state_dict["_max_priority"]
         state_dict.pop("_sum_tree")
         state_dict.pop("_min_tree")
-        # Trees of any class following torchrl's API are accepted (a state dict written by
-        # torchrl holds its own); the values move into this sampler's backend.
-        self._copy_leaves_from(sum_tree, min_tree)
+        self._sum_tree, self._min_tree = trees
 
-    def _copy_leaves_from(self, sum_tree, min_tree) -> None:
-        same_kind = (
-            type(sum_tree) is type(self._sum_tree)
-            and type(min_tree) is type(self._min_tree)
-            and _tree_device(sum_tree) == self._device
-        )
-        if same_kind:
-            self._sum_tree, self._min_tree = sum_tree, min_tree
-            return
-        _write_leaves(self._sum_tree, _read_leaves(sum_tree, self._max_capacity))
-        _write_leaves(self._min_tree, _read_leaves(min_tree, self._max_capacity))
+    def _trees_holding(self, sum_leaves: torch.Tensor, min_leaves: torch.Tensor):
+        """New trees of this sampler's kind holding those ``max_capacity`` leaves (the trees
+        refuse NaN, negative or infinite sums, and a sum they cannot hold)."""
+        trees = make_trees(self._max_capacity, tree_dtype(self.dtype), self._device, cpu_kernels=self._use_cpu_kernels)
+        write_leaves(trees[0], sum_leaves)
+        write_leaves(trees[1], min_leaves)
+        return trees
 
     def dumps(self, path):
-        path = Path(path).absolute()
-        path.mkdir(exist_ok=True)
-        capacity = self._max_capacity
-        files = {}
-        for name in ("sumtree", "mintree"):
-            filename = path / f"{name}.memmap"
-            try:
-                files[name] = MemoryMappedTensor.from_filename(
-                    shape=(capacity,), dtype=torch.float64, filename=filename
-                )
-            except FileNotFoundError:
-                files[name] = MemoryMappedTensor.empty(
-                    (capacity,), dtype=torch.float64, filename=filename
-                )
-        files["sumtree"].copy_(_read_leaves(self._sum_tree, capacity).to(torch.float64).cpu())
-        files["mintree"].copy_(_read_leaves(self._min_tree, capacity).to(torch.float64).cpu())
+        publish_directory(path, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        directory = Path(directory)
+        for name, tree in (("sumtree", self._sum_tree), ("mintree", self._min_tree)):
+            leaves = read_leaves(tree, self._max_capacity).to(torch.float64).cpu().numpy()
+            leaves.tofile(directory / f"{name}.memmap")
 
         def to_float(value):
             if value is None:
@@ -1364,7 +1111,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
                 return [to_float(v) for v in value]
             return float(value)
 
-        with open(path / "sampler_metadata.json", "w") as file:
+        with open(directory / "sampler_metadata.json", "w") as file:
             json.dump(
                 {
                     "_alpha": float(self._alpha),
@@ -1377,34 +1124,63 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             )
 
     def loads(self, path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> dict:
+        """Everything :meth:`loads` takes from ``path``, read and checked (read-only, nothing
+        changes here): each error names the file and what is wrong with it."""
         path = Path(path).absolute()
-        with open(path / "sampler_metadata.json") as file:
-            metadata = json.load(file)
-        _max_capacity = metadata["_max_capacity"]
-        if _max_capacity != self._max_capacity:
+        file = path / "sampler_metadata.json"
+        metadata = read_json_object(file)
+        for key in ("_alpha", "_beta", "_eps", "_max_priority", "_max_capacity"):
+            if key not in metadata:
+                raise MetadataError(f"{file}: no {key!r} entry")
+        max_capacity = real_number(file, "_max_capacity", metadata["_max_capacity"])
+        if max_capacity != self._max_capacity:
             raise RuntimeError(
-                f"max capacity of loaded metadata ({_max_capacity}) differs from self._max_capacity ({self._max_capacity})."
+                f"max capacity of loaded metadata ({max_capacity}) differs from self._max_capacity ({self._max_capacity})."
             )
-        leaves = {
-            name: MemoryMappedTensor.from_filename(
-                shape=(self._max_capacity,), dtype=torch.float64, filename=path / f"{name}.memmap"
-            )
-            for name in ("sumtree", "mintree")
+        max_priority = metadata["_max_priority"]
+        if not isinstance(max_priority, list) or len(max_priority) != 2:
+            raise MetadataError(f"{file}: _max_priority must be a list [priority, index], got {max_priority!r}")
+        max_priority = (
+            real_number(file, "_max_priority[0]", max_priority[0], allow_none=True, at_least=0),
+            real_number(file, "_max_priority[1]", max_priority[1], allow_none=True, at_least=0),
+        )
+        leaves = {}
+        for name in ("sumtree", "mintree"):
+            leaf_file = path / f"{name}.memmap"
+            values = read_float64_leaves(leaf_file, self._max_capacity, what=f"max_capacity={self._max_capacity}")
+            bad = np.isnan(values) | (values < 0)
+            if name == "sumtree":
+                bad |= ~np.isfinite(values)
+            if bad.any():
+                pos = int(np.argmax(bad))
+                raise MetadataError(f"{leaf_file}: leaf {pos} holds {values[pos]}, not a priority")
+            leaves[name] = torch.from_numpy(values)
+        try:
+            trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
+        except ValueError as err:
+            raise MetadataError(f"{path / 'sumtree.memmap'}: {err}") from None
+        return {
+            "_alpha": real_number(file, "_alpha", metadata["_alpha"], at_least=0),
+            "_beta": real_number(file, "_beta", metadata["_beta"], at_least=0),
+            "_eps": real_number(file, "_eps", metadata["_eps"]),
+            "_max_priority": max_priority,
+            "trees": trees,
         }
-        self._alpha = metadata["_alpha"]
-        self._beta = metadata["_beta"]
-        self._eps = metadata["_eps"]
+
+    def _apply_checkpoint(self, state: dict) -> None:
+        self._alpha, self._beta, self._eps = state["_alpha"], state["_beta"], state["_eps"]
         current = tuple(self._max_priority)
-        loaded = tuple(metadata["_max_priority"])
         if all(x is None for x in current):
-            self._max_priority = loaded
+            self._max_priority = state["_max_priority"]
         else:
             # Existing tensors are updated in place, as torchrl does.
-            for dest, orig in zip(current, loaded):
+            for dest, orig in zip(current, state["_max_priority"]):
                 if dest is not None and orig is not None:
                     dest.copy_(torch.as_tensor(orig))
-        for tree, name in ((self._sum_tree, "sumtree"), (self._min_tree, "mintree")):
-            _write_leaves(tree, leaves[name].as_subclass(torch.Tensor).clone())
+        self._sum_tree, self._min_tree = state["trees"]
 
 
 class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
@@ -1474,8 +1250,13 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         ``torchrl_compat``'s tensor storages, which journal their writes, the trajectory
         ends are instead kept up to date by reading only the rows written since the last
         call (O(trajectories + rows written)), with the same results; other storages, and
-        writes made in another process, are read whole as torchrl does. Editing the end
+        writes made in another process, are read whole as torchrl does, from a copy (the
+        scan reads twice, and another process may write in between). Editing the end
         signal in place behind the storage's back is not seen until the next whole read.
+
+    .. note:: With ``strict_length=False`` and an integer ``span``, torchrl fails
+        ("Boolean value of Tensor with more than one value is ambiguous"); here the span is
+        checked against the requested slice length and the slices are drawn.
 
     Examples:
         >>> import torch
@@ -1530,33 +1311,22 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             span = (span, span)
         self.span = span
 
-        if trajectories is not None:
+        if trajectories is not None or ends is not None:
+            # A static signal given up front (trajectory ids first): its bounds are cached.
+            given = "trajectories" if trajectories is not None else "ends"
             if traj_key is not None or end_key:
                 raise RuntimeError(
-                    "`trajectories` and `end_key` or `traj_key` are exclusive arguments."
+                    f"`{given}` and `end_key` or `traj_key` are exclusive arguments."
                 )
-            if ends is not None:
+            if trajectories is not None and ends is not None:
                 raise RuntimeError("trajectories and ends are exclusive arguments.")
             if not cache_values:
                 raise RuntimeError(
-                    "To be used, trajectories requires `cache_values` to be set to `True`."
+                    f"To be used, {given} requires `cache_values` to be set to `True`."
                 )
-            vals = self._find_start_stop_traj(trajectory=trajectories, at_capacity=True)
-            self._cache["stop-and-length"] = vals
-
-        elif ends is not None:
-            if traj_key is not None or end_key:
-                raise RuntimeError(
-                    "`ends` and `end_key` or `traj_key` are exclusive arguments."
-                )
-            if trajectories is not None:
-                raise RuntimeError("trajectories and ends are exclusive arguments.")
-            if not cache_values:
-                raise RuntimeError(
-                    "To be used, ends requires `cache_values` to be set to `True`."
-                )
-            vals = self._find_start_stop_traj(end=ends, at_capacity=True)
-            self._cache["stop-and-length"] = vals
+            self._cache["stop-and-length"] = self._find_start_stop_traj(
+                trajectory=trajectories, end=ends, at_capacity=True
+            )
 
         else:
             if traj_key is not None:
@@ -1605,13 +1375,17 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             self._cache.clear()
 
     def __repr__(self):
+        return f"{self._repr_head()})"
+
+    def _repr_head(self) -> str:
+        """The part of torchrl's slice-sampler reprs they all share (each adds its tail)."""
         return (
             f"{self.__class__.__name__}(num_slices={self.num_slices}, "
             f"slice_len={self.slice_len}, "
             f"end_key={self.end_key}, "
             f"traj_key={self.traj_key}, "
             f"truncated_key={self.truncated_key}, "
-            f"strict_length={self.strict_length})"
+            f"strict_length={self.strict_length}"
         )
 
     # ------------------------------------------------------------------ trajectories
@@ -1626,9 +1400,9 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                 trajectory = trajectory.to(self._gpu_device)
             else:
                 end = end.to(self._gpu_device)
-        if device is None and _REPLAY is not None and self._use_cpu_kernels and _on_cpu(signal):
+        if device is None and self._use_cpu_kernels and _on_cpu(signal):
             # One C pass over the signal, GIL released (the torch ops below take several).
-            return _REPLAY.find_start_stop_traj(
+            return replay.find_start_stop_traj(
                 trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
             )
         start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
@@ -1657,14 +1431,14 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
 
     def _tensor_slices_from_startend(self, seq_length, start, storage_length):
         if (
-            _REPLAY is not None
-            and self._use_cpu_kernels
+            self._use_cpu_kernels
             and _on_cpu(start)
             and (not isinstance(seq_length, torch.Tensor) or _on_cpu(seq_length))
         ):
-            index = _REPLAY.slice_indices(start, seq_length, storage_length)
-            return index if index.dtype == start.dtype else index.to(start.dtype)
-        return _torch_slices.slices_from_starts(seq_length, start, storage_length)
+            index = replay.slice_indices(start, seq_length, storage_length)
+        else:
+            index = _torch_slices.slice_indices(start, seq_length, storage_length)
+        return index if index.dtype == start.dtype else index.to(start.dtype)
 
     def _get_stop_and_length(self, storage, fallback=True):
         if self.cache_values and "stop-and-length" in self._cache:
@@ -1686,7 +1460,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                             "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
                         )
                 vals = self._find_start_stop_traj(
-                    trajectory=trajectory,
+                    trajectory=snapshot(trajectory),
                     at_capacity=storage._is_full,
                     cursor=getattr(storage, "_last_cursor", None),
                 )
@@ -1709,7 +1483,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                         "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
                     )
                 vals = self._find_start_stop_traj(
-                    end=done.squeeze()[: len(storage)],
+                    end=snapshot(done.squeeze()[: len(storage)]),
                     at_capacity=storage._is_full,
                     cursor=getattr(storage, "_last_cursor", None),
                 )
@@ -1898,7 +1672,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             # The done / terminated columns are read at the sampled rows in the same call.
             flags = self._kernel_flags(storage) if start_idx.shape[1] == 1 else None
             try:
-                out = _REPLAY.sample_slice_index(
+                out = replay.sample_slice_index(
                     start_idx, lengths, traj_idx, uniform, seq_length, storage_length,
                     span=self.span, flags=flags,
                 )
@@ -1928,7 +1702,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             if done is not None:
                 done.logical_or_(truncated)  # a fresh tensor of the kernel's
         else:
-            done, terminated = _gather_fields(storage, index, (done_key, terminated_key))
+            done, terminated = gather_fields(storage, index, (done_key, terminated_key))
             if done is not None:
                 done = done | truncated
         if done is None:
@@ -1942,7 +1716,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         dictionary, or ``None`` (no info dictionary, or columns it cannot read)."""
         if self.truncated_key is None:
             return None
-        return _flag_columns(storage, self._info_keys()[1:])
+        return flag_columns(storage, self._info_keys()[1:])
 
     def _info_keys(self) -> tuple:
         """``(truncated_key, done_key, terminated_key)`` of the info dictionary."""
@@ -1959,7 +1733,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
 
     def _kernel_slices(self, start_idx: torch.Tensor) -> bool:
         """Whether the slice indices come from ``replay``'s fused kernel (CPU, not compiled)."""
-        if _REPLAY is None or not self._use_cpu_kernels or self.compile or not _on_cpu(start_idx):
+        if not self._use_cpu_kernels or self.compile or not _on_cpu(start_idx):
             return False
         left, right = self.span
         return type(left) in (bool, int) and type(right) in (bool, int) and left >= 0 and right >= 0
@@ -2052,6 +1826,10 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
 
     def loads(self, path):
         ...
+
+    # Nothing on disk (a SliceSamplerWithoutReplacement's epoch included, as in torchrl).
+    _read_checkpoint = Sampler._read_checkpoint
+    _apply_checkpoint = Sampler._apply_checkpoint
 
     def state_dict(self) -> dict[str, Any]:
         return {}
@@ -2155,16 +1933,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
             perc = self._remaining_in_epoch() / self.len_storage * 100
         else:
             perc = 0
-        return (
-            f"{self.__class__.__name__}("
-            f"num_slices={self.num_slices}, "
-            f"slice_len={self.slice_len}, "
-            f"end_key={self.end_key}, "
-            f"traj_key={self.traj_key}, "
-            f"truncated_key={self.truncated_key}, "
-            f"strict_length={self.strict_length},"
-            f"{perc}% sampled)"
-        )
+        return f"{self._repr_head()},{perc}% sampled)"
 
     def _empty(self):
         self._cache = {}
@@ -2261,11 +2030,23 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
 
     .. note:: torchrl zeroes the sum-tree leaves that cannot start a slice while it
         samples, then restores them, which races with a concurrent :meth:`update_priority`
-        and needs an ``[M, N, ndim]`` tensor to find each slice's stop. Here the trees are
-        never modified while sampling: on CPU, ``replay``'s kernel excludes those leaves
-        itself (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves);
-        on an accelerator they are zeroed in a masked copy of the priorities. The stops are
-        found by binary search.
+        (and, when the draw fails, leaves them zeroed), and needs an ``[M, N, ndim]`` tensor
+        to find each slice's stop. Here the trees are never modified while sampling: on
+        CPU, ``replay``'s kernel excludes those leaves itself
+        (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves); on an
+        accelerator they are zeroed in a masked copy of the priorities. The stops are found
+        by binary search. A draw that fails gives the random numbers it took back to the
+        generator, as torchrl's (which fails before drawing) leaves it.
+
+    .. note:: Where torchrl fails or errs, this sampler differs on purpose:
+
+        - one-step slices (``slice_len=1``, or ``span[1] == slice_len - 1``): torchrl
+          excludes every position and raises "non-positive p_sum"; here none is excluded;
+        - a slice whose right span runs past its trajectory's end is cut there (torchrl
+          fails on an integer ``seq_length``);
+        - for a start in the part of a trajectory that wraps around the end of the storage,
+          the trajectory's own stop bounds the slice (torchrl picks the next stop of any
+          trajectory, too far).
 
     Examples:
         >>> import torch
@@ -2339,18 +2120,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             self.span = (0, self.span[1])
 
     def __repr__(self):
-        return (
-            f"{self.__class__.__name__}("
-            f"num_slices={self.num_slices}, "
-            f"slice_len={self.slice_len}, "
-            f"end_key={self.end_key}, "
-            f"traj_key={self.traj_key}, "
-            f"truncated_key={self.truncated_key}, "
-            f"strict_length={self.strict_length},"
-            f"alpha={self._alpha}, "
-            f"beta={self._beta}, "
-            f"eps={self._eps}"
-        )
+        # torchrl's, closing parenthesis missing included
+        return f"{self._repr_head()},alpha={self._alpha}, beta={self._beta}, eps={self._eps}"
 
     def __getstate__(self):
         state = SliceSampler.__getstate__(self)
@@ -2398,7 +2169,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             # ops below take two repeat_interleave and a modulo (0.4 ms at 2^20 steps).
             offset = int(start_idx[0, 0]) if full else 0
             preceding_stop_idx = torch.from_numpy(
-                _REPLAY.excluded_starts(
+                replay.excluded_starts(
                     lengths,
                     _torch_slices.excluded_tail(seq_length, self.span[1]),
                     keep_first=not self.strict_length,
@@ -2422,7 +2193,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         if full:
             # At capacity the first trajectory starts at start_idx[0], not at 0.
             total_shape = storage._total_shape
-            offset = _ravel(start_idx[0].tolist(), total_shape)
+            offset = ravel(start_idx[0].tolist(), total_shape)
             preceding_stop_idx = (preceding_stop_idx + offset) % total_shape.numel()
         return preceding_stop_idx
 
@@ -2439,7 +2210,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
             shape = storage.shape
             coords = unravel_index(preceding_stop_idx, (shape[-1], *shape[:-1]))
             coords = (coords[-1], *coords[:-1])
-            preceding_stop_idx = _ravel(coords, shape)
+            preceding_stop_idx = ravel(coords, shape)
 
         starts, info = self._prioritized_sample(
             storage, batch_size // seq_length, exclude=preceding_stop_idx
@@ -2495,7 +2266,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         each start is a trajectory of its own, entered at its first step."""
         n = starts.shape[0]
         flags = self._kernel_flags(storage)
-        out = _REPLAY.sample_slice_index(
+        out = replay.sample_slice_index(
             starts.reshape(n, 1),
             np.full(n, seq_length, dtype=np.int64),
             np.arange(n, dtype=np.int64),
@@ -2519,6 +2290,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
 
     def loads(self, path):
         return PrioritizedSampler.loads(self, path)
+
+    # The priorities are the state on disk, as torchrl's dumps / loads take them.
+    _read_checkpoint = PrioritizedSampler._read_checkpoint
+    _apply_checkpoint = PrioritizedSampler._apply_checkpoint
 
     def state_dict(self):
         return PrioritizedSampler.state_dict(self)
@@ -2560,6 +2335,10 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
 
     .. note:: The buffers are drawn with the generator set by the buffer (``_rng``) also
         when ``p`` is given (torchrl then uses the global generator), so seeded runs repeat.
+        Selecting several samplers (``ensemble[0:2]``, ``ensemble[[0, 2]]``) works without
+        ``p`` too (torchrl then fails indexing ``None``). :meth:`dumps` publishes every
+        member's checkpoint at once, and :meth:`loads` checks them all before any member
+        changes.
 
     Examples:
         >>> ensemble = SamplerEnsemble(RandomSampler(), RandomSampler(), p=[1, 3])
@@ -2678,14 +2457,25 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
         return samples, infos
 
     def dumps(self, path: Path):
-        path = Path(path).absolute()
+        # Every member's files are written aside and published together: an interrupted
+        # dumps leaves the previous ensemble checkpoint whole.
+        publish_directory(path, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
         for i, sampler in enumerate(self._samplers):
-            sampler.dumps(path / str(i))
+            sampler.dumps(Path(directory) / str(i))
 
     def loads(self, path: Path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> list:
+        # Every member's checkpoint is read and checked before any member changes.
         path = Path(path).absolute()
-        for i, sampler in enumerate(self._samplers):
-            sampler.loads(path / str(i))
+        return [sampler._read_checkpoint(path / str(i)) for i, sampler in enumerate(self._samplers)]
+
+    def _apply_checkpoint(self, states: list) -> None:
+        for sampler, state in zip(self._samplers, states):
+            sampler._apply_checkpoint(state)
 
     def state_dict(self) -> dict[str, Any]:
         state_dict = OrderedDict()

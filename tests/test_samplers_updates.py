@@ -1,0 +1,230 @@
+"""Priority updates of the prioritized samplers, side by side with torchrl 0.11's.
+
+torchrl's compiled trees do not load on this torch: its Python samplers run here on
+``replay``'s trees (which follow torchrl's tree API, capacity included), monkeypatched into
+its module, so that only the samplers' own logic differs.
+"""
+import numpy as np
+import pytest
+import torch
+import torchrl.data.replay_buffers.samplers as trl
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+
+import replay
+import torchrl_compat.samplers as ours
+
+TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
+PATHS = ["kernels", "torch-ops"]  # replay's fused kernels, or the accelerator path on CPU
+
+
+@pytest.fixture
+def torchrl_trees(monkeypatch):
+    for name in TREE_NAMES:
+        monkeypatch.setattr(trl, name, getattr(replay, name))
+
+
+def _ours(*args, path="kernels", **kwargs):
+    sampler = ours.PrioritizedSampler(*args, **kwargs)
+    sampler._use_cpu_kernels = path == "kernels"
+    return sampler
+
+
+def _leaves(sampler):
+    capacity = sampler._sum_tree.capacity
+    return (
+        np.array([sampler._sum_tree[i] for i in range(capacity)]),
+        np.array([sampler._min_tree[i] for i in range(capacity)]),
+    )
+
+
+def _snapshot(sampler):
+    sum_leaves, min_leaves = _leaves(sampler)
+    max_priority = tuple(None if x is None else (float(x), x.dtype if isinstance(x, torch.Tensor) else type(x))
+                         for x in sampler._max_priority)
+    return sum_leaves.tolist(), min_leaves.tolist(), max_priority, float(sampler.default_priority)
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except Exception as err:  # the reference's exception is part of the expected outcome
+        return type(err)
+    return None
+
+
+# --------------------------------------------------------------------- the largest priority
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", ["1-d", "0-d", "scalar-broadcast", "2-d index"])
+def test_largest_priority_is_not_a_view_of_the_callers_tensor(path, shape):
+    """A caller that reuses its priority buffer must not change ``default_priority``."""
+    storage = LazyTensorStorage(16, ndim=2)
+    storage.set(torch.arange(4), torch.zeros(4, 4))
+    ref, mine = trl.PrioritizedSampler(16, 0.7, 0.5), _ours(16, 0.7, 0.5, path=path)
+    for sampler in (ref, mine):
+        if shape == "1-d":
+            priority = torch.tensor([1.0, 5.0, 2.0])
+            sampler.update_priority(torch.tensor([0, 3, 7]), priority)
+        elif shape == "0-d":
+            priority = torch.tensor(5.0)
+            sampler.update_priority(torch.tensor([2]), priority)
+        elif shape == "scalar-broadcast":
+            priority = torch.tensor([5.0])
+            sampler.update_priority(torch.tensor([2, 4]), priority)
+        else:
+            priority = torch.tensor([1.0, 5.0])
+            sampler.update_priority(torch.tensor([[0, 1], [2, 3]]), priority, storage=storage)
+        before = float(sampler.default_priority)
+        priority.mul_(100)
+        priority.fill_(0.5)
+        assert float(sampler.default_priority) == before == pytest.approx((5.0 + 1e-8) ** 0.7)
+        assert float(sampler._max_priority[0]) == 5.0
+    assert _snapshot(mine) == _snapshot(ref)
+
+
+# --------------------------------------------------------------------- edge cases vs torchrl
+
+
+def _storage_2d():
+    storage = LazyTensorStorage(16, ndim=2)
+    storage.set(torch.arange(4), torch.zeros(4, 4))
+    return storage
+
+
+UPDATES = {
+    "empty index": lambda s: s.update_priority(torch.tensor([], dtype=torch.long), torch.tensor([])),
+    "empty index, scalar priority": lambda s: s.update_priority(torch.tensor([], dtype=torch.long), 2.0),
+    "empty index, 1 priority": lambda s: s.update_priority(torch.zeros(0, dtype=torch.int32), torch.tensor([2.0])),
+    "empty index, 3 priorities": lambda s: s.update_priority(torch.tensor([], dtype=torch.long), torch.ones(3)),
+    "empty list": lambda s: s.update_priority([], []),
+    "int priorities": lambda s: s.update_priority(torch.tensor([0, 1]), torch.tensor([3, 5])),
+    "int8 priorities": lambda s: s.update_priority(torch.tensor([0, 1]), torch.tensor([3, 5], dtype=torch.int8)),
+    "bool priorities": lambda s: s.update_priority(torch.tensor([0, 1, 2]), torch.tensor([True, False, True])),
+    "half priorities": lambda s: s.update_priority(torch.tensor([0, 1]), torch.tensor([3.0, 5.5], dtype=torch.half)),
+    "bfloat16 priorities": lambda s: s.update_priority(torch.tensor([4, 1]), torch.tensor([3.0, 5.5], dtype=torch.bfloat16)),
+    "float64 priorities": lambda s: s.update_priority(torch.tensor([0, 1]), torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)),
+    "python int priority": lambda s: s.update_priority(3, 2),
+    "python float priority": lambda s: s.update_priority(torch.tensor([3, 5]), 2.5),
+    "python bool priority": lambda s: s.update_priority(torch.tensor([3, 5]), True),
+    "list index and priorities": lambda s: s.update_priority([1, 2], [1.0, 2.0]),
+    "0-d index": lambda s: s.update_priority(torch.tensor(3), torch.tensor(2.0)),
+    "int32 index": lambda s: s.update_priority(torch.tensor([3, 6], dtype=torch.int32), torch.tensor([2.0, 0.5])),
+    "-1 skipped": lambda s: s.update_priority(torch.tensor([-1, 2, -1]), torch.tensor([9.0, 1.0, 9.0])),
+    "only -1": lambda s: s.update_priority(torch.tensor([-1, -1]), torch.tensor([9.0, 9.0])),
+    "-1 int": lambda s: s.update_priority(-1, 4.0),
+    "repeated index": lambda s: s.update_priority(torch.tensor([2, 2, 2]), torch.tensor([1.0, 7.0, 3.0])),
+    "[N, 1] priorities": lambda s: s.update_priority(torch.tensor([0, 1]), torch.tensor([[1.0], [2.0]])),
+    "mismatched priorities": lambda s: s.update_priority(torch.tensor([0, 1]), torch.tensor([1.0, 2.0, 3.0])),
+    "index past max_capacity": lambda s: s.update_priority(torch.tensor([1, 10, 15]), torch.tensor([1.0, 2.0, 3.0])),
+    "2-d index": lambda s: s.update_priority(torch.tensor([[0, 1], [3, 3]]), torch.tensor([1.0, 2.0]), storage=_storage_2d()),
+    "2-d index out of range": lambda s: s.update_priority(torch.tensor([[0, 1], [3, 4]]), torch.tensor([1.0, 2.0]), storage=_storage_2d()),
+    "2-d index past the rows": lambda s: s.update_priority(torch.tensor([[4, 0]]), torch.tensor([1.0]), storage=_storage_2d()),
+    "2-d index with -1": lambda s: s.update_priority(torch.tensor([[-1, -1], [1, 1]]), torch.tensor([1.0, 2.0]), storage=_storage_2d()),
+    "2-d index, no storage": lambda s: s.update_priority(torch.tensor([[0, 1]]), torch.tensor([1.0])),
+}
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(UPDATES))
+def test_update_matches_torchrl(case, dtype, path):
+    """The same update on torchrl's sampler and ours, after the same history: the same
+    exception type, or the same leaves, largest priority (value and dtype) and default."""
+    ref, mine = trl.PrioritizedSampler(10, 0.7, 0.5, dtype=dtype), _ours(10, 0.7, 0.5, dtype=dtype, path=path)
+    for sampler in (ref, mine):
+        sampler.update_priority(torch.tensor([5, 6]), torch.tensor([0.25, 0.75], dtype=dtype))
+    outcome = _outcome(lambda: UPDATES[case](ref))
+    if outcome is RuntimeError and dtype is torch.float64 and _outcome(lambda: UPDATES[case](trl.PrioritizedSampler(10, 0.7, 0.5))) is None:
+        # torchrl's fp64 trees refuse anything but float64 values ("expected scalar type Double")
+        before = _snapshot(mine)
+        UPDATES[case](mine)
+        assert _snapshot(mine) != before or case.startswith(("empty", "only", "-1"))
+        return
+    assert _outcome(lambda: UPDATES[case](mine)) is outcome
+    assert _snapshot(mine) == _snapshot(ref)
+
+
+# --------------------------------------------------------------------- rejected updates
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rejected_update_changes_nothing(path, dtype):
+    """A finite priority whose stored value ``(p + eps) ** alpha`` does not fit the trees, or
+    priorities whose sum would overflow them: ValueError, and the sampler (largest priority
+    and default priority included) is as it was, so a buffer keeps working."""
+    big = float(torch.finfo(dtype).max) ** 0.5  # finite; squared (alpha=2) it is not
+    rb = ReplayBuffer(storage=LazyTensorStorage(8), sampler=_ours(8, 2.0, 0.5, dtype=dtype, path=path), batch_size=4)
+    rb.extend(torch.arange(4.0))
+    sampler = rb._sampler
+    before = _snapshot(sampler)
+    attempts = {
+        "value past the dtype": (torch.tensor([1, 2]), torch.tensor([1.0, big * 2], dtype=torch.float64)),
+        "0-d value past the dtype": (torch.tensor([1]), torch.tensor(big * 2, dtype=torch.float64)),
+        "total past the dtype": (torch.tensor([0, 1]), torch.tensor([big * 0.8, big * 0.8], dtype=torch.float64)),
+    }
+    if dtype is torch.float32:
+        attempts["float32 value past float32"] = (torch.tensor([3]), torch.tensor([1e20]))
+    for name, (index, priority) in attempts.items():
+        with pytest.raises(ValueError, match="cannot be stored|would make the sum"):
+            sampler.update_priority(index, priority)
+        assert _snapshot(sampler) == before, name
+        with pytest.raises(ValueError, match="cannot be stored|would make the sum"):
+            sampler.update_priority(index.unsqueeze(-1).expand(-1, 1).clone(), priority, storage=rb._storage)
+        assert _snapshot(sampler) == before, name
+    rb.extend(torch.arange(4.0, 8.0))  # mark_update with the default priority still works
+    assert len(rb) == 8
+    _, info = rb.sample(return_info=True)
+    assert torch.isfinite(info["priority_weight"]).all()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_rejected_update_of_the_slice_sampler_changes_nothing(path):
+    sampler = ours.PrioritizedSliceSampler(8, 2.0, 0.5, slice_len=2, traj_key="episode")
+    sampler._use_cpu_kernels = path == "kernels"
+    sampler.update_priority(torch.arange(8), torch.ones(8))
+    before = _snapshot(sampler)
+    with pytest.raises(ValueError, match="cannot be stored"):
+        sampler.update_priority(torch.tensor([1]), torch.tensor([1e20]))
+    assert _snapshot(sampler) == before
+
+
+# --------------------------------------------------------------------- failed slice draws
+
+
+def _episode_storage(n=20, length=5):
+    storage = LazyTensorStorage(n)
+    storage.set(torch.arange(n), TensorDict({"episode": torch.arange(n) // length, "obs": torch.arange(n)}, [n]))
+    return storage
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("path", PATHS)
+def test_failed_slice_draw_consumes_no_random_numbers(path):
+    """Priorities only on the steps that cannot start a slice (the others never written): the
+    draw fails. torchrl refuses before drawing; so, in effect, do we (the draws the kernel
+    took are given back), and the next draws of both samplers agree."""
+    storage = _episode_storage()
+    excluded = torch.tensor([3, 4, 8, 9, 13, 14, 18, 19])  # the last two steps of each episode
+    samplers = {}
+    for name, cls in (("torchrl", trl.PrioritizedSliceSampler), ("ours", ours.PrioritizedSliceSampler)):
+        sampler = cls(20, 0.8, 0.6, slice_len=3, traj_key="episode", truncated_key=None)
+        if name == "ours":
+            sampler._use_cpu_kernels = path == "kernels"
+        sampler._rng = torch.Generator().manual_seed(7)
+        sampler.update_priority(excluded, torch.ones(excluded.numel()))
+        state = sampler._rng.get_state()
+        with pytest.raises(RuntimeError, match="non-positive p_sum"):
+            sampler.sample(storage, 12)
+        assert torch.equal(sampler._rng.get_state(), state)
+        sampler.update_priority(torch.arange(20), torch.arange(1.0, 21.0))
+        samplers[name] = sampler
+    for _ in range(3):
+        (ri,), rinfo = samplers["torchrl"].sample(storage, 12)
+        (mi,), minfo = samplers["ours"].sample(storage, 12)
+        assert torch.equal(ri, mi)
+        assert torch.equal(rinfo["priority_weight"], minfo["priority_weight"])

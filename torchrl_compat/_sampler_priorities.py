@@ -1,0 +1,223 @@
+"""Priority updates and prioritized draws, for :class:`PrioritizedSampler` and its slice variant.
+
+The rules are torchrl 0.11's (``PrioritizedSampler.update_priority`` and ``sample``): a leaf
+stores ``(priority + eps) ** alpha`` computed in torch, a draw takes a mass uniformly in
+``query(0, len(storage))``, finds its leaf, clamps it to the storage and steps off zero
+leaves, and the importance weight is ``(p_i / p_min) ** -beta``. Everything a call could
+reject is checked before anything changes, and the trees refuse whole batches, so a rejected
+call leaves the sampler as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+
+import torch
+
+import replay
+
+from ._sampler_storage import ravel
+from ._sampler_trees import is_replay_tree, read_leaves
+from ._torch_sumtree import _TorchSumSegmentTree
+
+__all__ = [
+    "EpsOperand",
+    "check_sampleable",
+    "check_update",
+    "draw_with_kernel",
+    "draw_with_torch",
+    "generator_kept_on_failure",
+    "kernel_seed",
+    "largest_leaf",
+    "ravel_rows",
+    "stored_values",
+]
+
+_UINT64_MASK = (1 << 64) - 1
+
+
+def kernel_seed(generator) -> int:
+    """64 random bits from ``generator`` or, when it is ``None``, torch's global RNG.
+
+    The kernels draw from their own xoshiro256** stream; seeding it from torch keeps
+    ``torch.manual_seed`` (and the buffer's generator) in control of the samples.
+    """
+    seed = torch.randint(-(2**63), 2**63 - 1, (), generator=generator, dtype=torch.int64)
+    return int(seed) & _UINT64_MASK
+
+
+class EpsOperand:
+    """``eps`` as ``priority.add`` should take it: for fp32 and fp64 priorities a cached 0-d
+    tensor of their dtype (the same sum to the bit, as the Python float is cast to that dtype
+    too; torch wraps a Python float into a tensor at every call, about 2 us), the Python float
+    for other dtypes (half precision adds in float)."""
+
+    __slots__ = ("_eps", "_tensors")
+
+    def __init__(self) -> None:
+        self._eps = None
+        self._tensors = {}
+
+    def __call__(self, eps, dtype):
+        if dtype is not torch.float32 and dtype is not torch.float64:
+            return eps
+        if self._eps != eps:
+            self._tensors = {kind: torch.tensor(float(eps), dtype=kind) for kind in (torch.float32, torch.float64)}
+            self._eps = eps
+        return self._tensors[dtype]
+
+
+def stored_values(priority: torch.Tensor, eps, alpha, tree_dtype: torch.dtype) -> torch.Tensor:
+    """``(priority + eps) ** alpha`` computed as torchrl computes it, checked to fit the trees:
+    ValueError naming the priority when the value is not finite in ``tree_dtype`` (torchrl
+    stores the inf, and every later ``default_priority`` and sample is then inf or NaN)."""
+    value = torch.pow(priority + eps, alpha)
+    if value.dtype.is_floating_point:
+        bad = ~torch.isfinite(value.to(tree_dtype))
+        if bool(bad.any()):
+            flat = bad.reshape(-1)
+            pos = int(flat.nonzero()[0, 0]) if flat.numel() > 1 else 0
+            raise ValueError(
+                f"priority={float(priority.reshape(-1)[pos])} at position {pos} cannot be stored: "
+                f"(priority + eps) ** alpha with eps={eps}, alpha={alpha} is "
+                f"{float(value.reshape(-1)[pos])}, which a {tree_dtype} tree cannot hold"
+            )
+    return value
+
+
+def check_update(index: torch.Tensor, priority: torch.Tensor, capacity: int, max_capacity: int) -> None:
+    """The checks of a priority update (``index`` holds only the kept, flat indices).
+
+    Leaves ``[0, capacity)`` of torchrl's trees can be written (``capacity`` is the power of
+    two above ``max_capacity``); past it torchrl writes outside its trees.
+    """
+    flat_index = index.reshape(-1)
+    outside = (flat_index >= capacity) | (flat_index < 0)
+    if bool(outside.any()):
+        pos = int(outside.nonzero()[0, 0])
+        raise IndexError(
+            f"index {int(flat_index[pos])} at position {pos} is out of range for "
+            f"max_capacity={max_capacity}: the priority trees hold {capacity} leaves"
+        )
+    if priority.is_complex():
+        raise TypeError(f"priority must hold real numbers, got dtype {priority.dtype}")
+    flat = priority.reshape(-1)
+    if flat.dtype == torch.bool:
+        return
+    bad = (~torch.isfinite(flat) | (flat < 0)) if flat.is_floating_point() else flat < 0
+    if bool(bad.any()):
+        pos = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"priority must be finite and non-negative, got priority={float(flat[pos])} "
+            f"at position {pos}"
+        )
+
+
+def ravel_rows(index: torch.Tensor, shape) -> torch.Tensor:
+    """Flat storage positions of the ``[N, ndim]`` coordinate rows ``index`` (torchrl's
+    ``np.ravel_multi_index``); ValueError, as numpy raises there, for a row outside ``shape``."""
+    if index.shape[-1] != len(shape):
+        raise ValueError(
+            f"index rows must have {len(shape)} coordinates for a storage of shape "
+            f"{tuple(shape)}, got an index of shape {tuple(index.shape)}"
+        )
+    sizes = torch.as_tensor(tuple(shape), device=index.device)
+    outside = ((index < 0) | (index >= sizes)).any(-1).reshape(-1)
+    if bool(outside.any()):
+        pos = int(outside.nonzero()[0, 0])
+        raise ValueError(
+            f"index {index.reshape(-1, len(shape))[pos].tolist()} at position {pos} is out of "
+            f"range for a storage of shape {tuple(shape)}"
+        )
+    return ravel(index.unbind(-1), shape)
+
+
+def largest_leaf(sum_tree) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, index)`` of the largest of the ``size`` leaves, as torchrl's rebuild of the
+    max priority gives them (a default-dtype value), with one reduction instead of torchrl's
+    Python loop over the capacity."""
+    if is_replay_tree(sum_tree):
+        leaves = sum_tree.values()
+        maxidx = int(leaves.argmax())
+        return torch.tensor(float(leaves[maxidx]), dtype=torch.get_default_dtype()), torch.tensor(maxidx)
+    leaves = read_leaves(sum_tree, sum_tree.size)
+    return leaves.to(torch.get_default_dtype()).max(0)
+
+
+def check_sampleable(sum_tree, min_tree, num_valid: int) -> float:
+    """``p_min`` of a draw among ``num_valid`` items, after torchrl's checks (made before any
+    random draw, so a refused call consumes none)."""
+    p_sum = sum_tree.query(0, num_valid)
+    if not p_sum > 0:
+        raise RuntimeError(
+            f"non-positive p_sum: the priorities of the {num_valid} sampleable items sum to {p_sum}"
+        )
+    p_min = min_tree.query(0, num_valid)
+    if not p_min > 0:
+        raise RuntimeError(
+            f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
+        )
+    return p_min
+
+
+@contextlib.contextmanager
+def generator_kept_on_failure(generator):
+    """Restores ``generator`` (torch's global RNG when ``None``) if the block raises: a draw
+    that fails after taking its random numbers gives them back."""
+    state = generator.get_state() if generator is not None else torch.random.get_rng_state()
+    try:
+        yield
+    except BaseException:
+        if generator is not None:
+            generator.set_state(state)
+        else:
+            torch.random.set_rng_state(state)
+        raise
+
+
+def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, uniform=None, seed=None,
+                     batch_size=None, exclude=None):
+    """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
+
+    Reads O(batch * log(size)) tree nodes: no pass over the leaves. The draws are ``uniform``
+    or, when it is ``None``, ``batch_size`` draws of the kernel's stream seeded with ``seed``.
+    """
+    # fp64 trees take the kernel's float64 weights. fp32 trees compute them from the fp32
+    # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
+    # torchrl's by one ulp, and the two libraries should return the same weights.
+    fp64 = type(sum_tree) is replay.SumSegmentTreeFp64
+    if exclude is not None:
+        # The excluded leaves count as zero for this draw only: the tree is not modified.
+        if isinstance(exclude, torch.Tensor):
+            exclude = exclude.detach().cpu().numpy()
+        sample = partial(sum_tree.sample_prioritized_excluding, num_valid, exclude)
+    else:
+        sample = partial(sum_tree.sample_prioritized, num_valid)
+    try:
+        index, priority, weight = sample(
+            uniform,
+            batch_size=None if uniform is not None else batch_size,
+            seed=seed,
+            p_min=p_min if fp64 else None,
+            beta=beta if fp64 else None,
+            relative_to=None if fp64 else p_min,
+        )
+    except RuntimeError:
+        raise RuntimeError(
+            f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
+            f"outside the excluded ones sum to 0"
+        ) from None
+    index = torch.from_numpy(index)
+    if fp64:
+        return index, torch.from_numpy(weight)
+    # priority / p_min came from the kernel in fp32 (IEEE division: what torch's div_ gives)
+    return index, torch.from_numpy(priority).pow_(-beta)
+
+
+def draw_with_torch(sum_tree: _TorchSumSegmentTree, num_valid: int, p_min: float, beta: float,
+                    uniform: torch.Tensor, exclude=None):
+    """``(index, weight)`` in torch ops on the tree's device (the accelerator path)."""
+    index, priority, _ = sum_tree.sample_prioritized(uniform, num_valid, exclude=exclude)
+    # Importance sampling weight, normalised by the largest weight (that of p_min):
+    #   w_i = (N * P(i)) ** -beta / (N * P_min) ** -beta = (p_i / p_min) ** -beta
+    return index, torch.pow(priority / p_min, -beta)
