@@ -23,7 +23,7 @@ from tensordict import MemoryMappedTensor, TensorDict
 from torchrl_compat._buffer_deps import torchrl_module
 from torchrl_compat.storages import LazyMemmapStorage, LazyTensorStorage, TensorStorage
 
-__all__ = ["gather_rows", "info_fits", "plain_storage"]
+__all__ = ["gather_rows", "info_tree", "plain_storage"]
 
 _LEAF_TYPES = (torch.Tensor, MemoryMappedTensor)
 
@@ -40,15 +40,32 @@ def _plain_gets() -> frozenset:
 _PLAIN_GETS = _plain_gets()
 
 
-def info_fits(info: dict, numel: int, device) -> bool:
-    """Whether every entry of ``info`` is a ``[numel]`` tensor on ``device`` under a plain
-    string key: what a tensordict buffer sets into a 1-D batch as it is."""
+def info_tree(info: dict, numel: int, device) -> dict | None:
+    """The entries of ``info`` a tensordict buffer sets into a 1-D batch as they are, as a
+    tree of dicts (a nested key ``("next", "done")`` under ``"next"``), in ``info``'s order;
+    ``None`` unless every entry is a tensor of ``numel`` rows on ``device`` under a string
+    key or a tuple of them."""
     if device is None:
-        return False
+        return None
+    tree = {}
     for key, value in info.items():
-        if type(key) is not str or type(value) is not torch.Tensor or value.shape != (numel,) or value.device != device:
-            return False
-    return True
+        if type(value) is not torch.Tensor or not value.ndim or value.shape[0] != numel or value.device != device:
+            return None
+        if type(key) is str:
+            path = (key,)
+        elif type(key) is tuple and key and all(type(part) is str for part in key):
+            path = key
+        else:
+            return None
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if type(node) is not dict:
+                return None
+        if type(node.get(path[-1])) is dict:
+            return None
+        node[path[-1]] = value
+    return tree
 
 
 def plain_storage(storage) -> bool:
@@ -70,15 +87,17 @@ def gather_rows(
 
     Args:
         storage (Storage): the storage to read (a :func:`plain_storage`).
-        index: the sampled indices; only a 1-D integer tensor is handled.
+        index: the sampled indices; only a 1-D integer tensor (or a tuple holding one)
+            is handled.
 
     Keyword Args:
         trusted (bool): whether ``index`` comes from a sampler known to draw within the
             filled part (``0 <= index < len(storage)``); otherwise it is checked, and an
             index outside is left to ``storage.get`` (which wraps or raises).
         info (dict, optional): entries a tensordict buffer sets into the batch: when
-            they fit it as they are (see :func:`info_fits`), they replace the stored
-            leaf of the same key (which is then not gathered) or follow the stored keys.
+            they fit it as they are (see :func:`info_tree`), they replace the stored
+            leaf of the same key (which is then not gathered) or follow the stored keys
+            of their level.
         arrays (dict, optional): the numpy views of the leaves already made (filled in
             as leaves are met; see :func:`_array_of`).
         numpy_index (np.ndarray, optional): a numpy view of ``index``, when the caller
@@ -90,6 +109,8 @@ def gather_rows(
 
     Called outside :func:`torch.compile` only (a traced buffer reads through ``get``).
     """
+    if type(index) is tuple and len(index) == 1:
+        index = index[0]  # a 1-D storage indexed with one index per dimension
     if (
         type(index) is not torch.Tensor
         or index.ndim != 1
@@ -105,8 +126,8 @@ def gather_rows(
     if arrays is None:
         arrays = {}
     if type(data) is TensorDict:
-        if info is not None and not info_fits(info, index.shape[0], data.device):
-            info = None  # left to the buffer, which sets each entry
+        if info is not None:
+            info = info_tree(info, index.shape[0], data.device)  # None: the buffer sets them
         return _gather_tensordict(data, _Rows(index, arrays, numpy_index), info)
     if info is None and type(data) in _LEAF_TYPES and data.device == index.device:
         if index.device.type == "cpu":
@@ -170,6 +191,8 @@ _MAX_ARRAYS = 256
 
 
 def _gather_tensordict(data: TensorDict, rows: _Rows, info: dict | None):
+    """The rows of ``data``, with the entries of the ``info`` tree set as ``TensorDict.set``
+    would: in place of a stored entry of the same key, else after the stored ones."""
     if data._td_dim_names is not None:
         return None
     device = data.device
@@ -177,22 +200,25 @@ def _gather_tensordict(data: TensorDict, rows: _Rows, info: dict | None):
         return None
     out = {}
     for key, leaf in data._tensordict.items():
-        if info is not None and key in info:
-            out[key] = info[key]
+        extra = None if info is None else info.get(key)
+        if extra is not None and type(extra) is not dict:
+            out[key] = extra  # replaced: not gathered
             continue
         leaf_type = type(leaf)
-        if leaf_type in _LEAF_TYPES:
+        if leaf_type is TensorDict:
+            value = _gather_tensordict(leaf, rows, extra)
+        elif extra is None and leaf_type in _LEAF_TYPES:
             value = rows.take(leaf)
-        elif leaf_type is TensorDict:
-            value = _gather_tensordict(leaf, rows, None)
         else:
-            return None
+            return None  # a nested info key under a tensor, or a leaf of another kind
         if value is None:
             return None
         out[key] = value
     if info is not None:
         for key, value in info.items():
             if key not in out:
+                if type(value) is dict:
+                    return None  # would create a nested tensordict: left to set()
                 out[key] = value
     batch_size = torch.Size([rows.index.shape[0]]) + data._batch_size[1:]
     return TensorDict._new_unsafe(out, batch_size=batch_size, device=device, nested=False)

@@ -186,10 +186,29 @@ def _maybe_delay_init(func):
     return wrapper
 
 
+def _on_cpu(value) -> bool:
+    if type(value) is torch.Tensor:
+        return value.is_cpu
+    return type(value) is tuple and all(type(part) is torch.Tensor and part.is_cpu for part in value)
+
+
 def _info_to(info, device):
     """``info`` with its tensors on ``device`` (a new dict, as torchrl's ``tree_map`` gives)."""
-    if type(info) is dict and all(type(value) is torch.Tensor for value in info.values()):
-        return {key: value.to(device) for key, value in info.items()}
+    if type(info) is dict and type(device) is torch.device and device.type == "cpu":
+        # the common case: CPU tensors (or tuples of them), which .to() returns as they are
+        if all(_on_cpu(value) for value in info.values()):
+            return dict(info)
+    if type(info) is dict:
+        moved = {}
+        for key, value in info.items():
+            if type(value) is torch.Tensor:
+                moved[key] = value.to(device)
+            elif type(value) is tuple and all(type(part) is torch.Tensor for part in value):
+                moved[key] = tuple(part.to(device) for part in value)
+            else:
+                break
+        else:
+            return moved
     return tree_map(lambda x: x.to(device) if hasattr(x, "to") else x, info)
 
 
@@ -1088,6 +1107,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
                 state[f"{name}_placeholder"] = None
         state["_leaf_arrays"] = {}
         state["_plan"] = None
+        state.pop("_stacked_index", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]):
@@ -1292,7 +1312,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
     def _get_priority_vector(self, tensordict: TensorDictBase) -> torch.Tensor:
         """One priority per item of a batch: the ``priority_key`` entry reduced over its
         trailing dimensions with the sampler's reduction, or the default priority."""
-        priority = tensordict.get(self.priority_key, None)
+        priority = self._entry(tensordict, self.priority_key)
         if priority is None:
             return torch.tensor(
                 self._sampler.default_priority, dtype=torch.float, device=tensordict.device
@@ -1364,7 +1384,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             self._set_index_in_td(tensordicts, index)
         if update_priority is None or update_priority:
             try:
-                vector = tensordicts.get(self.priority_key, None)
+                vector = self._entry(tensordicts, self.priority_key)
                 if vector is not None:
                     self.update_priority(index, vector)
             except Exception as e:
@@ -1372,6 +1392,13 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                     "Failed to update priority of extended data. You can try to set update_priority=False in the extend method and update the priority manually."
                 ) from e
         return index
+
+    @staticmethod
+    def _entry(tensordict, key):
+        """``tensordict.get(key, None)`` (a plain tensordict's string key read directly)."""
+        if type(tensordict) is TensorDict and type(key) is str:
+            return tensordict._tensordict.get(key)
+        return tensordict.get(key, None)
 
     def _set_index_in_td(self, tensordict, index):
         if index is None:
@@ -1401,7 +1428,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             priority = self._get_priority_vector(data)
         else:
             priority = torch.as_tensor(self._get_priority_item(data))
-        index = data.get("index")
+        index = self._entry(data, "index")
         if self._storage.ndim > 1 and index.ndim == 2:
             index = index.unbind(-1)
         else:
@@ -1411,7 +1438,17 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
 
     def _info_in_batch(self, info: dict, numel: int) -> dict | None:
         # transforms see the batch without the info, which is set after them
-        return None if self._has_transforms() else info
+        if self._has_transforms():
+            return None
+        index = info.get("index")
+        if type(index) is tuple:
+            # one index per storage dimension: the batch holds them stacked, as _set_info
+            # sets them; remembered so that _set_info knows the entry is in place
+            stacked = torch.stack(index, -1)
+            self._stacked_index = (index, stacked)
+            info = dict(info)
+            info["index"] = stacked
+        return info
 
     def sample(
         self,
@@ -1453,17 +1490,35 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             return data, info
         return data
 
+    def _in_place(self, data, key, value) -> bool:
+        """Whether ``data`` already holds what :meth:`_set_info` would set at ``key``: the
+        very tensor (or the stacked index the gather put there)."""
+        if type(data) is not TensorDict:
+            return False
+        if type(key) is str:
+            entry = data._tensordict.get(key)
+        elif type(key) is tuple and key and all(type(part) is str for part in key):
+            node = data
+            for part in key[:-1]:
+                node = node._tensordict.get(part) if type(node) is TensorDict else None
+            entry = node._tensordict.get(key[-1]) if type(node) is TensorDict else None
+        else:
+            return False
+        if entry is value:
+            return True
+        memo = self.__dict__.get("_stacked_index")
+        return key == "index" and memo is not None and memo[0] is value and entry is memo[1]
+
     def _set_info(self, data, info) -> None:
         """Sets each info entry in the sampled tensordict (entries already there are kept)."""
-        entries = data._tensordict if type(data) is TensorDict else None
-        if entries is not None and all(entries.get(key) is value for key, value in info.items()):
+        pending = [key for key, value in info.items() if not self._in_place(data, key, value)]
+        if not pending:
             return
         is_locked = data.is_locked
         if is_locked:
             data.unlock_()
-        for key, val in info.items():
-            if entries is not None and entries.get(key) is val:
-                continue
+        for key in pending:
+            val = info[key]
             if key == "index" and isinstance(val, tuple):
                 val = torch.stack(val, -1)
             try:
