@@ -13,9 +13,6 @@ fixture), so the reference is torchrl's buffer and sampler code on our trees.
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
-import warnings
 
 import numpy as np
 import pytest
@@ -31,6 +28,8 @@ from torch.utils._pytree import tree_flatten
 import torchrl_compat
 import torchrl_compat as O
 import torchrl_compat.replay_buffers as OR
+
+from test_writers import assert_api_matches
 
 CLASSES = [
     "ReplayBuffer",
@@ -141,30 +140,7 @@ def in_order():
 
 @pytest.mark.parametrize("name", CLASSES)
 def test_signatures_match_torchrl(name):
-    ours, ref = getattr(OR, name), getattr(T, name)
-
-    def params(fn):
-        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
-
-    assert params(ours) == params(ref)
-    public = {m for m in dir(ref) if not m.startswith("_")}
-    public |= {"__init__", "__len__", "__getitem__", "__setitem__", "__iter__"}
-    for member in sorted(public):
-        if not hasattr(ref, member):
-            continue
-        assert hasattr(ours, member), member
-        ref_attr, our_attr = inspect.getattr_static(ref, member), inspect.getattr_static(ours, member)
-        assert isinstance(our_attr, property) == isinstance(ref_attr, property), member
-        if isinstance(ref_attr, property):
-            assert (our_attr.fset is None) == (ref_attr.fset is None), member
-        elif callable(ref_attr):
-            expected = params(getattr(ref, member))
-            if [kind for _, kind, _ in expected[1:]] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
-                continue  # torchrl's decorator hides the signature (pin_memory_output)
-            assert params(getattr(ours, member)) == expected, member
-    assert issubclass(ours, ref)
-    own = [b.__name__ for b in ours.__mro__[1:-1] if not b.__module__.startswith("torchrl.")]
-    assert own == [b.__name__ for b in ref.__mro__[1:-1]]
+    assert_api_matches(getattr(OR, name), getattr(T, name))
 
 
 def test_no_torchrl_code_runs_on_our_buffers():

@@ -9,6 +9,7 @@ on the torch its trees load on) are loaded back too.
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import pathlib
 import pickle
@@ -187,17 +188,15 @@ def test_pickle_round_trip(kind):
 # -------------------------------------------------------------------- golden files
 
 
-def golden_transitions(n, start=0):
-    # as tests/data/make_golden_buffers.py builds them
-    step = torch.arange(start, start + n, dtype=torch.float32)
-    return TensorDict(
-        {
-            "obs": step.unsqueeze(-1) * torch.tensor([1.0, -1.0]),
-            ("next", "done"): (step % 3 == 2).unsqueeze(-1),
-            "td_error": step / 4 + 0.5,
-        },
-        batch_size=[n],
-    )
+def _golden_module():
+    spec = importlib.util.spec_from_file_location("make_golden_buffers", DATA / "make_golden_buffers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# the data the golden checkpoints hold, as the script that wrote them builds it
+golden_transitions = _golden_module().golden_transitions
 
 
 def _golden_prioritized(lib):

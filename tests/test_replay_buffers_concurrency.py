@@ -20,7 +20,8 @@ from tensordict import TensorDict
 
 import torchrl_compat as O
 
-JOIN_TIMEOUT = 60
+from test_storages_multiprocess import JOIN_TIMEOUT, join
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -41,15 +42,6 @@ def assert_consistent(sample, rb=None):
     if rb is not None:
         # the rows of the index hold these items
         assert torch.equal(rb.storage[sample["index"]]["obs"][:, 0], v) or True
-
-
-def join(process):
-    process.join(JOIN_TIMEOUT)
-    if process.is_alive():
-        process.kill()
-        process.join(5)
-        pytest.fail(f"child process {process.pid} did not finish within {JOIN_TIMEOUT}s")
-    return process.exitcode
 
 
 # ------------------------------------------------------------------------ threads

@@ -176,6 +176,19 @@ def _shallow_copy(tensordict: TensorDict) -> TensorDict:
     )
 
 
+def _component(value, kinds: tuple, name: str):
+    """``value`` if it is one of ``kinds``, else what calling it builds (checked too)."""
+    if isinstance(value, kinds):
+        return value
+    if callable(value):
+        value = value()
+    if not isinstance(value, kinds):
+        raise TypeError(
+            f"{name} must be either a {name.capitalize()} or a callable returning a {name} instance."
+        )
+    return value
+
+
 def _maybe_delay_init(func):
     @wraps(func)
     def wrapper(self, *args, **kwargs):
@@ -416,41 +429,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def _maybe_make_storage(self, storage, compilable):
         if storage is None:
             return ListStorage(max_size=1_000, compilable=compilable)
-        if isinstance(storage, STORAGES):
-            return storage
-        if callable(storage):
-            storage = storage()
-        if not isinstance(storage, STORAGES):
-            raise TypeError(
-                "storage must be either a Storage or a callable returning a storage instance."
-            )
-        return storage
+        return _component(storage, STORAGES, "storage")
 
     def _maybe_make_sampler(self, sampler):
-        if sampler is None:
-            return RandomSampler()
-        if isinstance(sampler, SAMPLERS):
-            return sampler
-        if callable(sampler):
-            sampler = sampler()
-        if not isinstance(sampler, SAMPLERS):
-            raise TypeError(
-                "sampler must be either a Sampler or a callable returning a sampler instance."
-            )
-        return sampler
+        return RandomSampler() if sampler is None else _component(sampler, SAMPLERS, "sampler")
 
     def _maybe_make_writer(self, writer):
-        if writer is None:
-            return RoundRobinWriter()
-        if isinstance(writer, _WRITERS):
-            return writer
-        if callable(writer):
-            writer = writer()
-        if not isinstance(writer, _WRITERS):
-            raise TypeError(
-                "writer must be either a Writer or a callable returning a writer instance."
-            )
-        return writer
+        return RoundRobinWriter() if writer is None else _component(writer, _WRITERS, "writer")
 
     def _maybe_make_transform(self, transform, transform_factory):
         if transform_factory is not None:

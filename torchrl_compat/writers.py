@@ -29,8 +29,9 @@ from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_flatten
 
 from torchrl_compat._buffer_deps import torchrl_twin
+from torchrl_compat._buffer_ensemble import select_members
 from torchrl_compat._writer_rows import write_rows
-from torchrl_compat.utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index, _is_int, _reduce
+from torchrl_compat.utils import _ENSEMBLE_INDEX_ERROR, _is_int, _reduce
 
 try:
     from torch.compiler import disable as compile_disable, is_compiling
@@ -81,6 +82,36 @@ def _counter(value: int, compilable: bool):
     if compilable:
         return int(value)
     return mp.Value(ctypes.c_int64, int(value), lock=False)
+
+
+class _Counter:
+    """A writer's counter attribute (``_cursor``, ``_write_count``) kept in
+    ``__dict__[<name>_value]``: a shared int64, or a plain int for a compilable writer (one
+    whose ``_compilable`` is true; ``always_shared`` counters ignore it)."""
+
+    def __init__(self, always_shared: bool = False):
+        self.always_shared = always_shared
+
+    def __set_name__(self, owner, name):
+        self.slot = f"{name}_value"
+
+    def _plain(self, writer) -> bool:
+        return not self.always_shared and writer._compilable
+
+    def __get__(self, writer, owner=None):
+        if writer is None:
+            return self
+        value = writer.__dict__.get(self.slot)
+        if value is None:
+            value = writer.__dict__[self.slot] = _counter(0, self._plain(writer))
+        return value if self._plain(writer) else value.value
+
+    def __set__(self, writer, value):
+        shared = writer.__dict__.get(self.slot)
+        if self._plain(writer) or shared is None:
+            writer.__dict__[self.slot] = _counter(value, self._plain(writer))
+        else:
+            shared.value = value
 
 
 def _batch_len(data) -> int:
@@ -249,42 +280,8 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         self._cursor = 0
         self._write_count = 0
 
-    # -------------------------------------------------------------- counters
-    @property
-    def _cursor(self):
-        value = self.__dict__.get("_cursor_value")
-        if value is None:
-            value = self._cursor_value = _counter(0, self._compilable)
-        return value if self._compilable else value.value
-
-    @_cursor.setter
-    def _cursor(self, value):
-        if self._compilable:
-            self._cursor_value = value
-            return
-        shared = self.__dict__.get("_cursor_value")
-        if shared is None:
-            self._cursor_value = _counter(value, False)
-        else:
-            shared.value = value
-
-    @property
-    def _write_count(self):
-        value = self.__dict__.get("_write_count_value")
-        if value is None:
-            value = self._write_count_value = _counter(0, self._compilable)
-        return value if self._compilable else value.value
-
-    @_write_count.setter
-    def _write_count(self, value):
-        if self._compilable:
-            self._write_count_value = value
-            return
-        shared = self.__dict__.get("_write_count_value")
-        if shared is None:
-            self._write_count_value = _counter(value, False)
-        else:
-            shared.value = value
+    _cursor = _Counter()
+    _write_count = _Counter()
 
     # ----------------------------------------------------------------- write
     def add(self, data: Any) -> int | torch.Tensor:
@@ -476,20 +473,8 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
             )
         return super().register_storage(storage)
 
-    @property
-    def _write_count(self):
-        value = self.__dict__.get("_write_count_value")
-        if value is None:
-            value = self._write_count_value = _counter(0, False)
-        return value.value
-
-    @_write_count.setter
-    def _write_count(self, value):
-        shared = self.__dict__.get("_write_count_value")
-        if shared is None:
-            self._write_count_value = _counter(value, False)
-        else:
-            shared.value = value
+    # shared even for a compilable writer, as torchrl's (its cursor is a plain attribute)
+    _write_count = _Counter(always_shared=True)
 
     def _rank_of(self, data) -> torch.Tensor:
         rank = data.get(self._rank_key, None)
@@ -727,29 +712,7 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
     _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            if index[0] is Ellipsis:
-                index = (slice(None), index[1:])
-            result = self[index[0]]
-            if len(index) > 1:
-                raise IndexError(
-                    f"Tuple of length greater than 1 are not accepted to index writers of type {type(self)}."
-                )
-            return result
-        single, index = _ensemble_index(self, index)
-        if single is None and index is None:
-            return self
-        if single is not None:
-            try:
-                return self._writers[single]
-            except IndexError:
-                raise IndexError(
-                    self._INDEX_ERROR.format(type(single))
-                    + f" (index {single} for {len(self._writers)} writers)"
-                ) from None
-        if isinstance(index, list):
-            return WriterEnsemble(*[self._writers[i] for i in index])
-        return WriterEnsemble(*self._writers[index])
+        return select_members(self, index, self._writers, "writers", lambda writers: WriterEnsemble(*writers))
 
     def __len__(self):
         return len(self._writers)
