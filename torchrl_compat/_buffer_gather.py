@@ -23,7 +23,7 @@ from tensordict import MemoryMappedTensor, TensorDict
 from torchrl_compat._buffer_deps import torchrl_module
 from torchrl_compat.storages import LazyMemmapStorage, LazyTensorStorage, TensorStorage
 
-__all__ = ["gather_rows", "info_tree", "plain_storage"]
+__all__ = ["array_of", "gather_rows", "info_tree", "plain_storage"]
 
 _LEAF_TYPES = (torch.Tensor, MemoryMappedTensor)
 
@@ -99,7 +99,7 @@ def gather_rows(
             leaf of the same key (which is then not gathered) or follow the stored keys
             of their level.
         arrays (dict, optional): the numpy views of the leaves already made (filled in
-            as leaves are met; see :func:`_array_of`).
+            as leaves are met; see :func:`array_of`).
         numpy_index (np.ndarray, optional): a numpy view of ``index``, when the caller
             has one.
 
@@ -131,7 +131,7 @@ def gather_rows(
         return _gather_tensordict(data, _Rows(index, arrays, numpy_index), info)
     if info is None and type(data) in _LEAF_TYPES and data.device == index.device:
         if index.device.type == "cpu":
-            array = _array_of(data, arrays)
+            array = array_of(data, arrays)
             if array is not None:
                 rows = index.numpy() if numpy_index is None else numpy_index
                 return torch.from_numpy(array.take(rows, axis=0))
@@ -156,7 +156,7 @@ class _Rows:
         if leaf.device != self.index.device:
             return None
         if self.numpy_index is not None:
-            array = _array_of(leaf, self.arrays)
+            array = array_of(leaf, self.arrays)
             if array is not None:
                 return torch.from_numpy(array.take(self.numpy_index, axis=0))
         return torch.index_select(leaf, 0, self.index)
@@ -169,7 +169,7 @@ _NUMPY_DTYPES = frozenset({
 })
 
 
-def _array_of(leaf: torch.Tensor, arrays: dict):
+def array_of(leaf: torch.Tensor, arrays: dict):
     """A numpy view of the CPU tensor ``leaf`` (``None`` when it has none), cached in
     ``arrays`` by identity: making one costs about a microsecond."""
     entry = arrays.get(id(leaf))

@@ -1466,8 +1466,9 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                 "output tensordict."
             )
         data, info = super().sample(batch_size, return_info=True)
-        is_tc = is_tensor_collection(data)
-        if is_tc and not is_tensorclass(data) and include_info in (True, None):
+        plain = type(data) is TensorDict
+        is_tc = plain or is_tensor_collection(data)
+        if is_tc and (plain or not is_tensorclass(data)) and include_info in (True, None):
             self._set_info(data, info)
         elif not is_tc and include_info in (True, None):
             raise RuntimeError("Cannot include info in non-tensordict data")

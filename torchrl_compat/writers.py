@@ -205,7 +205,9 @@ class Writer(*(torchrl_twin("writers", "Writer") or (ABC,))):
         state = copy(self.__dict__)
         # generators don't pickle; the buffer sets its own again
         state["_rng"] = None
+        # caches of what the storage holds: rebuilt on first use
         state.pop("_mesh_cache", None)
+        state.pop("_leaf_arrays", None)
         return state
 
 
@@ -311,7 +313,10 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         self._cursor = (start + numel) % capacity
         self._write_count += numel
         self._before_write(data, index)
-        if not write_rows(self._storage, start, index, data):
+        arrays = self.__dict__.get("_leaf_arrays")
+        if arrays is None:
+            arrays = self.__dict__["_leaf_arrays"] = {}
+        if not write_rows(self._storage, start, index, data, arrays):
             self._storage.set(index, data)
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
