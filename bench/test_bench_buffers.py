@@ -167,3 +167,49 @@ def test_plain_tensor_sample(benchmark, lib):
     rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(N))
     rb.extend(torch.randn(N, 8))
     benchmark.pedantic(rb.sample, args=(BATCH,), rounds=2000, warmup_rounds=20)
+
+
+# ------------------------------------- what bounds the prioritized step: its parts
+
+
+@pytest.mark.parametrize("lib", PRIORITIZED_SIDES)
+def test_prioritized_extend(benchmark, lib):
+    benchmark.group = "prioritized step part: extend 1000"
+    rb, writes = prioritized(lib)
+    benchmark.pedantic(rb.extend, setup=lambda: ((writes.next(),), {}), rounds=400, warmup_rounds=5)
+
+
+@pytest.mark.parametrize("lib", PRIORITIZED_SIDES)
+def test_prioritized_update_tensordict_priority(benchmark, lib):
+    benchmark.group = "prioritized step part: update_tensordict_priority 256"
+    rb, _ = prioritized(lib)
+    priorities = iter(_priorities() * 100)
+
+    def setup():
+        sample = rb.sample(BATCH)
+        sample.set("td_error", next(priorities))
+        return (sample,), {}
+
+    benchmark.pedantic(rb.update_tensordict_priority, setup=setup, rounds=400, warmup_rounds=5)
+
+
+@pytest.mark.parametrize("lib", PRIORITIZED_SIDES)
+def test_prioritized_sampler_calls(benchmark, lib):
+    """The sampler's share of a step: the three calls the buffer makes on it (the default
+    priority of 1000 new items, one draw of 256, the update of 256 priorities)."""
+    benchmark.group = "prioritized step part: the sampler's own calls (mark_update 1000 + sample 256 + update 256)"
+    rb, writes = prioritized(lib)
+    sampler, storage = rb.sampler, rb.storage
+    priorities = iter(_priorities() * 100)
+    start = iter(range(0, 10**12, WRITE))
+
+    def calls(new):
+        sampler.mark_update(new, storage=storage)
+        index, _ = sampler.sample(storage, BATCH)
+        sampler.update_priority(index, next(priorities), storage=storage)
+
+    def setup():
+        first = next(start)
+        return ((torch.arange(first, first + WRITE) % N,), {})
+
+    benchmark.pedantic(calls, setup=setup, rounds=400, warmup_rounds=5)

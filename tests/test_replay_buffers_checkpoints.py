@@ -19,7 +19,6 @@ import pytest
 import torch
 import torchrl.data as TD
 import torchrl.data.replay_buffers.samplers as TS
-from tensordict import TensorDict
 
 import torchrl_compat as O
 
