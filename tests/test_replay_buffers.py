@@ -808,3 +808,49 @@ def test_pin_memory():
     rb = O.ReplayBuffer(storage=O.LazyTensorStorage(8), pin_memory=True)
     rb.extend(torch.zeros(4, 2))
     assert rb.sample(2).is_pinned() and rb[0:2].is_pinned()
+
+
+# ------------------------------------------------------------------- ensembles
+
+
+def _ensembles(**kwargs):
+    made = []
+    for lib in (O, TD):
+        parts = []
+        for i in range(3):
+            rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(10),
+                                            sampler=lib.SamplerWithoutReplacement(shuffle=False))
+            rb.extend(make_td(6, seed=i, start=10 * i))
+            parts.append(rb)
+        made.append(lib.ReplayBufferEnsemble(*parts, generator=torch.Generator().manual_seed(3), **kwargs))
+    return made
+
+
+def test_ensemble_matches_torchrl():
+    ours, ref = _ensembles(batch_size=6, sample_from_all=True)
+    for _ in range(3):
+        got, expected = ours.sample(), ref.sample()
+        assert_same(got, expected)
+    assert len(ours) == len(ref) == 3
+    assert_same(ours[1][2:4], ref[1][2:4])
+    assert_same(ours[:, 1], ref[:, 1])
+    sub, sub_ref = ours[[0, 2]], ref[[0, 2]]
+    assert type(sub) is O.ReplayBufferEnsemble and len(sub) == len(sub_ref) == 2
+    # torchrl's selection keeps the parent's count of buffers sampled and fails
+    with pytest.raises(RuntimeError, match="batch dimension mismatch"):
+        sub_ref.sample(6)
+    sample = sub.sample(6)
+    assert sample.batch_size == (2, 3) and sample["index", "buffer_ids"][:, 0].tolist() == [0, 1]
+    assert torch.equal(sample["reward"][1].squeeze(-1), torch.tensor([20.0, 21, 22]))  # a new epoch
+    with pytest.raises(RuntimeError):
+        O.ReplayBufferEnsemble(ours[0], storages=ours._storage)
+    assert repr(ours).startswith("ReplayBufferEnsemble(")
+
+
+def test_ensemble_with_weights():
+    # with p, the buffers are drawn from the buffer's generator (torchrl: the global one)
+    ours, _ = _ensembles(batch_size=6, p=[0.0, 1.0, 0.0], num_buffer_sampled=2)
+    sample = ours.sample()
+    assert sample.batch_size == (2, 3)
+    assert sample["index", "buffer_ids"].unique().tolist() == [1]
+    assert torch.equal(sample["reward"].squeeze(-1), torch.tensor([[10.0, 11, 12], [13, 14, 15]]))

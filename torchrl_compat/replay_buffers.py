@@ -1707,6 +1707,10 @@ class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "Replay
         shared (bool, optional): whether the buffer will be shared using multiprocessing or not.
             Defaults to ``False``.
 
+    .. note:: A selection of the members (``rb[[0, 2]]``) of an ensemble that samples from
+        all of them samples from all of its own (torchrl hands it the parent's member count,
+        and its ``sample`` then fails).
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -1843,7 +1847,7 @@ class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "Replay
                 collate_fn=self._collate_fn_val,
                 collate_fns=collate_fns,
                 sample_from_all=self._sampler.sample_from_all,
-                num_buffer_sampled=self._sampler.num_buffer_sampled,
+                num_buffer_sampled=self._sub_num_buffer_sampled(),
                 p=self._member_p(members if single is None else single),
             )
         selection = members if single is None else single
@@ -1866,9 +1870,14 @@ class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "Replay
             collate_fn=self._collate_fn_val,
             collate_fns=collate_fns,
             sample_from_all=self._sampler.sample_from_all,
-            num_buffer_sampled=self._sampler.num_buffer_sampled,
+            num_buffer_sampled=self._sub_num_buffer_sampled(),
             p=self._member_p(selection),
         )
+
+    def _sub_num_buffer_sampled(self):
+        # sampling from all the members of a selection samples each of them once (torchrl
+        # passes on this ensemble's count, and the selection then fails to sample)
+        return None if self._sampler.sample_from_all else self._sampler.num_buffer_sampled
 
     def _member_p(self, selection):
         p = self._sampler._p
