@@ -336,6 +336,31 @@ def test_slice_samplers_match_torchrl(sampler, kwargs):
             ref.update_tensordict_priority(expected)
 
 
+@settings(max_examples=15)
+@given(
+    filled=st.integers(8, 70),
+    episode=st.integers(2, 9),
+    sampler=st.sampled_from(["SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler"]),
+    strict=st.booleans(),
+)
+def test_sampled_rows_stay_in_the_filled_part(filled, episode, sampler, strict):
+    # what lets the buffer gather these samplers' batches without checking the indices
+    kwargs = {"slice_len": 4, "end_key": ("next", "done"), "strict_length": strict}
+    if sampler == "PrioritizedSliceSampler":
+        kwargs.update(max_capacity=40, alpha=0.7, beta=0.5)
+    rb = O.TensorDictReplayBuffer(storage=O.LazyTensorStorage(40), sampler=getattr(O, sampler)(**kwargs),
+                                  generator=torch.Generator().manual_seed(filled))
+    data = make_td(filled)
+    data["next", "done"] = (torch.arange(filled) % episode == episode - 1).unsqueeze(-1)
+    rb.extend(data)
+    for _ in range(3):
+        try:
+            index, _ = rb.sampler.sample(rb.storage, 8)
+        except (RuntimeError, ValueError):
+            continue  # no trajectory long enough for a slice: nothing sampled
+        assert all(bool(((i >= 0) & (i < len(rb))).all()) for i in index)
+
+
 # ------------------------------------------------------------------- prioritized
 
 

@@ -31,12 +31,14 @@ try:
 except ImportError:  # pragma: no cover - torch < 2.3
     from torch._dynamo import is_compiling
 
-__all__ = ["write_rows"]
+__all__ = ["shallow_copy", "write_rows"]
 
 _PLAIN_SET = TensorStorage.set
 
 
-def write_rows(storage, start: int, index: torch.Tensor, data, arrays: dict | None = None) -> bool:
+def write_rows(
+    storage, start: int, index: torch.Tensor, data, arrays: dict | None = None, extra: dict | None = None
+) -> bool:
     """Writes the batch ``data`` at rows ``start, start + 1, ...`` (wrapping once) of ``storage``.
 
     Args:
@@ -47,6 +49,8 @@ def write_rows(storage, start: int, index: torch.Tensor, data, arrays: dict | No
         data (torch.Tensor or TensorDict): a batch of at most ``capacity`` items.
         arrays (dict, optional): numpy views of the storage's leaves already made (see
             :func:`~torchrl_compat._buffer_gather.array_of`), filled in as leaves are met.
+        extra (dict, optional): top-level entries written as if ``data`` held them too
+            (a tensordict's ``"index"``, left out of the caller's data).
 
     Returns:
         ``True`` once written; ``False``, having written nothing, when the storage or the
@@ -62,9 +66,9 @@ def write_rows(storage, start: int, index: torch.Tensor, data, arrays: dict | No
     dest = storage._storage
     if type(dest) is TensorDict and type(data) is TensorDict:
         pairs = []
-        if not _match_leaves(dest, data, pairs):
+        if not _match_leaves(dest, data, pairs, extra):
             return False
-    elif _fits(dest, data):
+    elif extra is None and _fits(dest, data):
         pairs = ((dest, data),)
     else:
         return False
@@ -114,8 +118,9 @@ def _copy(leaf, start: int, stop: int, value) -> None:
         leaf[start:stop].copy_(value)
 
 
-def _match_leaves(dest: TensorDict, data: TensorDict, pairs: list) -> bool:
-    """Pairs each tensor of ``data`` with ``dest``'s tensor at the same key (into ``pairs``).
+def _match_leaves(dest: TensorDict, data: TensorDict, pairs: list, extra: dict | None = None) -> bool:
+    """Pairs each tensor of ``data`` (and of ``extra``, entries at its top level) with
+    ``dest``'s tensor at the same key (into ``pairs``).
 
     ``False`` unless both hold the same keys at every level, the nested levels are plain
     tensordicts with matching trailing batch dimensions, and every leaf of ``data``
@@ -124,7 +129,7 @@ def _match_leaves(dest: TensorDict, data: TensorDict, pairs: list) -> bool:
     if data._batch_size[1:] != dest._batch_size[1:] or len(data._batch_size) != len(dest._batch_size):
         return False
     stored = dest._tensordict
-    given = data._tensordict
+    given = data._tensordict if extra is None else {**data._tensordict, **extra}
     if stored.keys() != given.keys():
         return False
     for key, value in given.items():
@@ -148,4 +153,20 @@ def _fits(leaf, value) -> bool:
         and isinstance(leaf, torch.Tensor)
         and value.dtype is leaf.dtype
         and value.device == leaf.device
+    )
+
+
+def shallow_copy(tensordict: TensorDict) -> TensorDict:
+    """``tensordict.clone(recurse=False)`` for a plain tensordict, without the generic
+    machinery: new (unlocked) tensordicts at every level, holding the same leaves."""
+    entries = {
+        key: shallow_copy(value) if type(value) is TensorDict else value
+        for key, value in tensordict._tensordict.items()
+    }
+    return TensorDict._new_unsafe(
+        entries,
+        batch_size=tensordict._batch_size,
+        device=tensordict._device,
+        names=tensordict._td_dim_names,
+        nested=False,
     )

@@ -57,11 +57,15 @@ from torchrl_compat._buffer_deps import (
     torchrl_twin,
 )
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
+from torchrl_compat._writer_rows import shallow_copy
 from torchrl_compat.samplers import (
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     SamplerEnsemble,
     SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
 )
 from torchrl_compat.storages import _stack_anything, ListStorage, StorageEnsemble
 from torchrl_compat.utils import (
@@ -125,9 +129,13 @@ def _identity_collates() -> frozenset:
 
 _IDENTITY_COLLATES = _identity_collates()
 
-# Samplers whose indices are always within the filled part of a 1-D storage: their batches
-# are gathered without checking the indices first.
-_IN_RANGE_SAMPLERS = frozenset({RandomSampler, SamplerWithoutReplacement, PrioritizedSampler})
+# Samplers whose indices are always within the filled part of a 1-D storage (the slice
+# samplers' are taken modulo the filled length): their batches are gathered without checking
+# the indices first.
+_IN_RANGE_SAMPLERS = frozenset({
+    RandomSampler, SamplerWithoutReplacement, PrioritizedSampler,
+    SliceSampler, SliceSamplerWithoutReplacement, PrioritizedSliceSampler,
+})
 
 
 class _ReadPlan:
@@ -158,22 +166,6 @@ def _default_collate(storage, is_tensordict: bool = False):
         if theirs is None:
             raise
         return theirs._get_default_collate(storage, _is_tensordict=is_tensordict)
-
-
-def _shallow_copy(tensordict: TensorDict) -> TensorDict:
-    """``tensordict.clone(recurse=False)`` for a plain tensordict, without the generic
-    machinery: new (unlocked) tensordicts at every level, holding the same leaves."""
-    entries = {
-        key: _shallow_copy(value) if type(value) is TensorDict else value
-        for key, value in tensordict._tensordict.items()
-    }
-    return TensorDict._new_unsafe(
-        entries,
-        batch_size=tensordict._batch_size,
-        device=tensordict._device,
-        names=tensordict._td_dim_names,
-        nested=False,
-    )
 
 
 def _component(value, kinds: tuple, name: str):
@@ -1337,7 +1329,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         directly.
         """
         if type(data) is TensorDict and not self._has_transforms():
-            return _shallow_copy(data)
+            return shallow_copy(data)
         return self._transform.inv(data)
 
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
@@ -1360,13 +1352,27 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                 f"and other types are not compatible with that class. "
                 "Please use a regular `ReplayBuffer` instead."
             )
-        tensordicts = self._inverse(tensordicts)
-        if tensordicts is None:
-            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        index = super()._extend(tensordicts)
-        # the writer already set it (a plain tensordict holds the very tensor)
-        if not (type(tensordicts) is TensorDict and tensordicts._tensordict.get("index") is index):
-            self._set_index_in_td(tensordicts, index)
+        writer = self._writer
+        if (
+            type(tensordicts) is TensorDict
+            and type(writer) is TensorDictRoundRobinWriter
+            and self._dim_extend == 0
+            and not self._has_transforms()
+            and not is_compiling()
+        ):
+            # what torchrl does through a shallow copy (see _inverse), without making it:
+            # the writer writes the "index" entry beside the data
+            with self._replay_lock, self._write_lock:
+                index = writer._extend_leaving_data(tensordicts)
+                self._sampler.extend(index)
+        else:
+            tensordicts = self._inverse(tensordicts)
+            if tensordicts is None:
+                return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+            index = super()._extend(tensordicts)
+            # the writer already set it (a plain tensordict holds the very tensor)
+            if not (type(tensordicts) is TensorDict and tensordicts._tensordict.get("index") is index):
+                self._set_index_in_td(tensordicts, index)
         if update_priority is None or update_priority:
             try:
                 vector = self._entry(tensordicts, self.priority_key)

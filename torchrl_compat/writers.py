@@ -30,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 from torchrl_compat._buffer_deps import torchrl_twin
 from torchrl_compat._buffer_ensemble import select_members
-from torchrl_compat._writer_rows import write_rows
+from torchrl_compat._writer_rows import shallow_copy, write_rows
 from torchrl_compat.utils import _ENSEMBLE_INDEX_ERROR, _is_int, _reduce
 
 try:
@@ -302,8 +302,12 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
             raise RuntimeError(f"Expected at least one element in extend. Got {data=}")
         return self._write_batch(data, numel)
 
-    def _write_batch(self, data, numel: int) -> torch.Tensor:
-        """Writes ``numel`` items from the cursor on and returns their indices."""
+    def _write_batch(self, data, numel: int, *, leave_data: bool = False) -> torch.Tensor:
+        """Writes ``numel`` items from the cursor on and returns their indices.
+
+        ``leave_data=True`` writes what the batch would receive (see :meth:`_before_write`)
+        without changing the caller's ``data``.
+        """
         start = self._cursor
         device = data.device if hasattr(data, "device") else None
         capacity = self._storage._max_size_along_dim0(batched_data=data)
@@ -312,11 +316,18 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
             index.remainder_(capacity)
         self._cursor = (start + numel) % capacity
         self._write_count += numel
-        self._before_write(data, index)
+        extra = None
+        if leave_data:
+            extra = {"index": index}
+        else:
+            self._before_write(data, index)
         arrays = self.__dict__.get("_leaf_arrays")
         if arrays is None:
             arrays = self.__dict__["_leaf_arrays"] = {}
-        if not write_rows(self._storage, start, index, data, arrays):
+        if not write_rows(self._storage, start, index, data, arrays, extra):
+            if leave_data:
+                data = shallow_copy(data)
+                self._before_write(data, index)
             self._storage.set(index, data)
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
@@ -413,6 +424,11 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
     def extend(self, data: Sequence) -> torch.Tensor:
         # torchrl does not refuse an empty batch here (unlike RoundRobinWriter)
         return self._write_batch(data, len(data))
+
+    def _extend_leaving_data(self, data: TensorDict) -> torch.Tensor:
+        """:meth:`extend` for a plain tensordict that is to stay without an ``"index"``
+        entry (a tensordict buffer's caller's data): the index is written beside it."""
+        return self._write_batch(data, len(data), leave_data=True)
 
     def _before_write(self, data, index) -> None:
         if (
