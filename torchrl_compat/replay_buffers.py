@@ -285,12 +285,15 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         results: a round-robin :meth:`extend` copies each leaf of a tensor or
         tensordict batch into at most two row slices of one of our tensor storages
         (torchrl scatters it through an index tensor and the generic tensordict
-        assignment); :meth:`sample` gathers each leaf of such a storage with one
-        ``index_select`` (torchrl slices the filled part, then indexes the whole
-        tensordict); the default collate function and an empty transform chain are
-        skipped, and the locks are plain re-entrant locks taken once per call. A
-        batch of 256 from a 2^20-item buffer of tensors costs about a third of
-        torchrl's time; see ``bench/RESULTS.md``.
+        assignment); :meth:`sample` gathers each leaf of such a storage on its own,
+        with ``numpy.take`` on CPU (torchrl slices the filled part, then indexes the
+        whole tensordict); our ``RandomSampler`` on one of our 1-D storages draws its
+        ``torch.randint`` directly; what the sampler, storage and collate function allow
+        is worked out once for them, not at every call; the default collate function
+        and an empty transform chain are skipped. A batch of 256 from a 2^20-item buffer
+        of tensors costs about a third of torchrl's time, a loop step on transitions a
+        quarter to a fifth; see ``bench/RESULTS.md``. ``len()`` reads the storage's
+        length without taking the buffer's lock (torchrl takes it).
 
     .. note:: :meth:`set_storage` registers the new storage with the writer and
         attaches the buffer to it (torchrl keeps writing into the previous storage
@@ -1251,11 +1254,13 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         (True, torch.Size([5]))
 
     .. note:: A sample from a 1-D tensor storage is assembled once, with ``"index"``
-        (and the sampler's info) in place of the stored ``"index"`` leaf, which is not
+        and the sampler's info (``priority_weight``, a slice sampler's ``("next",
+        "truncated")``...) in place of the stored leaves of the same keys, which are not
         gathered; torchrl gathers every leaf, then sets each info entry with
-        ``TensorDict.set``. :meth:`extend` hands the writer a shallow copy of the data
-        (as torchrl's empty transform chain does, so that the caller's tensordict gets
-        no ``"index"`` entry) without cloning through the transform machinery, and
+        ``TensorDict.set``. torchrl's :meth:`extend` runs even an empty transform chain,
+        whose inverse hands the writer a shallow clone of the data (so the caller's
+        tensordict never gets an ``"index"`` entry); here the tensordict writer writes
+        the index beside the caller's data instead, and no clone is made.
         :meth:`update_tensordict_priority` reads a priority with one value per item
         without a reduction.
     """
