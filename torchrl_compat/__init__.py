@@ -1,4 +1,5 @@
-"""Drop-in replacements for torchrl 0.11's replay-buffer storages, checkpointers and samplers.
+"""Drop-in replacements for torchrl 0.11's replay buffers and their storages, checkpointers,
+samplers and writers.
 
 Each submodule mirrors its torchrl counterpart (``torchrl_compat.storages`` for
 ``torchrl.data.replay_buffers.storages`` and so on); every public name is also
@@ -74,6 +75,38 @@ __all__ += [
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+]
+
+from torchrl_compat.writers import (  # noqa: E402
+    ImmutableDatasetWriter,
+    RoundRobinWriter,
+    TensorDictMaxValueWriter,
+    TensorDictRoundRobinWriter,
+    Writer,
+    WriterEnsemble,
+)
+from torchrl_compat.replay_buffers import (  # noqa: E402
+    InPlaceSampler,
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    ReplayBufferEnsemble,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
+
+__all__ += [
+    "ImmutableDatasetWriter",
+    "RoundRobinWriter",
+    "TensorDictMaxValueWriter",
+    "TensorDictRoundRobinWriter",
+    "Writer",
+    "WriterEnsemble",
+    "InPlaceSampler",
+    "PrioritizedReplayBuffer",
+    "ReplayBuffer",
+    "ReplayBufferEnsemble",
+    "TensorDictPrioritizedReplayBuffer",
+    "TensorDictReplayBuffer",
 ]
 
 # Only defined when h5py is installed, as in torchrl.

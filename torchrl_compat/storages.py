@@ -1211,6 +1211,22 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
             raise
         self._note_write(cursor)
 
+    def _note_rows_written(self, cursor, numel: int, *, complete: bool = True) -> None:
+        """Books a write made straight into this storage's tensors, as :meth:`set` does.
+
+        A writer that copies a batch leaf by leaf into the rows ``cursor`` (a 1-D index
+        tensor) of an initialized storage calls this once the copies are done: the length
+        grows by ``numel``, ``_last_cursor`` becomes ``cursor`` and the write is journaled.
+        ``complete=False`` books a write that stopped part-way: the length stays, and
+        readers following the writes learn that any item may have changed.
+        """
+        if not complete:
+            self._note_write(_ALL_ITEMS)
+            return
+        self._add_len(numel)
+        self._last_cursor = cursor
+        self._note_write(cursor)
+
     def _wait_for_init(self):
         pass
 

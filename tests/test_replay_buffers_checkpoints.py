@@ -1,0 +1,258 @@
+"""Buffer checkpoints crossing between torchrl 0.11 and torchrl_compat, both ways.
+
+``state_dict`` / ``load_state_dict``, ``dumps`` / ``loads`` and pickling: a checkpoint
+written by one library is loaded by the other, which must then hold the same items,
+cursor, priorities and generator state, and go on sampling the same batches. Golden
+checkpoints written by torchrl 0.11's own buffers (``tests/data/make_golden_buffers.py``,
+on the torch its trees load on) are loaded back too.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import pathlib
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torchrl.data as TD
+import torchrl.data.replay_buffers.samplers as TS
+
+import torchrl_compat as O
+
+from test_replay_buffers import assert_same, assert_same_info, make_td, torchrl_trees  # noqa: F401
+
+DATA = pathlib.Path(__file__).parent / "data"
+LIBS = {"ours": O, "torchrl": TD}
+
+
+def make(lib, kind, **kwargs):
+    if kind == "tensordict":
+        return lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(16), batch_size=5, generator=torch.Generator().manual_seed(7), **kwargs
+        )
+    if kind == "prioritized":
+        return lib.TensorDictPrioritizedReplayBuffer(
+            alpha=0.6, beta=0.4, storage=lib.LazyTensorStorage(16), batch_size=5,
+            generator=torch.Generator().manual_seed(7), **kwargs,
+        )
+    if kind == "memmap":
+        return lib.TensorDictReplayBuffer(
+            storage=lib.LazyMemmapStorage(16), batch_size=5, generator=torch.Generator().manual_seed(7), **kwargs
+        )
+    return lib.ReplayBuffer(storage=lib.LazyTensorStorage(16), batch_size=5, **kwargs)
+
+
+def fill(rb, kind):
+    if kind == "tensor":
+        rb.extend(torch.arange(20.0).unsqueeze(-1))
+        return
+    for step in range(3):
+        data = make_td(7, seed=step)
+        if kind == "prioritized":
+            data["td_error"] = torch.arange(7.0) + step
+        rb.extend(data)
+    if kind == "prioritized":
+        sample = rb[torch.tensor([1, 2, 9])]
+        sample["td_error"] = torch.tensor([9.0, 0.5, 4.0])
+        rb.update_tensordict_priority(sample)
+
+
+def sorted_leaves(data):
+    if isinstance(data, torch.Tensor):
+        return {"": data}
+    return dict(sorted((str(k), v) for k, v in data.items(include_nested=True, leaves_only=True)))
+
+
+def assert_same_content(a, b):
+    """The same items, cursor, batch size and generator state (key order aside: a storage
+    loaded from a checkpoint lists its keys in the checkpoint's order)."""
+    assert len(a) == len(b)
+    la, lb = sorted_leaves(a[:]), sorted_leaves(b[:])
+    assert la.keys() == lb.keys()
+    for key in la:
+        assert la[key].dtype == lb[key].dtype and torch.equal(la[key], lb[key]), key
+    assert a._writer._cursor == b._writer._cursor
+    assert a._batch_size == b._batch_size
+    if a._rng is not None or b._rng is not None:
+        assert torch.equal(a._rng.get_state(), b._rng.get_state())
+
+
+def assert_same_future(a, b, make_data=None):
+    """The two buffers sample the same batches from here on (and write the same rows)."""
+    for step in range(3):
+        data = make_td(3, seed=40 + step) if make_data is None else make_data(3, 40 + 3 * step)
+        assert torch.equal(a.extend(data.clone()), b.extend(data.clone()))
+        got, info = a.sample(return_info=True)
+        expected, ref_info = b.sample(return_info=True)
+        assert_same(got, expected)
+        assert_same_info(info, ref_info)
+
+
+def loaded_pair(kind, load):
+    """A fresh buffer of ours and one of torchrl's, each loaded by ``load(buffer)``."""
+    made = []
+    for lib in (O, TD):
+        rb = make(lib, kind)
+        if kind == "tensor":
+            rb.extend(torch.zeros(1, 1))  # loading tensor data needs an initialized storage
+        load(rb)
+        made.append(rb)
+    return made
+
+
+def check_loaded(source, ours, ref, kind):
+    for target in (ours, ref):
+        assert_same_content(target, source)
+    if kind == "prioritized":
+        for target in (ours, ref):
+            for name in ("_alpha", "_beta", "_eps"):
+                assert getattr(target._sampler, name) == getattr(source._sampler, name)
+            assert float(target._sampler._max_priority[0]) == float(source._sampler._max_priority[0])
+            np.testing.assert_array_equal(target._sampler._sum_tree[np.arange(16)],
+                                          source._sampler._sum_tree[np.arange(16)])
+    if kind != "tensor":
+        # ours loaded the checkpoint as torchrl did: same batches from here on
+        assert_same_future(ours, ref)
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("kind", ["tensor", "tensordict", "prioritized"])
+@pytest.mark.parametrize("writer", ["ours", "torchrl"])
+def test_state_dict_crosses(kind, writer):
+    source = make(LIBS[writer], kind)
+    fill(source, kind)
+    state = source.state_dict()
+    assert set(state) == {"_storage", "_sampler", "_writer", "_transforms", "_batch_size", "_rng"}
+    # loading pops the trees out of a prioritized sampler's state (in torchrl too)
+    ours, ref = loaded_pair(kind, lambda rb: rb.load_state_dict(copy.deepcopy(state)))
+    check_loaded(source, ours, ref, kind)
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("kind", ["tensor", "tensordict", "prioritized", "memmap"])
+@pytest.mark.parametrize("writer", ["ours", "torchrl"])
+def test_dumps_crosses(tmp_path, kind, writer):
+    source = make(LIBS[writer], kind)
+    fill(source, kind)
+    source.dumps(tmp_path / "saved")
+    ours, ref = loaded_pair(kind, lambda rb: rb.loads(tmp_path / "saved"))
+    check_loaded(source, ours, ref, kind)
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("kind", ["tensor", "prioritized"])
+def test_dumps_writes_torchrl_files(tmp_path, kind):
+    for name, lib in LIBS.items():
+        rb = make(lib, kind)
+        fill(rb, kind)
+        rb.dumps(tmp_path / name)
+    ours = sorted(str(p.relative_to(tmp_path / "ours")) for p in (tmp_path / "ours").rglob("*"))
+    ref = sorted(str(p.relative_to(tmp_path / "torchrl")) for p in (tmp_path / "torchrl").rglob("*"))
+    assert ours == ref
+    for name in ("buffer_metadata.json", "writer/metadata.json"):
+        assert json.loads((tmp_path / "ours" / name).read_text()) == json.loads((tmp_path / "torchrl" / name).read_text())
+
+
+def test_transform_state_crosses(tmp_path):
+    from torchrl.envs.transforms import ObservationNorm
+
+    made = {}
+    for name, lib in LIBS.items():
+        norm = ObservationNorm(loc=torch.tensor(1.0), scale=torch.tensor(2.0), in_keys=["obs"])
+        made[name] = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(8), transform=norm, batch_size=2)
+        made[name].extend(make_td(4))
+    made["ours"].transform[0].loc.fill_(3.0)
+    made["ours"].dumps(tmp_path)
+    assert (tmp_path / "transform.t").exists()
+    made["torchrl"].loads(tmp_path)
+    assert float(made["torchrl"].transform[0].loc) == 3.0
+    made["torchrl"].transform[0].scale.fill_(5.0)
+    made["ours"].load_state_dict(made["torchrl"].state_dict())
+    assert float(made["ours"].transform[0].scale) == 5.0
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "prioritized"])
+def test_pickle_round_trip(kind):
+    rb = make(O, kind)
+    fill(rb, kind)
+    copy = pickle.loads(pickle.dumps(rb))
+    assert_same_content(copy, rb)
+    assert type(copy._replay_lock) is type(rb._replay_lock)
+    assert_same_future(copy, rb)
+
+
+# -------------------------------------------------------------------- golden files
+
+
+def _golden_module():
+    spec = importlib.util.spec_from_file_location("make_golden_buffers", DATA / "make_golden_buffers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# the data the golden checkpoints hold, as the script that wrote them builds it
+golden_transitions = _golden_module().golden_transitions
+
+
+def _golden_prioritized(lib):
+    return lib.TensorDictPrioritizedReplayBuffer(alpha=0.1, beta=0.1, storage=lib.LazyTensorStorage(8), batch_size=1)
+
+
+def _check_golden_prioritized(rb):
+    expected = torch.cat([golden_transitions(6), golden_transitions(5, start=6)])
+    rows = torch.tensor([8, 9, 10, 3, 4, 5, 6, 7])  # item written last at each row
+    assert len(rb) == 8 and rb._writer._cursor == 3 and rb._batch_size == 4
+    stored = rb[:]
+    for key in ("obs", ("next", "done"), "td_error"):
+        assert torch.equal(stored[key], expected[key][rows]), key
+    assert torch.equal(stored["index"], torch.arange(8))
+    assert (rb._sampler._alpha, rb._sampler._beta) == (0.7, 0.5)
+    priority = expected["td_error"][rows].double()
+    priority[0], priority[5] = 3.0, 0.25
+    leaves = torch.as_tensor(rb._sampler._sum_tree[np.arange(8)]).double()
+    torch.testing.assert_close(leaves, ((priority + 1e-8) ** 0.7).float().double())
+    assert float(rb._sampler._max_priority[0]) == 3.0 and int(rb._sampler._max_priority[1]) == 2
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+def test_golden_prioritized_dumps_loads():
+    rb = _golden_prioritized(O)
+    rb.loads(DATA / "golden_prioritized_buffer")
+    _check_golden_prioritized(rb)
+    ref = _golden_prioritized(TD)
+    ref.loads(DATA / "golden_prioritized_buffer")
+    _check_golden_prioritized(ref)
+    assert torch.equal(rb._rng.get_state(), ref._rng.get_state())
+    assert_same_future(rb, ref, golden_transitions)
+
+
+@pytest.mark.skipif(
+    TS.SumSegmentTreeFp32 is None,
+    reason="a torchrl state dict holds torchrl's pickled compiled trees, which only unpickle "
+    "where those load (replay's trees do not take torchrl's pickle format)",
+)
+def test_golden_prioritized_state_dict():
+    state = torch.load(DATA / "golden_prioritized_buffer_state_dict.pt", weights_only=False)
+    rb = _golden_prioritized(O)
+    rb.load_state_dict(copy.deepcopy(state))
+    _check_golden_prioritized(rb)
+    ref = _golden_prioritized(TD)
+    ref.load_state_dict(state)
+    assert_same_future(rb, ref, golden_transitions)
+
+
+def test_golden_max_value_buffer():
+    rb = O.TensorDictReplayBuffer(
+        storage=O.LazyTensorStorage(4), writer=O.TensorDictMaxValueWriter(rank_key="td_error"), batch_size=2
+    )
+    rb.loads(DATA / "golden_max_value_buffer")
+    kept = sorted(rb[:]["td_error"].tolist())
+    assert kept == [1.25, 1.5, 1.75, 2.0]  # the four highest of 0.5 .. 2.0
+    assert sorted(value for value, _ in rb._writer._current_top_values) == kept
+    assert all(type(row) is int for _, row in rb._writer._current_top_values)
+    rb.extend(golden_transitions(1, start=20))  # outranks the lowest
+    assert sorted(rb[:]["td_error"].tolist()) == [1.5, 1.75, 2.0, 5.5]

@@ -1,0 +1,471 @@
+"""torchrl_compat.writers against torchrl 0.11's writers, operation by operation.
+
+Each writer drives a storage of its own library; the storages' contents, the returned
+indices, the cursors and write counts, and the data handed back to the caller are
+compared after every call. The row-slice writes of :func:`write_rows` are checked against
+``storage.set`` (the path torchrl takes) on the same batches.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import torchrl.data.replay_buffers.storages as TS
+import torchrl.data.replay_buffers.writers as T
+from hypothesis import given, settings, strategies as st
+from tensordict import TensorDict
+
+import torchrl_compat
+import torchrl_compat.storages as OS
+import torchrl_compat.writers as O
+from torchrl_compat._writer_rows import write_rows
+
+CLASSES = O.__all__
+
+
+def make_td(n, seed=0, width=3):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDict(
+        {
+            "obs": torch.randn(n, width, generator=g),
+            "reward": torch.randn(n, 1, generator=g),
+            ("next", "done"): torch.rand(n, 1, generator=g) < 0.3,
+        },
+        [n],
+    )
+
+
+def leaves(data):
+    if isinstance(data, torch.Tensor):
+        return {"": data}
+    return {str(k): v for k, v in data.items(include_nested=True, leaves_only=True)}
+
+
+def assert_same_data(a, b):
+    la, lb = leaves(a), leaves(b)
+    assert list(la) == list(lb)
+    for key in la:
+        assert la[key].dtype == lb[key].dtype, key
+        assert torch.equal(la[key], lb[key]), key
+
+
+def assert_same_storage(ours, ref):
+    assert len(ours) == len(ref)
+    assert ours._is_full == ref._is_full
+    if len(ref):
+        assert_same_data(ours[:], ref[:])
+    cursor, ref_cursor = ours._last_cursor, ref._last_cursor
+    if isinstance(ref_cursor, torch.Tensor):
+        assert torch.equal(cursor, ref_cursor)
+    else:
+        assert cursor == ref_cursor
+
+
+def pair(writer_name, storage_name, *args, writer_kwargs=None, **kwargs):
+    writer_kwargs = writer_kwargs or {}
+    ours = getattr(O, writer_name)(**writer_kwargs)
+    ref = getattr(T, writer_name)(**writer_kwargs)
+    ours.register_storage(getattr(OS, storage_name)(*args, **kwargs))
+    ref.register_storage(getattr(TS, storage_name)(*args, **kwargs))
+    return ours, ref
+
+
+# ----------------------------------------------------------------------------- API
+
+
+def params(fn):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def assert_api_matches(ours, ref):
+    """Same constructor and public members (kinds, property setters, parameter names, kinds
+    and defaults) as torchrl's class; our own bases in torchrl's order, its twin after."""
+    assert params(ours) == params(ref)
+    public = {m for m in dir(ref) if not m.startswith("_")}
+    public |= {"__init__", "__len__", "__getitem__", "__setitem__", "__iter__"}
+    for member in sorted(public):
+        if not hasattr(ref, member):
+            continue
+        assert hasattr(ours, member), member
+        ref_attr, our_attr = inspect.getattr_static(ref, member), inspect.getattr_static(ours, member)
+        assert isinstance(our_attr, property) == isinstance(ref_attr, property), member
+        if isinstance(ref_attr, property):
+            assert (our_attr.fset is None) == (ref_attr.fset is None), member
+        elif callable(ref_attr):
+            expected = params(getattr(ref, member))
+            if [kind for _, kind, _ in expected[1:]] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
+                continue  # a torchrl decorator without functools.wraps hides the signature
+            assert params(getattr(ours, member)) == expected, member
+    assert issubclass(ours, ref)
+    own = [b.__name__ for b in ours.__mro__[1:-1] if not b.__module__.startswith("torchrl.")]
+    assert own == [b.__name__ for b in ref.__mro__[1:-1]]
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_signatures_match_torchrl(name):
+    assert_api_matches(getattr(O, name), getattr(T, name))
+
+
+def test_no_torchrl_code_runs_on_our_writers():
+    # every attribute torchrl's classes define resolves to our code
+    for name in CLASSES:
+        ours, ref = getattr(O, name), getattr(T, name)
+        for member, value in vars(ref).items():
+            if callable(value) or isinstance(value, property):
+                owner = next(c for c in ours.__mro__ if member in vars(c))
+                assert not owner.__module__.startswith("torchrl."), (name, member)
+
+
+def test_exported_from_package():
+    for name in CLASSES:
+        assert getattr(torchrl_compat, name) is getattr(O, name)
+    assert O.ImmutableDatasetWriter.WRITING_ERR == T.ImmutableDatasetWriter.WRITING_ERR
+
+
+# ----------------------------------------------------------------- round robin
+
+
+@settings(max_examples=25)
+@given(
+    capacity=st.integers(1, 12),
+    sizes=st.lists(st.integers(1, 15), min_size=1, max_size=6),
+    kind=st.sampled_from(["tensor", "tensordict"]),
+    tensordict_writer=st.booleans(),
+)
+def test_round_robin_extend_matches_torchrl(capacity, sizes, kind, tensordict_writer):
+    name = "TensorDictRoundRobinWriter" if tensordict_writer and kind == "tensordict" else "RoundRobinWriter"
+    ours, ref = pair(name, "LazyTensorStorage", capacity)
+    for i, size in enumerate(sizes):
+        data = make_td(size, seed=i) if kind == "tensordict" else torch.randn(size, 2)
+        ref_data = data.clone()
+        got, expected = ours.extend(data), ref.extend(ref_data)
+        assert torch.equal(got, expected)
+        # the tensordict writer records the index in the caller's data, as torchrl's does
+        assert_same_data(data, ref_data)
+        assert_same_storage(ours._storage, ref._storage)
+        assert ours._cursor == ref._cursor and ours._write_count == ref._write_count
+        assert ours.state_dict() == ref.state_dict()
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tensordict"])
+def test_round_robin_add_matches_torchrl(kind):
+    name = "TensorDictRoundRobinWriter" if kind == "tensordict" else "RoundRobinWriter"
+    ours, ref = pair(name, "LazyTensorStorage", 3)
+    for i in range(7):
+        item = make_td(1, seed=i)[0] if kind == "tensordict" else torch.full((2,), float(i))
+        ref_item = item.clone()
+        assert ours.add(item) == ref.add(ref_item)
+        assert_same_data(item, ref_item)
+        assert_same_storage(ours._storage, ref._storage)
+    assert ours._write_count == ref._write_count == 7
+
+
+def test_round_robin_ndim2_replicates_index():
+    ours, ref = pair("RoundRobinWriter", "LazyTensorStorage", 12, ndim=2)
+    data = make_td(8).reshape(2, 4)
+    data_ref = data.clone()
+    got, expected = ours.extend(data), ref.extend(data_ref)
+    assert torch.equal(got, expected) and got.shape == (8, 2)
+    got, expected = ours.add(data[0]), ref.add(data_ref[0])
+    assert torch.equal(got, expected)
+    assert_same_data(ours._storage[:], ref._storage[:])
+
+
+def test_round_robin_list_and_pytree_data():
+    ours, ref = pair("RoundRobinWriter", "ListStorage", 5)
+    items = [torch.full((2,), float(i)) for i in range(7)]
+    assert torch.equal(ours.extend(items), ref.extend(items))
+    assert [x.tolist() for x in ours._storage._storage] == [x.tolist() for x in ref._storage._storage]
+    ours, ref = pair("RoundRobinWriter", "LazyTensorStorage", 4)
+    tree = (torch.arange(3.0), {"a": torch.ones(3, 2)})
+    assert torch.equal(ours.extend(tree), ref.extend(tree))
+
+
+def test_round_robin_empty_batch_refused():
+    ours, _ = pair("RoundRobinWriter", "LazyTensorStorage", 4)
+    with pytest.raises(RuntimeError, match="Expected at least one element in extend"):
+        ours.extend(torch.zeros(0, 2))
+    assert ours._cursor == 0 and ours._write_count == 0
+
+
+def test_round_robin_empty_and_persistence(tmp_path):
+    ours, ref = pair("RoundRobinWriter", "LazyTensorStorage", 4)
+    for writer in (ours, ref):
+        writer.extend(torch.zeros(6, 2))
+    ours.dumps(tmp_path / "ours")
+    ref.dumps(tmp_path / "ref")
+    assert json.loads((tmp_path / "ours" / "metadata.json").read_text()) == json.loads(
+        (tmp_path / "ref" / "metadata.json").read_text()
+    )
+    fresh_ours, fresh_ref = pair("RoundRobinWriter", "LazyTensorStorage", 4)
+    fresh_ours.loads(tmp_path / "ref")
+    fresh_ref.loads(tmp_path / "ours")
+    assert fresh_ours._cursor == fresh_ref._cursor == 2
+    fresh_ours.load_state_dict(ref.state_dict())
+    assert fresh_ours.state_dict() == {"_cursor": 2}
+    ours._empty(empty_write_count=False)
+    assert ours._cursor == 0 and ours._write_count == 6
+    ours._empty()
+    assert ours._write_count == 0
+
+
+def test_round_robin_pickle_and_compilable():
+    ours, ref = pair("RoundRobinWriter", "LazyTensorStorage", 4)
+    ours.extend(torch.zeros(3, 2))
+    ours._rng = torch.Generator()
+    copy = pickle.loads(pickle.dumps(ours))
+    assert copy._cursor == 3 and copy._write_count == 3 and copy._rng is None
+    copy._cursor = 1
+    assert ours._cursor == 3  # a plain copy shares nothing
+    compilable = O.RoundRobinWriter(compilable=True)
+    compilable.register_storage(OS.LazyTensorStorage(4))
+    compilable.extend(torch.zeros(5, 2))
+    assert compilable._cursor == 1 and compilable._write_count == 5
+    assert type(compilable.__dict__["_cursor_value"]) is int
+    assert pickle.loads(pickle.dumps(compilable))._cursor == 1
+    assert repr(ours) == repr(ref).replace("0", "3") == "RoundRobinWriter(cursor=3, full_storage=False)"
+
+
+def test_write_count_is_int64():
+    ours, _ = pair("RoundRobinWriter", "LazyTensorStorage", 4)
+    ours._write_count = 2**31 + 5  # torchrl's mp.Value("i") wraps here
+    ours.extend(torch.zeros(2, 2))
+    assert ours._write_count == 2**31 + 7
+
+
+def test_writer_notifies_attached_entities():
+    seen = []
+
+    class Entity:
+        def mark_update(self, index):
+            seen.append(index)
+
+    writer = O.RoundRobinWriter()
+    storage = OS.LazyTensorStorage(4)
+    storage.attach(Entity())
+    writer.register_storage(storage)
+    index = writer.extend(torch.zeros(3, 2))
+    assert seen[0] is index
+    writer.add(torch.zeros(2))
+    assert seen[1] == 3
+
+
+# ------------------------------------------------------------------ row slices
+
+
+def _storage_pair(capacity, first, kind):
+    fast, slow = OS.LazyTensorStorage(capacity), OS.LazyTensorStorage(capacity)
+    for storage in (fast, slow):
+        storage.set(torch.arange(first.shape[0]), first.clone())
+    return fast, slow
+
+
+@settings(max_examples=40)
+@given(
+    capacity=st.integers(2, 10),
+    start=st.integers(0, 9),
+    numel=st.integers(0, 10),
+    kind=st.sampled_from(["tensor", "tensordict"]),
+)
+def test_write_rows_equals_storage_set(capacity, start, numel, kind):
+    start %= capacity
+    numel = min(numel, capacity)
+    first = make_td(capacity, seed=1) if kind == "tensordict" else torch.randn(capacity, 3)
+    fast, slow = _storage_pair(capacity, first, kind)
+    data = make_td(numel, seed=2) if kind == "tensordict" else torch.randn(numel, 3)
+    index = torch.arange(start, start + numel) % capacity
+    assert write_rows(fast, start, index, data)
+    slow.set(index, data)
+    assert_same_storage(fast, slow)
+    count_fast, _ = fast._writes_since(None)
+    count_slow, _ = slow._writes_since(None)
+    assert count_fast == count_slow
+    assert fast._writes_since(count_fast - 1)[1][0] is index
+
+
+def test_write_rows_broadcasts_and_refuses_as_set():
+    capacity = 6
+    first = make_td(capacity)
+    rows = torch.arange(2, 5)
+    broadcast = TensorDict({"obs": torch.ones(3, 1), "reward": torch.zeros(3, 1),
+                            ("next", "done"): torch.zeros(3, 1, dtype=torch.bool)}, [3])
+    fast, slow = _storage_pair(capacity, first, "tensordict")
+    assert write_rows(fast, 2, rows, broadcast)
+    slow.set(rows, broadcast)
+    assert_same_storage(fast, slow)
+    # the indexed assignment does not cast: another dtype goes to storage.set, which raises
+    cast = make_td(3)
+    cast["obs"] = cast["obs"].double()
+    assert not write_rows(fast, 2, rows, cast)
+    with pytest.raises(RuntimeError, match="dtypes match"):
+        slow.set(rows, cast)
+    # shapes that do not broadcast raise in both
+    bad = make_td(3)
+    bad["obs"] = torch.zeros(3, 2)
+    with pytest.raises(RuntimeError):
+        write_rows(fast, 2, rows, bad)
+    with pytest.raises(RuntimeError):
+        slow.set(rows, bad)
+
+
+def test_write_rows_declines_what_it_does_not_handle():
+    first = make_td(6)
+    storage = OS.LazyTensorStorage(6)
+    assert not write_rows(storage, 0, torch.arange(3), make_td(3))  # not initialized
+    storage.set(torch.arange(6), first)
+    before = storage[:].clone()
+    declined = [
+        make_td(3).exclude("obs"),  # a key missing
+        make_td(3).set("extra", torch.zeros(3)),  # a key added
+        make_td(7),  # more items than rows
+        TensorDict({"obs": torch.zeros(3, 3), "reward": torch.zeros(3, 1), "next": {"done": torch.zeros(3, 1)}}, []),
+    ]
+    for data in declined:
+        assert not write_rows(storage, 4, torch.arange(4, 4 + max(len(data.batch_size) and data.shape[0], 1)) % 6, data)
+    assert_same_data(storage[:], before)
+    assert not write_rows(TS.LazyTensorStorage(6), 0, torch.arange(3), make_td(3))  # torchrl's
+
+
+def test_write_rows_error_keeps_length_and_warns_readers():
+    storage = OS.LazyTensorStorage(6)
+    storage.set(torch.arange(4), make_td(4))
+    count, _ = storage._writes_since(None)
+    bad = make_td(2)
+    bad["obs"] = torch.zeros(2, 5)  # does not fit the stored rows
+    with pytest.raises(RuntimeError):
+        write_rows(storage, 4, torch.arange(4, 6), bad)
+    assert len(storage) == 4
+    # readers following the writes are told to read everything again
+    assert storage._writes_since(count) == (count + 1, None)
+
+
+# ------------------------------------------------------------------- max value
+
+
+def _max_value_pair(capacity, **kwargs):
+    return pair("TensorDictMaxValueWriter", "LazyTensorStorage", capacity, writer_kwargs=kwargs)
+
+
+@settings(max_examples=25)
+@given(
+    capacity=st.integers(1, 6),
+    batches=st.lists(st.lists(st.integers(-5, 5), min_size=1, max_size=8), min_size=1, max_size=5),
+    per_item=st.sampled_from([1, 3]),
+    reduction=st.sampled_from(["sum", "max", "min", "mean", "median"]),
+)
+def test_max_value_extend_matches_torchrl(capacity, batches, per_item, reduction):
+    ours, ref = _max_value_pair(capacity, rank_key="key", reduction=reduction)
+    for i, values in enumerate(batches):
+        n = len(values)
+        key = torch.tensor(values, dtype=torch.float32).unsqueeze(-1).expand(n, per_item).contiguous()
+        key = key + torch.arange(per_item) * 0.25
+        data = TensorDict({"key": key if per_item > 1 else key.squeeze(-1), "obs": torch.arange(n) + 100 * i}, [n])
+        got, expected = ours.extend(data.clone()), ref.extend(data.clone())
+        assert torch.equal(got, expected)
+        assert_same_storage(ours._storage, ref._storage)
+        assert [(float(v), r) for v, r in ours._current_top_values] == [
+            (float(v), r) for v, r in ref._current_top_values
+        ]
+        assert ours._write_count == ref._write_count
+
+
+def test_max_value_add_and_errors():
+    ours, ref = _max_value_pair(2, rank_key="key")
+    for value in [3.0, 1.0, 5.0, 0.0]:
+        item = TensorDict({"key": torch.tensor(value), "obs": torch.tensor(value)}, [])
+        assert ours.add(item.clone()) == ref.add(item.clone())
+    assert_same_storage(ours._storage, ref._storage)
+    with pytest.raises(KeyError, match="Rank key key not found"):
+        ours.extend(TensorDict({"obs": torch.zeros(2)}, [2]))
+    with pytest.raises(RuntimeError, match="expects data to be a tensor collection"):
+        ours.get_insert_index(torch.zeros(2))
+    with pytest.raises(ValueError, match="not compatible with storages with more than one dimension"):
+        O.TensorDictMaxValueWriter().register_storage(OS.LazyTensorStorage(4, ndim=2))
+    with pytest.raises(NotImplementedError):
+        ours.state_dict()
+    assert O.TensorDictMaxValueWriter()._rank_key == ("next", "reward")
+
+
+def test_max_value_dumps_cross(tmp_path):
+    ours, ref = _max_value_pair(3, rank_key=("next", "reward"))
+    data = TensorDict({("next", "reward"): torch.tensor([4.0, 2.0, 7.0, 1.0, 9.0]), "obs": torch.arange(5)}, [5])
+    ours.extend(data.clone())
+    ref.extend(data.clone())
+    ours.dumps(tmp_path / "ours")
+    ref.dumps(tmp_path / "ref")
+    for name in ("metadata.json",):
+        assert json.loads((tmp_path / "ours" / name).read_text()) == json.loads((tmp_path / "ref" / name).read_text())
+    assert (tmp_path / "ours" / "current_top_values.memmap").read_bytes() == (
+        tmp_path / "ref" / "current_top_values.memmap"
+    ).read_bytes()
+    loaded, _ = _max_value_pair(3)
+    loaded.loads(tmp_path / "ref")
+    assert loaded._rank_key == ("next", "reward") and loaded._cursor == ref._cursor
+    assert loaded._current_top_values == [(float(v), int(r)) for v, r in ref._current_top_values]
+    more = TensorDict({("next", "reward"): torch.tensor([8.0]), "obs": torch.tensor([50])}, [1])
+    loaded._storage.set(torch.arange(3), ours._storage[:])
+    ref_index = ref.extend(more.clone())
+    assert torch.equal(loaded.extend(more.clone()), ref_index)
+
+
+def test_max_value_pickle():
+    ours, _ = _max_value_pair(2, rank_key="key")
+    ours.extend(TensorDict({"key": torch.tensor([1.0, 2.0, 3.0])}, [3]))
+    copy = pickle.loads(pickle.dumps(ours))
+    assert copy._write_count == ours._write_count == 3
+    assert copy._current_top_values == ours._current_top_values
+
+
+# ------------------------------------------------------------ immutable, ensemble
+
+
+def test_immutable_dataset_writer():
+    writer = O.ImmutableDatasetWriter()
+    for call in (lambda: writer.add(1), lambda: writer.extend([1]), writer._empty):
+        with pytest.raises(RuntimeError, match="This dataset doesn't allow writing"):
+            call()
+    assert writer.state_dict() == {} and writer.load_state_dict({}) is None
+    assert writer.dumps("unused") is None and writer.loads("unused") is None
+
+
+def test_writer_ensemble_indexing_and_rng(tmp_path):
+    writers = [O.RoundRobinWriter() for _ in range(3)]
+    refs = [T.RoundRobinWriter() for _ in range(3)]
+    ens, ref = O.WriterEnsemble(*writers), T.WriterEnsemble(*refs)
+    for index in [1, -1, slice(0, 2), [0, 2], torch.tensor([2, 1]), np.array([0]), range(2), (1,), slice(None)]:
+        got, expected = ens[index], ref[index]
+        if isinstance(expected, T.WriterEnsemble):
+            assert [writers.index(w) for w in got._writers] == [refs.index(w) for w in expected._writers]
+        else:
+            assert writers.index(got) == refs.index(expected)
+    for bad, error in [((0, 1), IndexError), (torch.zeros(2, 2, dtype=torch.long), RuntimeError),
+                       (torch.tensor([0.5]), TypeError), (5, IndexError)]:
+        with pytest.raises(error):
+            ens[bad]
+    gen = torch.Generator()
+    ens._rng = gen
+    assert all(w._rng is gen for w in writers)
+    for writer in writers:
+        writer.register_storage(OS.LazyTensorStorage(4))
+        writer.extend(torch.zeros(3, 2))
+    ens.dumps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
+    fresh = O.WriterEnsemble(*[O.RoundRobinWriter() for _ in range(3)])
+    fresh.loads(tmp_path)
+    assert [w._cursor for w in fresh._writers] == [3, 3, 3]
+    for call in (ens.add, ens.extend, ens._empty, ens.state_dict):
+        with pytest.raises(NotImplementedError):
+            call()
+    assert len(ens) == 3 and "WriterEnsemble(" in repr(ens)
+    assert pickle.loads(pickle.dumps(ens))._rng is None
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(O, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
