@@ -11,16 +11,15 @@ the cases marked as known failures here and the sampler smaller than its storage
 """
 from __future__ import annotations
 
-import os
 import pickle
 
 import pytest
 import torch
 
-import torchrl_compat
 from torchrl_matrix_support import (
     BUFFERS,
     check_same,
+    dumps_and_loads,
     first_item,
     known_failure,
     is_prioritized,
@@ -32,16 +31,10 @@ from torchrl_matrix_support import (
     TENSOR_STORAGES,
     tree_leaves,
 )
+from torchrl_matrix_support import installed_for_the_module  # noqa: F401 (autouse fixture)
+from torchrl_matrix_support import WARNING_FILTERS
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def installed():
-    replaced = torchrl_compat.install()
-    assert replaced, "torchrl_compat.install() replaced nothing"
-    yield replaced
-    torchrl_compat.uninstall()
+pytestmark = WARNING_FILTERS
 
 
 # =============================================================================
@@ -97,16 +90,7 @@ def lifecycle(record, C, *, buffer, storage, kind, ndim, sampler=None, writer=No
         # The generator's state travels with the buffer.
         record.call("sample, pickle", copied.sample, return_info=True)
 
-    dump = record.dir("dump")
-    if record.succeeds("dumps", rb.dumps, dump):
-        record.files("dumps files", dump)
-        theirs = os.path.join(peer, "dump") if peer is not None else dump
-        for label, source in (("own dump", dump), ("torchrl's dump", theirs)):
-            fresh = build()
-            if record.succeeds(f"loads, {label}", fresh.loads, source):
-                record(f"len, {label}", len(fresh))
-                record.call(f"rb[:], {label}", fresh.__getitem__, slice(None))
-                record.call(f"sample, {label}", fresh.sample, return_info=True)
+    dumps_and_loads(record, rb, build, peer)
 
     record.call("empty", rb.empty)
     record("len, emptied", len(rb))

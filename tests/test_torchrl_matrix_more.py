@@ -19,6 +19,7 @@ from torchrl_matrix_support import (
     check_same,
     CLASSES,
     COLS,
+    dumps_and_loads,
     first_item,
     known_failure,
     make_buffer,
@@ -30,15 +31,10 @@ from torchrl_matrix_support import (
     assert_records_equal,
     torchrl_own_classes,
 )
+from torchrl_matrix_support import installed_for_the_module  # noqa: F401 (autouse fixture)
+from torchrl_matrix_support import WARNING_FILTERS
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def installed():
-    assert torchrl_compat.install()
-    yield
-    torchrl_compat.uninstall()
+pytestmark = WARNING_FILTERS
 
 
 # =============================================================================
@@ -205,17 +201,10 @@ def checkpointing(record, C, *, checkpointer, storage, peer=None):
     rb = build()
     record.call("extend", rb.extend, ted_data(7))
     record.call("extend, wrapping", rb.extend, ted_data(4, start=7))
-    dump = record.dir("dump")
-    if not record.succeeds("dumps", rb.dumps, dump):
+    if not dumps_and_loads(record, rb, build, peer):
         return
-    record.files("dumps files", dump)
-    theirs = os.path.join(peer, "dump") if peer is not None else dump
-    for label, source in (("own dump", dump), ("torchrl's dump", theirs)):
-        fresh = build()
-        if record.succeeds(f"loads, {label}", fresh.loads, source):
-            record(f"len, {label}", len(fresh))
-            record.call(f"rb[:], {label}", fresh.__getitem__, slice(None))
     # Dumping twice to the same place.
+    dump = record.dir("dump")
     record.call("dumps again", rb.dumps, dump)
     fresh = build()
     record.call("loads, dumped twice", fresh.loads, dump)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import torchrl_compat
 from torchrl_matrix_support import (
     BATCH,
     CAP,
@@ -28,15 +27,10 @@ from torchrl_matrix_support import (
     SHUFFLING_SAMPLERS,
     tree_leaves,
 )
+from torchrl_matrix_support import installed_for_the_module  # noqa: F401 (autouse fixture)
+from torchrl_matrix_support import WARNING_FILTERS
 
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def installed():
-    assert torchrl_compat.install()
-    yield
-    torchrl_compat.uninstall()
+pytestmark = WARNING_FILTERS
 
 
 def _flat_index(index, ndim):

@@ -21,7 +21,7 @@ import torch
 from tensordict import is_tensor_collection, tensorclass, TensorDict, TensorDictBase
 
 import torchrl_compat
-from torchrl_compat._install import STAND_IN_NAMES
+from torchrl_compat._install import STAND_IN_MODULES
 
 CAP = 8  # capacity along the extended dim
 COLS = 2  # size of the second batch dim when ndim == 2
@@ -40,13 +40,27 @@ class Classes:
     """torchrl's classes, looked up by name in their torchrl modules when asked for."""
 
     def __getattr__(self, name):
-        for module_name, names in STAND_IN_NAMES.items():
-            if name in names:
-                return getattr(sys.modules[module_name], name)
+        for module_name in STAND_IN_MODULES:
+            module = sys.modules[module_name]
+            if name in vars(module):
+                return getattr(module, name)
         raise AttributeError(name)
 
 
 CLASSES = Classes()
+
+
+# What every matrix test module starts with (both imported there by name).
+WARNING_FILTERS = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed_for_the_module():
+    """``install()`` in force for a whole test module, undone after it."""
+    replaced = torchrl_compat.install()
+    assert replaced, "torchrl_compat.install() replaced nothing"
+    yield replaced
+    torchrl_compat.uninstall()
 
 
 @contextlib.contextmanager
@@ -386,6 +400,23 @@ def make_buffer(C, record, buffer, storage, kind, ndim, sampler=None, writer=Non
     if writer is not None:
         kwargs["writer"] = writer(C) if callable(writer) else writer
     return getattr(C, buffer)(**kwargs)
+
+
+def dumps_and_loads(record, rb, build, peer) -> bool:
+    """Dumps ``rb``, then loads its dump, and torchrl's (under ``peer``), into ``build()``
+    buffers. ``False`` when ``dumps`` raised."""
+    dump = record.dir("dump")
+    if not record.succeeds("dumps", rb.dumps, dump):
+        return False
+    record.files("dumps files", dump)
+    theirs = os.path.join(peer, "dump") if peer is not None else dump
+    for label, source in (("own dump", dump), ("torchrl's dump", theirs)):
+        fresh = build()
+        if record.succeeds(f"loads, {label}", fresh.loads, source):
+            record(f"len, {label}", len(fresh))
+            record.call(f"rb[:], {label}", fresh.__getitem__, slice(None))
+            record.call(f"sample, {label}", fresh.sample, return_info=True)
+    return True
 
 
 def tree_leaves(tree):

@@ -29,63 +29,24 @@ import torchrl_compat_trees
 
 __all__ = ["install", "uninstall"]
 
-# torchrl's modules defining the classes that install() stands ours in for, with their
-# names. A name is covered as soon as torchrl_compat exports a class by that name.
-STAND_IN_NAMES = {
-    "torchrl.data.replay_buffers.storages": (
-        "Storage",
-        "ListStorage",
-        "LazyStackStorage",
-        "TensorStorage",
-        "LazyTensorStorage",
-        "LazyMemmapStorage",
-        "CompressedListStorage",
-        "StorageEnsemble",
-    ),
-    "torchrl.data.replay_buffers.checkpointers": (
-        "StorageCheckpointerBase",
-        "ListStorageCheckpointer",
-        "CompressedListStorageCheckpointer",
-        "TensorStorageCheckpointer",
-        "FlatStorageCheckpointer",
-        "NestedStorageCheckpointer",
-        "H5StorageCheckpointer",
-        "StorageEnsembleCheckpointer",
-    ),
-    "torchrl.data.replay_buffers.samplers": (
-        "Sampler",
-        "RandomSampler",
-        "SamplerWithoutReplacement",
-        "PrioritizedSampler",
-        "SliceSampler",
-        "SliceSamplerWithoutReplacement",
-        "PrioritizedSliceSampler",
-        "SamplerEnsemble",
-    ),
-    "torchrl.data.replay_buffers.writers": (
-        "Writer",
-        "RoundRobinWriter",
-        "TensorDictRoundRobinWriter",
-        "TensorDictMaxValueWriter",
-        "ImmutableDatasetWriter",
-        "WriterEnsemble",
-    ),
-    "torchrl.data.replay_buffers.replay_buffers": (
-        "ReplayBuffer",
-        "PrioritizedReplayBuffer",
-        "TensorDictReplayBuffer",
-        "TensorDictPrioritizedReplayBuffer",
-        "ReplayBufferEnsemble",
-        "InPlaceSampler",
-    ),
-}
+# torchrl's modules defining the classes that install() stands ours in for: every public
+# class defined in one of them whose name torchrl_compat also exports is covered (so each
+# class added to torchrl_compat is covered as soon as it exists).
+STAND_IN_MODULES = (
+    "torchrl.data.replay_buffers.storages",
+    "torchrl.data.replay_buffers.checkpointers",
+    "torchrl.data.replay_buffers.samplers",
+    "torchrl.data.replay_buffers.writers",
+    "torchrl.data.replay_buffers.replay_buffers",
+)
 
 # The modules torchrl_compat's own modules take torchrl's classes from (as base classes):
 # they hold torchrl's classes again while a torchrl_compat module executes.
-_TWIN_SOURCES = ("torchrl.data", "torchrl.data.replay_buffers", *STAND_IN_NAMES)
+_TWIN_SOURCES = ("torchrl.data", "torchrl.data.replay_buffers", *STAND_IN_MODULES)
 
-# Name -> torchrl's class, recorded once: after install() the modules hold ours.
-_ORIGINALS: dict[str, type] = {}
+# (module name, class name) -> torchrl's class, recorded once: after install() the
+# modules hold ours.
+_ORIGINALS: dict[tuple, type] = {}
 
 _installation: _Installation | None = None
 
@@ -118,7 +79,7 @@ class _Swap:
     Args:
         pairs (list of (type, type)): ``(old, new)`` class pairs.
         fixed (set of int): ids of the classes whose own namespace and bases stay as they
-            are (torchrl's classes of the stood-in names, and ours).
+            are (torchrl's classes that ours stand in for, and ours).
     """
 
     def __init__(self, pairs, fixed) -> None:
@@ -225,7 +186,8 @@ class _Installation:
 
     def __init__(self, pairs) -> None:
         self.pairs = pairs
-        fixed = {id(cls) for cls in _ORIGINALS.values()} | {id(ours) for _, _, ours in pairs}
+        # torchrl's classes that ours stand in for stay as they are (ours derive from them).
+        fixed = {id(cls) for _, theirs, ours in pairs for cls in (theirs, ours)}
         self.forward = _Swap([(theirs, ours) for _, theirs, ours in pairs], fixed)
         self.backward = _Swap([(ours, theirs) for _, theirs, ours in pairs], fixed)
         self._lock = threading.Lock()
@@ -270,21 +232,21 @@ class _Installation:
 
 
 def _original(module, name: str):
-    """torchrl's own class ``name`` from ``module`` (even where ours already replaced it)."""
-    if name in _ORIGINALS:
-        return _ORIGINALS[name]
+    """torchrl's own class ``name`` defined in ``module`` (even where ours replaced it), or
+    ``None`` when ``module`` does not define a class of that name."""
+    key = (module.__name__, name)
+    if key in _ORIGINALS:
+        return _ORIGINALS[key]
     value = module.__dict__.get(name)
     if not isinstance(value, type):
         return None
-    if value.__module__ != module.__name__:
-        # Already ours (installed by an earlier copy of this module): ours derive from it.
-        value = next(
-            (c for c in value.__mro__ if c.__module__ == module.__name__ and c.__name__ == name),
-            None,
-        )
-        if value is None:
-            return None
-    _ORIGINALS[name] = value
+    # Ours, when installed by an earlier copy of this module: ours derive from torchrl's.
+    value = next(
+        (c for c in value.__mro__ if c.__module__ == module.__name__ and c.__name__ == name),
+        None,
+    )
+    if value is not None:
+        _ORIGINALS[key] = value
     return value
 
 
@@ -292,13 +254,13 @@ def _stand_in_pairs() -> list:
     import torchrl_compat
 
     pairs = []
-    for module_name, names in STAND_IN_NAMES.items():
+    for module_name in STAND_IN_MODULES:
         try:
             module = importlib.import_module(module_name)
         except ImportError:  # torchrl is not installed
             return []
-        for name in names:
-            theirs = _original(module, name)
+        for name in list(module.__dict__):
+            theirs = None if name.startswith("_") else _original(module, name)
             ours = getattr(torchrl_compat, name, None)
             if theirs is not None and isinstance(ours, type) and ours is not theirs:
                 pairs.append((name, theirs, ours))
