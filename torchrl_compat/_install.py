@@ -20,8 +20,8 @@ from __future__ import annotations
 import abc
 import importlib
 import inspect
-import threading
 import sys
+import threading
 import types
 import warnings
 
