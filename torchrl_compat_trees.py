@@ -1,4 +1,5 @@
-"""Serve ``replay``'s segment trees to torchrl 0.11 as ``torchrl._torchrl``.
+"""Serve ``replay``'s segment trees to torchrl 0.11 as ``torchrl._torchrl``, and run
+``torchrl_compat.install()`` from the start-up hook.
 
 torchrl 0.11.0 ships its segment trees in a C++ extension, ``torchrl._torchrl``, built
 against one torch release. On any other torch the extension fails to load,
@@ -8,10 +9,12 @@ available"``. :func:`install_segment_trees` puts ``replay``'s four trees, which 
 API and load on every torch, wherever torchrl looks for its own.
 
 This module is importable without torch, numpy or torchrl: it is what the
-``torchrl_compat_trees.pth`` start-up hook imports when ``TORCHRL_COMPAT_INSTALL_TREES`` is
-set, and it is the way to install the trees before anything imports torchrl
-(``import torchrl_compat`` imports torchrl itself). ``torchrl_compat.install_segment_trees``
-is the same function.
+``torchrl_compat_trees.pth`` start-up hook imports when ``TORCHRL_COMPAT_INSTALL_TREES`` or
+``TORCHRL_COMPAT_INSTALL`` is set, and it is the way to install the trees before anything
+imports torchrl (``import torchrl_compat`` imports torchrl itself).
+``torchrl_compat.install_segment_trees`` is the same function. With
+``TORCHRL_COMPAT_INSTALL=1`` the hook also asks for ``torchrl_compat.install()``, which runs
+as soon as torchrl's replay-buffer modules are imported (see :func:`install_from_env`).
 
 Examples:
     >>> import torchrl_compat_trees
@@ -28,10 +31,13 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
 import types
 import warnings
 
 ENV_VAR = "TORCHRL_COMPAT_INSTALL_TREES"
+# Asks the start-up hook for torchrl_compat.install() (classes and trees).
+INSTALL_ENV_VAR = "TORCHRL_COMPAT_INSTALL"
 EXTENSION_NAME = "torchrl._torchrl"
 TREE_NAMES = (
     "MinSegmentTreeFp32",
@@ -39,7 +45,8 @@ TREE_NAMES = (
     "SumSegmentTreeFp32",
     "SumSegmentTreeFp64",
 )
-# Values of ENV_VAR that leave the hook off. Keep in step with torchrl_compat_trees.pth.
+# Values of ENV_VAR and INSTALL_ENV_VAR that leave the hook off. Keep in step with
+# torchrl_compat_trees.pth.
 _OFF_VALUES = ("", "0", "false", "no", "off")
 
 # Marks our stand-in module and finder, so a reloaded copy of this file still recognises
@@ -281,32 +288,190 @@ def install_segment_trees(*, replace: bool = False, strict: bool = False) -> boo
     return _is_stand_in(module)
 
 
-def install_from_env() -> bool:
-    """Runs :func:`install_segment_trees` as ``TORCHRL_COMPAT_INSTALL_TREES`` asks.
+# =============================================================================
+# Import watcher: torchrl_compat.install() before and after torchrl's modules load
+# =============================================================================
+# The package torchrl_compat.install() waits for when the start-up hook asks for it: every
+# class it stands in for is defined once this package has been imported.
+REPLAY_BUFFERS_PACKAGE = "torchrl.data.replay_buffers"
+_WATCHER_MARK = "_replay_import_watcher"
 
-    Called by ``torchrl_compat_trees.pth`` at interpreter start-up. Unset, empty, ``0``,
-    ``false``, ``no`` or ``off`` leave torchrl alone; ``replace`` replaces torchrl's own
-    trees even when they load; any other value (``1``) installs ``replay``'s trees where
-    torchrl's fail to load. Never raises: a start-up hook must not break the interpreter,
-    so a failure becomes a :class:`RuntimeWarning`.
-    """
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in _OFF_VALUES:
+
+def _is_watched(name: str) -> bool:
+    if name == EXTENSION_NAME:  # the trees finder's business
         return False
-    replace = value == "replace"
+    return any(
+        name == root or name.startswith(root + ".") for root in ("torchrl", "torchrl_compat")
+    )
+
+
+class _WatchedLoader(importlib.abc.Loader):
+    """Runs a module through its own loader, between the watcher's two calls."""
+
+    def __init__(self, watcher: "ImportWatcher", loader) -> None:
+        self._watcher = watcher
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        # The module keeps its own loader (inspect.getsource, importlib.resources and
+        # reload read it), so this wrapper is gone once the module is loaded.
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._watcher.run(module, self._loader.exec_module)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class ImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls back around the execution of every ``torchrl`` and ``torchrl_compat`` module.
+
+    It finds nothing itself: it asks the finders after it, then wraps the loader of what
+    they found. While ``torchrl_compat`` is installed, ``listener`` (an object with
+    ``before_exec(name)`` and ``after_exec(module)``) keeps newly imported torchrl modules
+    on our classes; while ``install_requested`` is set (the start-up hook), the first point
+    at which torchrl's replay-buffer modules are loaded and no watched module is
+    half-executed runs ``torchrl_compat.install()``.
+    """
+
+    _replay_import_watcher = True
+
+    def __init__(self) -> None:
+        self.listener = None
+        self.install_requested = False
+        self._executing = 0
+        self._lock = threading.Lock()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not _is_watched(fullname):
+            return None
+        spec = None
+        for finder in list(sys.meta_path):
+            if getattr(type(finder), _WATCHER_MARK, False):
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is not None:
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _WatchedLoader(self, spec.loader)
+        return spec
+
+    def run(self, module, exec_module) -> None:
+        listener = self.listener
+        if listener is not None:
+            listener.before_exec(module.__name__)
+        with self._lock:
+            self._executing += 1
+        succeeded = False
+        try:
+            exec_module(module)
+            succeeded = True
+        finally:
+            with self._lock:
+                self._executing -= 1
+            if listener is not None:
+                listener.after_exec(module, succeeded)
+        self.run_requested_install()
+
+    def run_requested_install(self) -> bool:
+        """Runs the requested ``install()`` if torchrl's buffers are fully imported now."""
+        if not self.install_requested or REPLAY_BUFFERS_PACKAGE not in sys.modules:
+            return False
+        with self._lock:
+            if self._executing:
+                # A half-executed torchrl (or torchrl_compat) module: the outermost one
+                # to finish tries again.
+                return False
+            self.install_requested = False
+        try:
+            import torchrl_compat
+
+            torchrl_compat.install()
+        except Exception as err:  # noqa: BLE001
+            warnings.warn(
+                f"{INSTALL_ENV_VAR}: torchrl_compat.install() failed: {err!r}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return False
+        return True
+
+
+def import_watcher(create: bool = True):
+    """The :class:`ImportWatcher` on ``sys.meta_path`` (first in line), created if asked."""
+    for finder in sys.meta_path:
+        if getattr(type(finder), _WATCHER_MARK, False):
+            return finder
+    if not create:
+        return None
+    watcher = ImportWatcher()
+    sys.meta_path.insert(0, watcher)
+    return watcher
+
+
+def remove_import_watcher() -> None:
+    """Takes every :class:`ImportWatcher` off ``sys.meta_path``."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(type(f), _WATCHER_MARK, False)]
+
+
+def _env_switch(name: str) -> str:
+    """The value of environment variable ``name``, ``""`` when it leaves the hook off."""
+    value = os.environ.get(name, "").strip().lower()
+    return "" if value in _OFF_VALUES else value
+
+
+def install_from_env() -> bool:
+    """Runs what ``TORCHRL_COMPAT_INSTALL_TREES`` and ``TORCHRL_COMPAT_INSTALL`` ask for.
+
+    Called by ``torchrl_compat_trees.pth`` at interpreter start-up. For either variable,
+    unset, empty, ``0``, ``false``, ``no`` or ``off`` leave torchrl alone.
+
+    * ``TORCHRL_COMPAT_INSTALL_TREES``: ``replace`` replaces torchrl's own trees even when
+      those load; any other value (``1``) installs ``replay``'s trees where torchrl's fail
+      to load.
+    * ``TORCHRL_COMPAT_INSTALL``: any other value (``1``) runs ``torchrl_compat.install()``
+      (which installs the trees too). Before torchrl is imported this imports nothing: an
+      import watcher runs it as soon as ``torchrl.data.replay_buffers`` and the modules
+      being imported with it are loaded, before the code that imported them goes on.
+
+    Never raises: a start-up hook must not break the interpreter, so a failure becomes a
+    :class:`RuntimeWarning`.
+
+    Returns:
+        ``True`` when something was installed or is set to be installed on import.
+    """
+    trees, full = _env_switch(ENV_VAR), _env_switch(INSTALL_ENV_VAR)
+    if not (trees or full):
+        return False
+    done = False
     try:
         if "torchrl" not in sys.modules:
             # site runs .pth files while it is still building sys.path (a venv's own
             # site-packages come before the system ones), so torchrl and replay may not be
             # findable yet: register the finder without looking for them. It acts only when
             # torchrl imports its extension, and that import proves torchrl is there.
-            _install_finder(replace)
-            return True
-        return install_segment_trees(replace=replace)
+            _install_finder(trees == "replace")
+            done = True
+        else:
+            done = install_segment_trees(replace=trees == "replace")
+        if full:
+            watcher = import_watcher()
+            watcher.install_requested = True
+            # Already imported (a call after start-up): install at once.
+            watcher.run_requested_install()
+            done = True
     except Exception as err:  # noqa: BLE001
         warnings.warn(
-            f"{ENV_VAR}={value!r}: installing replay's segment trees failed: {err!r}",
+            f"{ENV_VAR}={trees!r}, {INSTALL_ENV_VAR}={full!r}: installing torchrl_compat "
+            f"failed: {err!r}",
             RuntimeWarning,
             stacklevel=2,
         )
         return False
+    return done

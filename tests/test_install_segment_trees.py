@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -600,7 +601,8 @@ class TestFreshInterpreter:
         assert "the 'replay' extension is not importable" in out
 
     @pytest.fixture(scope="class")
-    def site_dir(self, tmp_path_factory):
+    @classmethod
+    def site_dir(cls, tmp_path_factory):
         """The pure-Python tree setup.py's build_py installs (torchrl_compat_trees.pth included)."""
         build = tmp_path_factory.mktemp("build_py")
         proc = subprocess.run(
@@ -621,10 +623,13 @@ class TestFreshInterpreter:
         lines = [line for line in source.decode().splitlines() if line.strip()]
         # site only executes .pth lines that start with "import".
         assert len(lines) == 1 and lines[0].startswith("import ")
-        assert ENV_VAR in lines[0] and "torchrl_compat_trees" in lines[0]
-        # The .pth and install_from_env agree on what leaves the hook off.
-        off = lines[0].split(" not in ", 1)[1].split(" and __import__", 1)[0]
-        assert ast.literal_eval(off) == torchrl_compat_trees._OFF_VALUES
+        assert "torchrl_compat_trees" in lines[0]
+        # One switch per variable, and the .pth and install_from_env agree on what leaves
+        # each off.
+        switches = re.findall(r'os\.environ\.get\("(\w+)", ""\)\.strip\(\)\.lower\(\) not in (\([^)]*\))', lines[0])
+        assert [name for name, _ in switches] == [ENV_VAR, torchrl_compat_trees.INSTALL_ENV_VAR]
+        for _, off in switches:
+            assert ast.literal_eval(off) == torchrl_compat_trees._OFF_VALUES
 
     def test_hook_on(self, site_dir):
         # site.addsitedir processes the .pth exactly as start-up does for site-packages.

@@ -3,7 +3,8 @@ samplers and writers.
 
 Each submodule mirrors its torchrl counterpart (``torchrl_compat.storages`` for
 ``torchrl.data.replay_buffers.storages`` and so on); every public name is also
-available from the package itself.
+available from the package itself. :func:`install` makes torchrl's own modules hand
+out these classes in place of torchrl's (``uninstall`` undoes it).
 
 Examples:
     >>> import torch
@@ -121,3 +122,8 @@ else:
 from torchrl_compat_trees import install_segment_trees  # noqa: E402
 
 __all__.append("install_segment_trees")
+
+# Stands the classes above in for torchrl's own, in torchrl's modules.
+from torchrl_compat._install import install, uninstall  # noqa: E402
+
+__all__ += ["install", "uninstall"]

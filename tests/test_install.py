@@ -1,0 +1,549 @@
+"""torchrl_compat.install() / uninstall() and the TORCHRL_COMPAT_INSTALL start-up hook.
+
+In-process tests install and uninstall around themselves (the ``installed`` fixture); what
+depends on import order (before / after ``import torchrl``, modules imported while
+installed, reloads, the start-up hook) runs in fresh interpreters.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+
+import replay
+import torchrl.data
+import torchrl_compat
+import torchrl_compat_trees
+from torchrl_compat._install import STAND_IN_MODULES
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV_VARS = (torchrl_compat_trees.ENV_VAR, torchrl_compat_trees.INSTALL_ENV_VAR)
+
+# torchrl modules that hold torchrl's classes by name, or subclass them, or bind them as
+# default values or in module-level dicts (found by scanning torchrl 0.11).
+HOLDERS = (
+    "torchrl.data.replay_buffers.ray_buffer",  # RayReplayBuffer(ReplayBuffer), replay_buffer_cls=ReplayBuffer
+    "torchrl.data.datasets.atari_dqn",  # _AtariStorage(Storage)
+    "torchrl.data.datasets.openx",  # _StreamingSampler(Sampler), _StreamingStorage(Storage)
+    "torchrl.data.map.tdstorage",  # LazyTensorStorage, TensorStorage
+    "torchrl.trainers.trainers",  # REPLAY_BUFFER_CLASS = {"prioritized": ..., "circular": ...}
+    "torchrl.trainers.helpers.replay_buffer",  # make_replay_buffer()'s classes
+)
+
+
+def _import_holders():
+    import importlib
+
+    return [importlib.import_module(name) for name in HOLDERS]
+
+
+@pytest.fixture
+def installed():
+    _import_holders()
+    replaced = torchrl_compat.install()
+    yield replaced
+    torchrl_compat.uninstall()
+
+
+def _torchrl_modules():
+    return {
+        name: module
+        for name, module in list(sys.modules.items())
+        if (name == "torchrl" or name.startswith("torchrl.")) and isinstance(module, types.ModuleType)
+    }
+
+
+def _references(targets):
+    """Where torchrl's modules refer to one of ``targets`` (a dict id -> class): globals,
+    module-level dicts and lists, default values, class attributes and base classes."""
+    fixed = {id(c) for c in vars(torchrl_compat).values() if isinstance(c, type)} | set(targets)
+    found = []
+
+    def look(value, where):
+        if id(value) in targets and targets[id(value)] is value:
+            found.append(where)
+
+    for name, module in _torchrl_modules().items():
+        for key, value in list(vars(module).items()):
+            look(value, f"{name}.{key}")
+            if key.startswith("__"):
+                continue
+            if isinstance(value, dict):
+                for k, v in list(value.items()):
+                    look(v, f"{name}.{key}[{k!r}]")
+            elif isinstance(value, list):
+                for k, v in enumerate(value):
+                    look(v, f"{name}.{key}[{k}]")
+            functions = []
+            if isinstance(value, types.FunctionType) and value.__module__ == name:
+                functions.append((f"{name}.{key}", value))
+            elif isinstance(value, type) and value.__dict__.get("__module__") == name and id(value) not in fixed:
+                for base in value.__bases__:
+                    look(base, f"{name}.{key}.__bases__")
+                for attr, member in vars(value).items():
+                    member = getattr(member, "__func__", member)
+                    if isinstance(member, types.FunctionType):
+                        functions.append((f"{name}.{key}.{attr}", member))
+                    elif not attr.startswith("__"):
+                        look(member, f"{name}.{key}.{attr}")
+            for where, function in functions:
+                for default in function.__defaults__ or ():
+                    look(default, f"{where} default")
+                for k, default in (function.__kwdefaults__ or {}).items():
+                    look(default, f"{where} default {k}")
+    return found
+
+
+def _snapshot():
+    """Everything install() may change, by identity."""
+    state = {}
+    for name, module in _torchrl_modules().items():
+        for key, value in list(vars(module).items()):
+            state[(name, key)] = id(value)
+            if isinstance(value, type) and value.__dict__.get("__module__") == name:
+                state[(name, key, "__bases__")] = tuple(id(b) for b in value.__bases__)
+                for attr, member in vars(value).items():
+                    member = getattr(member, "__func__", member)
+                    if isinstance(member, types.FunctionType):
+                        state[(name, key, attr)] = (
+                            tuple(map(id, member.__defaults__ or ())),
+                            tuple((k, id(v)) for k, v in (member.__kwdefaults__ or {}).items()),
+                        )
+            elif isinstance(value, dict) and not key.startswith("__"):
+                state[(name, key, "items")] = tuple((k, id(v)) for k, v in list(value.items()))
+    return state
+
+
+# =============================================================================
+# In this process
+# =============================================================================
+def test_returns_what_it_replaced(installed):
+    # Every class torchrl's source defines in these modules that torchrl_compat has too.
+    expected = {
+        node.name: module_name
+        for module_name in STAND_IN_MODULES
+        for node in ast.parse(inspect.getsource(sys.modules[module_name])).body
+        if isinstance(node, ast.ClassDef) and isinstance(getattr(torchrl_compat, node.name, None), type)
+    }
+    assert set(installed) == set(expected)
+    # The storages, checkpointers and samplers (buffers and writers once they exist here).
+    assert {"Storage", "LazyMemmapStorage", "H5StorageCheckpointer", "SamplerEnsemble"} <= set(installed)
+    assert len(installed) >= 24
+    for name, theirs in installed.items():
+        assert theirs.__module__ == expected[name] and theirs.__name__ == name
+        ours = getattr(torchrl_compat, name)
+        assert ours is not theirs
+        if "Checkpointer" not in name:  # torchrl never tests checkpointers' types
+            assert issubclass(ours, theirs), name  # ours keep deriving from torchrl's own
+
+
+def test_every_torchrl_module_exposes_ours(installed):
+    import torchrl.data.replay_buffers as rbs
+
+    for name, theirs in installed.items():
+        ours = getattr(torchrl_compat, name)
+        for module in (torchrl.data, rbs, sys.modules[theirs.__module__]):
+            if name in vars(module):
+                assert getattr(module, name) is ours, (module.__name__, name)
+    # Names other modules imported: the buffer's defaults and checks, the writers' base.
+    assert rbs.replay_buffers.ListStorage is torchrl_compat.ListStorage
+    assert rbs.replay_buffers.PrioritizedSampler is torchrl_compat.PrioritizedSampler
+    assert rbs.writers.Storage is torchrl_compat.Storage
+    assert rbs.samplers.TensorStorage is torchrl_compat.TensorStorage
+    assert rbs.storages.TensorStorageCheckpointer is torchrl_compat.TensorStorageCheckpointer
+    assert sys.modules["torchrl.trainers.helpers.replay_buffer"].LazyMemmapStorage is torchrl_compat.LazyMemmapStorage
+    # Nowhere in torchrl is one of torchrl's replaced classes left.
+    assert _references({id(c): c for c in installed.values()}) == []
+    # The segment trees, as install_segment_trees() puts them.
+    assert rbs.samplers.SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
+
+
+def test_subclasses_defined_before_install_are_rebased(installed):
+    atari = sys.modules["torchrl.data.datasets.atari_dqn"]
+    openx = sys.modules["torchrl.data.datasets.openx"]
+    assert atari._AtariStorage.__bases__ == (torchrl_compat.Storage,)
+    assert openx._StreamingSampler.__bases__ == (torchrl_compat.Sampler,)
+    assert issubclass(openx._StreamingSampler, torchrl_compat.Sampler)
+    torchrl_compat.uninstall()
+    assert atari._AtariStorage.__bases__ == (installed["Storage"],)
+    # ABCMeta's cache must not keep answering for the old bases.
+    assert not issubclass(openx._StreamingSampler, torchrl_compat.Sampler)
+    torchrl_compat.install()
+    assert issubclass(openx._StreamingSampler, torchrl_compat.Sampler)
+
+
+def test_defaults_and_isinstance_checks_use_ours(installed):
+    from tensordict import TensorDict
+
+    rb = torchrl.data.ReplayBuffer()
+    assert type(rb._storage) is torchrl_compat.ListStorage
+    assert type(rb._sampler) is torchrl_compat.RandomSampler
+    assert type(rb._writer) is torchrl.data.RoundRobinWriter
+    # update_tensordict_priority acts only when isinstance(sampler, PrioritizedSampler).
+    rb = torchrl.data.TensorDictReplayBuffer(
+        storage=torchrl.data.LazyTensorStorage(4),
+        sampler=torchrl.data.PrioritizedSampler(4, alpha=1.0, beta=1.0), priority_key="p",
+    )
+    data = TensorDict({"x": torch.arange(4.0), "p": torch.ones(4)}, [4])
+    data["index"] = rb.extend(data)
+    data["p"] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    rb.update_tensordict_priority(data)
+    assert rb.sampler._sum_tree[torch.arange(4)].tolist() == pytest.approx([1.0, 2.0, 3.0, 4.0])
+    # Default values bound when torchrl defined its functions, and its module-level dicts.
+    ray_buffer = sys.modules["torchrl.data.replay_buffers.ray_buffer"]
+    kwdefault = ray_buffer.RayReplayBuffer.__init__.__kwdefaults__["replay_buffer_cls"]
+    assert kwdefault is torchrl.data.ReplayBuffer
+    trainers = sys.modules["torchrl.trainers.trainers"]
+    assert trainers.REPLAY_BUFFER_CLASS["circular"] is torchrl.data.TensorDictReplayBuffer
+
+
+def test_torchrls_instances_are_refused(installed):
+    """What the docstring's note says: objects of torchrl's own classes, built from names
+    bound before install(), are not ours."""
+    with pytest.raises(TypeError, match="storage must be either a Storage"):
+        torchrl.data.ReplayBuffer(storage=installed["LazyTensorStorage"](3))
+    with pytest.raises(pickle.PicklingError, match="not the same object"):
+        pickle.dumps(installed["ListStorage"](3))
+    storage = pickle.loads(pickle.dumps(torchrl_compat.ListStorage(3)))
+    assert type(storage) is torchrl_compat.ListStorage
+
+
+def test_stand_in_mechanism_on_a_module_of_each_kind():
+    """Globals, dicts, lists, defaults, decorated functions, class attributes and bases, on
+    a torchrl module that holds torchrl's ListStorage in each way."""
+    import functools
+
+    theirs = torchrl.data.ListStorage
+    assert theirs.__module__ == "torchrl.data.replay_buffers.storages", "installed already"
+    module = types.ModuleType("torchrl._install_probe")
+
+    def make(storage_cls=theirs, *, other=theirs):
+        return storage_cls, other
+
+    @functools.wraps(make)
+    def wrapped(*args, **kwargs):
+        return make(*args, **kwargs)
+
+    class Holder(theirs):
+        storage_cls = theirs
+
+        def build(self, storage_cls=theirs):
+            return storage_cls
+
+    for value in (make, wrapped, Holder):
+        value.__module__ = module.__name__
+    module.__dict__.update(
+        Alias=theirs, table={"list": theirs}, row=[theirs], make=make, wrapped=wrapped, Holder=Holder
+    )
+    sys.modules[module.__name__] = module
+    try:
+        torchrl_compat.install()
+        ours = torchrl_compat.ListStorage
+        assert module.Alias is ours and module.table["list"] is ours and module.row == [ours]
+        assert make() == (ours, ours) and wrapped() == (ours, ours)
+        assert Holder.__bases__ == (ours,) and Holder.storage_cls is ours
+        assert Holder().build() is ours and isinstance(Holder(), torchrl_compat.Storage)
+        torchrl_compat.uninstall()
+        assert module.Alias is theirs and module.table["list"] is theirs and module.row == [theirs]
+        assert make() == (theirs, theirs) and wrapped() == (theirs, theirs)
+        assert Holder.__bases__ == (theirs,) and Holder.storage_cls is theirs
+        assert not isinstance(Holder(), torchrl_compat.Storage)
+    finally:
+        torchrl_compat.uninstall()
+        del sys.modules[module.__name__]
+
+
+def test_idempotent(installed):
+    before = _snapshot()
+    meta_path = list(sys.meta_path)
+    assert torchrl_compat.install() == installed
+    assert _snapshot() == before
+    assert sys.meta_path == meta_path
+    watchers = [f for f in sys.meta_path if type(f).__name__ == "ImportWatcher"]
+    assert len(watchers) == 1 and watchers[0].listener is not None
+
+
+def test_uninstall_restores_torchrls_classes_exactly():
+    _import_holders()
+    assert torchrl.data.ListStorage.__module__.startswith("torchrl."), "installed already"
+    before = _snapshot()
+    replaced = torchrl_compat.install()
+    assert _snapshot() != before
+    assert torchrl_compat.uninstall() == replaced
+    assert _snapshot() == before
+    assert not any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
+    assert torchrl_compat.uninstall() == {}
+
+
+# =============================================================================
+# Fresh interpreters
+# =============================================================================
+def _python(*parts, env_update=None, cwd=ROOT, timeout=300):
+    """Runs the joined, dedented ``parts`` in a fresh interpreter; returns its stdout."""
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    if cwd == ROOT:
+        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["RL_WARNINGS"] = "0"
+    env.update(env_update or {})
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", "\n".join(textwrap.dedent(p) for p in parts)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
+# Checks shared by the fresh-interpreter tests, run once torchrl uses our classes.
+_CHECK_INSTALLED = """
+import importlib, inspect, sys
+import torch
+import torchrl_compat, replay
+import torchrl.data
+from torchrl.data.replay_buffers import samplers, storages
+assert torchrl.data.ReplayBuffer().storage.__class__ is torchrl_compat.ListStorage
+assert storages.LazyTensorStorage is torchrl_compat.LazyTensorStorage
+assert samplers.SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
+# Ours derive from torchrl's own classes, not from ours.
+for name in ("LazyTensorStorage", "PrioritizedSampler", "TensorStorageCheckpointer"):
+    ours = getattr(torchrl_compat, name)
+    assert not any(c is not ours and c.__module__.startswith("torchrl_compat.") and c.__name__ == name for c in ours.__mro__), ours.__mro__
+assert torchrl_compat.LazyTensorStorage.__mro__[-3].__module__ == "torchrl.data.replay_buffers.storages"
+# A torchrl module imported now: it takes our classes, keeps its own loader.
+atari = importlib.import_module("torchrl.data.datasets.atari_dqn")
+assert atari._AtariStorage.__bases__ == (torchrl_compat.Storage,)
+assert atari.TensorStorage is torchrl_compat.TensorStorage
+assert type(atari.__loader__).__name__ == "SourceFileLoader", atari.__loader__
+assert type(atari.__spec__.loader).__name__ == "SourceFileLoader"
+assert "class _AtariStorage" in inspect.getsource(atari)
+rb = torchrl.data.ReplayBuffer(
+    storage=torchrl.data.LazyTensorStorage(4),
+    sampler=torchrl.data.PrioritizedSampler(4, alpha=1.0, beta=1.0), batch_size=8,
+)
+rb.extend(torch.arange(4))
+rb.update_priority(torch.arange(4), torch.tensor([0.0, 0.0, 5.0, 0.0]))
+print("SAMPLE", sorted(set(rb.sample().tolist())))
+"""
+
+_CHECK_UNINSTALL = """
+replaced = torchrl_compat.uninstall()
+assert storages.LazyTensorStorage is replaced["LazyTensorStorage"]
+assert torchrl.data.ReplayBuffer().storage.__class__ is replaced["ListStorage"]
+# The module imported while installed is handed torchrl's classes too.
+assert atari._AtariStorage.__bases__ == (replaced["Storage"],)
+assert atari.TensorStorage is replaced["TensorStorage"]
+assert not any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
+print("UNINSTALLED")
+"""
+
+
+def test_install_before_importing_torchrl():
+    out = _python(
+        """
+        import sys
+        import torchrl_compat
+        replaced = torchrl_compat.install()
+        assert "torchrl.data.datasets.atari_dqn" not in sys.modules
+        from torchrl.data import LazyMemmapStorage, ReplayBuffer
+        assert LazyMemmapStorage is torchrl_compat.LazyMemmapStorage
+        """,
+        _CHECK_INSTALLED,
+        _CHECK_UNINSTALL,
+    )
+    assert "SAMPLE [2]" in out and "UNINSTALLED" in out
+
+
+def test_install_after_importing_torchrl_and_reimporting_ours():
+    out = _python(
+        """
+        import importlib, sys
+        import torch
+        from torchrl.data import LazyTensorStorage as bound_before
+        import torchrl.data
+        import torchrl.data.datasets.atari_dqn as atari
+        import torchrl_compat
+        replaced = torchrl_compat.install()
+        # Names bound outside torchrl before the call stay torchrl's (README).
+        assert bound_before is replaced["LazyTensorStorage"]
+        assert torchrl.data.LazyTensorStorage is torchrl_compat.LazyTensorStorage
+        # Classes torchrl defined on its own before the call now derive from ours.
+        assert atari._AtariStorage.__bases__ == (torchrl_compat.Storage,)
+        # A torchrl_compat module executed while installed still finds torchrl's own
+        # classes as its twins (reload, then a fresh import).
+        import torchrl_compat.storages as ours
+        first = ours.ListStorage
+        importlib.reload(ours)
+        assert ours.ListStorage is not first
+        assert ours.ListStorage.__mro__[2] is replaced["ListStorage"], ours.ListStorage.__mro__
+        for name in [m for m in sys.modules if m.startswith("torchrl_compat")]:
+            del sys.modules[name]
+        import torchrl_compat as again
+        assert again.PrioritizedSampler.__mro__[2] is replaced["PrioritizedSampler"]
+        assert again.LazyTensorStorage.__mro__[3] is replaced["LazyTensorStorage"]
+        # torchrl still holds the classes install() put there, and they work.
+        assert torchrl.data.ListStorage is first
+        rb = torchrl.data.ReplayBuffer(storage=torchrl.data.LazyTensorStorage(3), batch_size=2)
+        rb.extend(torch.arange(5))
+        assert sorted(rb[:].tolist()) == [2, 3, 4]
+        print("REIMPORTED")
+        """
+    )
+    assert "REIMPORTED" in out
+
+
+@pytest.fixture(scope="module")
+def site_dir(tmp_path_factory):
+    """The pure-Python tree setup.py's build_py installs, start-up hook included."""
+    build = tmp_path_factory.mktemp("build_py")
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copy(replay.__file__, build)  # as `pip install .` puts it next to the .pth
+    return build
+
+
+def _start_up(site_dir):
+    # site.addsitedir processes the .pth exactly as start-up does for site-packages.
+    return f"""
+    import site, sys
+    site.addsitedir({str(site_dir)!r})
+    assert "torch" not in sys.modules and "torchrl" not in sys.modules
+    assert sys.modules["torchrl_compat_trees"].__file__.startswith({str(site_dir)!r})
+    watcher = sys.meta_path[0]
+    assert type(watcher).__name__ == "ImportWatcher" and watcher.install_requested
+    """
+
+
+def test_hook_installs_when_torchrl_is_imported(site_dir):
+    out = _python(
+        _start_up(site_dir),
+        """
+        import torchrl
+        assert watcher.install_requested  # torchrl's buffers are not imported yet
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        assert not watcher.install_requested
+        assert "torchrl_compat" in sys.modules
+        assert LazyTensorStorage is sys.modules["torchrl_compat"].LazyTensorStorage
+        """,
+        _CHECK_INSTALLED,
+        _CHECK_UNINSTALL,
+        env_update={torchrl_compat_trees.INSTALL_ENV_VAR: "1"},
+        cwd=site_dir,
+    )
+    assert "SAMPLE [2]" in out and "UNINSTALLED" in out
+
+
+def test_hook_installs_when_torchrl_compat_is_imported_first(site_dir):
+    out = _python(
+        _start_up(site_dir),
+        """
+        import torchrl_compat
+        # Installed once torchrl_compat (which imports torchrl) finished importing.
+        assert not watcher.install_requested
+        import torchrl.data
+        assert torchrl.data.SliceSampler is torchrl_compat.SliceSampler
+        """,
+        _CHECK_INSTALLED,
+        env_update={torchrl_compat_trees.INSTALL_ENV_VAR: "1"},
+        cwd=site_dir,
+    )
+    assert "SAMPLE [2]" in out
+
+
+@pytest.mark.parametrize("value", [None, "", "0", "off", "False"])
+def test_hook_off_imports_nothing(site_dir, value):
+    out = _python(
+        f"""
+        import site, sys
+        site.addsitedir({str(site_dir)!r})
+        print("TORCH", "torch" in sys.modules, "HOOK", "torchrl_compat_trees" in sys.modules)
+        print("FINDERS", [type(f).__name__ for f in sys.meta_path if "replay" in repr(type(f)) or type(f).__name__ in ("ImportWatcher", "_TreesFinder")])
+        """,
+        env_update={} if value is None else {torchrl_compat_trees.INSTALL_ENV_VAR: value},
+        cwd=site_dir,
+    )
+    assert "TORCH False HOOK False" in out
+    assert "FINDERS []" in out
+
+
+def test_hook_failure_warns_and_leaves_torchrl_working(site_dir):
+    out = _python(
+        _start_up(site_dir),
+        """
+        import warnings
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name == "torchrl_compat":
+                    raise ModuleNotFoundError("No module named 'torchrl_compat'")
+        sys.meta_path.insert(1, Block())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torchrl.data
+        messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+        assert any("TORCHRL_COMPAT_INSTALL: torchrl_compat.install() failed" in m for m in messages), messages
+        assert torchrl.data.ListStorage.__module__ == "torchrl.data.replay_buffers.storages"
+        assert type(torchrl.data.ReplayBuffer().storage).__module__ == "torchrl.data.replay_buffers.storages"
+        print("TORCHRL OK")
+        """,
+        env_update={torchrl_compat_trees.INSTALL_ENV_VAR: "1"},
+        cwd=site_dir,
+    )
+    assert "TORCHRL OK" in out
+
+
+def test_install_from_env_after_start_up():
+    out = _python(
+        """
+        import os, sys
+        import torchrl.data
+        import torchrl_compat_trees
+        os.environ["TORCHRL_COMPAT_INSTALL"] = "1"
+        assert torchrl_compat_trees.install_from_env() is True
+        import torchrl_compat
+        assert torchrl.data.ListStorage is torchrl_compat.ListStorage
+        print("INSTALLED AT ONCE")
+        """
+    )
+    assert "INSTALLED AT ONCE" in out
+
+
+def test_without_torchrl_there_is_nothing_to_install():
+    out = _python(
+        """
+        import sys
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "torchrl":
+                    raise ModuleNotFoundError(f"No module named {name!r}")
+        sys.meta_path.insert(0, Block())
+        import torchrl_compat
+        assert torchrl_compat.install() == {}
+        assert torchrl_compat.uninstall() == {}
+        assert "torchrl" not in sys.modules
+        print("NOTHING TO INSTALL")
+        """
+    )
+    assert "NOTHING TO INSTALL" in out
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from torchrl_compat import _install
+
+    assert torchrl.data.ListStorage.__module__.startswith("torchrl."), "installed already"
+    result = doctest.testmod(_install, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 10 and result.failed == 0
+    assert torchrl.data.ListStorage.__module__.startswith("torchrl.")

@@ -1,0 +1,430 @@
+"""Shared machinery of the torchrl matrix tests: data, records, and the two runs.
+
+Every matrix case runs one scenario twice, from the same seeds: once with torchrl 0.11's
+own classes in torchrl's modules (``torchrl_compat`` uninstalled for the run), once with
+``torchrl_compat.install()`` in force, each time taking every class from torchrl's modules
+by name, as torchrl code does. The scenario records what each step returns (or the type of
+exception it raises); the two records must be equal, tensor for tensor.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import sys
+import traceback
+
+import numpy as np
+import pytest
+import torch
+from tensordict import is_tensor_collection, tensorclass, TensorDict, TensorDictBase
+
+import torchrl_compat
+from torchrl_compat._install import STAND_IN_MODULES
+
+CAP = 8  # capacity along the extended dim
+COLS = 2  # size of the second batch dim when ndim == 2
+BATCH = 4
+SEED = 0
+
+
+@tensorclass
+class Transition:
+    obs: torch.Tensor
+    episode: torch.Tensor
+    p: torch.Tensor
+
+
+class Classes:
+    """torchrl's classes, looked up by name in their torchrl modules when asked for."""
+
+    def __getattr__(self, name):
+        for module_name in STAND_IN_MODULES:
+            module = sys.modules[module_name]
+            if name in vars(module):
+                return getattr(module, name)
+        raise AttributeError(name)
+
+
+CLASSES = Classes()
+
+
+# What every matrix test module starts with (both imported there by name).
+WARNING_FILTERS = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed_for_the_module():
+    """``install()`` in force for a whole test module, undone after it."""
+    replaced = torchrl_compat.install()
+    assert replaced, "torchrl_compat.install() replaced nothing"
+    yield replaced
+    torchrl_compat.uninstall()
+
+
+@contextlib.contextmanager
+def torchrl_own_classes():
+    """torchrl's own classes in torchrl's modules for the duration (install()ed after)."""
+    torchrl_compat.uninstall()
+    try:
+        yield
+    finally:
+        torchrl_compat.install()
+
+
+# =============================================================================
+# Data
+# =============================================================================
+def batch_shape(n, ndim):
+    # torchrl extends an ndim == 2 buffer along dim 1 (time), one row per environment.
+    return (n,) if ndim == 1 else (COLS, n)
+
+
+def make_data(kind, n, ndim, start=0):
+    """``n`` items (time steps of ``COLS`` environments when ``ndim == 2``) numbered from
+    ``start``; each value tells its item.
+
+    ``episode`` runs in threes along time (per environment), ``p`` is a priority in [1, 5].
+    """
+    shape = batch_shape(n, ndim)
+    step = torch.arange(start, start + n).expand(shape)
+    env = torch.zeros(shape, dtype=torch.long) if ndim == 1 else torch.arange(COLS).unsqueeze(1).expand(shape)
+    item = step * COLS + env if ndim == 2 else step
+    obs = item.unsqueeze(-1) * 10.0 + torch.arange(3.0)
+    episode = step // 3 + 1000 * env
+    p = (item % 5 + 1).float()
+    if kind == "tensor":
+        return obs
+    if kind == "tensordict":
+        done = (step % 3 == 2).unsqueeze(-1)
+        return TensorDict(
+            {"obs": obs, "episode": episode, "p": p, ("next", "reward"): p.unsqueeze(-1), ("next", "done"): done},
+            batch_size=shape,
+        )
+    if kind == "tensorclass":
+        return Transition(obs=obs, episode=episode, p=p, batch_size=shape)
+    return {"obs": obs, "extra": (p, {"episode": episode})}
+
+
+def _leaves_map(fn, data):
+    if isinstance(data, dict):
+        return torch.utils._pytree.tree_map(fn, data)
+    return fn(data)
+
+
+def first_item(data, ndim):
+    """The first item of ``data``: what ``add`` takes (one time step when ``ndim == 2``)."""
+    return _leaves_map(lambda x: x[0] if ndim == 1 else x[:, 0], data)
+
+
+def zeros_for_storage(kind, ndim):
+    """Zeroed data filling a preallocated ``TensorStorage`` (time first, as stored)."""
+    full = make_data(kind, CAP, ndim)
+    if ndim == 2:
+        full = _leaves_map(lambda x: x.transpose(0, 1), full)
+    return _leaves_map(torch.zeros_like, full) if not is_tensor_collection(full) else full.clone().zero_()
+
+
+def max_size(ndim):
+    return CAP if ndim == 1 else CAP * COLS
+
+
+# =============================================================================
+# Records
+# =============================================================================
+def canon(value):
+    """A comparable, detached copy of what a step returned."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.detach().cpu().clone())
+    if isinstance(value, np.ndarray):
+        return ("tensor", torch.as_tensor(value).clone())
+    if is_tensor_collection(value):
+        td = value if isinstance(value, TensorDictBase) else value.to_tensordict()
+        leaves = [(str(key), canon(td.get(key))) for key in sorted(td.keys(True, True), key=str)]
+        return ("collection", type(value).__name__, tuple(value.batch_size), leaves)
+    if isinstance(value, dict):
+        return ("dict", [(str(k), canon(value[k])) for k in sorted(value, key=str)])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [canon(v) for v in value])
+    if isinstance(value, torch.Size):
+        return ("size", tuple(value))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    return ("object", type(value).__name__)
+
+
+def _tensors_equal(x, y) -> bool:
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    if x.is_floating_point():
+        return bool(torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num()))
+    return bool(torch.equal(x, y))
+
+
+def difference(a, b, path=""):
+    """Where canonical values ``a`` and ``b`` first differ (``None`` when equal)."""
+    if isinstance(a, tuple) and a and a[0] == "tensor":
+        if not (isinstance(b, tuple) and b and b[0] == "tensor"):
+            return f"{path}: {_short(a)} vs {_short(b)}"
+        if not _tensors_equal(a[1], b[1]):
+            return f"{path}: {_short(a[1])} vs {_short(b[1])}"
+        return None
+    if isinstance(a, (tuple, list)) and isinstance(b, type(a)) and len(a) == len(b):
+        for k, (x, y) in enumerate(zip(a, b)):
+            found = difference(x, y, f"{path}[{k}]")
+            if found:
+                return found
+        return None
+    if type(a) is type(b) and a == b:
+        return None
+    return f"{path}: {_short(a)} vs {_short(b)}"
+
+
+class Record:
+    """What one run of a scenario returned, step by step: ``(label, value, message)``.
+
+    ``message`` is the text of a raised exception: shown on failure, never compared (only
+    the exception type is).
+    """
+
+    def __init__(self, directory) -> None:
+        self.steps = []
+        self._directory = directory
+
+    def __call__(self, label, value):
+        self._add(label, canon(value), None)
+        return value
+
+    def _add(self, label, value, message):
+        assert label not in {step[0] for step in self.steps}, f"step {label!r} recorded twice"
+        self.steps.append((label, value, message))
+
+    def call(self, label, fn, *args, **kwargs):
+        """Records ``fn(*args, **kwargs)``, or the type of what it raises (then ``None``)."""
+        return self._call(label, fn, args, kwargs, self)
+
+    def succeeds(self, label, fn, *args, **kwargs) -> bool:
+        """As :meth:`call`; ``True`` when ``fn`` returned (only a raise records a message)."""
+        self.call(label, fn, *args, **kwargs)
+        return self.steps[-1][2] is None
+
+    def call_quietly(self, label, fn, *args, **kwargs):
+        """As :meth:`call`, recording only the type of what ``fn`` returns."""
+        return self._call(label, fn, args, kwargs, lambda label, value: self._add(label, ("returned", type(value).__name__), None) or value)
+
+    def _call(self, label, fn, args, kwargs, keep):
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - the type is the record
+            self.raised(label, err)
+            return None
+        return keep(label, value)
+
+    def raised(self, label, err):
+        message = "".join(traceback.format_exception_only(err)).strip()
+        self._add(label, ("raises", type(err).__name__), message[-500:])
+
+    def dir(self, name):
+        path = os.path.join(self._directory, name)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def files(self, label, path):
+        """Records the relative paths of the files under ``path``."""
+        found = sorted(
+            os.path.relpath(os.path.join(root, name), path)
+            for root, _, names in os.walk(path)
+            for name in names
+        )
+        return self(label, found)
+
+
+@contextlib.contextmanager
+def _filled_uninitialized_memory():
+    """``torch.empty`` fills with NaN / the largest integer, so that the unwritten part of
+    a storage (which ``state_dict`` returns too) compares equal between runs."""
+    mode = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(mode[0], warn_only=mode[1])
+
+
+def run(scenario, directory, **params) -> Record:
+    torch.manual_seed(SEED)
+    np.random.seed(SEED)
+    random.seed(SEED)
+    record = Record(directory)
+    with _filled_uninitialized_memory():
+        try:
+            scenario(record, CLASSES, **params)
+        except Exception as err:  # noqa: BLE001
+            record.raised("uncaught", err)
+    return record
+
+
+def _short(value, limit=600):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def assert_records_equal(expected: Record, got: Record, torchrl_fails=None) -> None:
+    """Fails listing every step where ``got`` (ours) differs from ``expected`` (torchrl).
+
+    ``torchrl_fails`` maps the label of a step where torchrl raises on valid input (a
+    torchrl bug) to ``(exception type name, check)``: torchrl must raise that type there,
+    and ``check(value, message)`` must accept what ours did instead.
+    """
+    torchrl_fails = torchrl_fails or {}
+    theirs = {label: (value, message) for label, value, message in expected.steps}
+    ours = {label: (value, message) for label, value, message in got.steps}
+    problems = []
+    for label, (value, message) in theirs.items():
+        if label not in ours:
+            problems.append(f"{label}: torchrl_compat never got there (torchrl: {_short(value)})")
+            continue
+        if label in torchrl_fails:
+            error, check = torchrl_fails[label]
+            if value != ("raises", error):
+                problems.append(f"{label}: torchrl no longer raises {error} ({_short(value)}, {message})")
+            elif not check(*ours[label]):
+                problems.append(f"{label}: torchrl_compat {_short(ours[label])} where torchrl raises {message}")
+            continue
+        found = difference(ours[label][0], value)
+        if found:
+            notes = " ".join(f"[{who}: {m}]" for who, m in (("ours", ours[label][1]), ("torchrl", message)) if m)
+            problems.append(f"{label}: ours vs torchrl {found} {notes}")
+    problems += [f"{label}: only torchrl_compat got there" for label in ours if label not in theirs]
+    if problems:
+        raise AssertionError("\n".join(["torchrl_compat differs from torchrl:", *problems]))
+
+
+def run_both(scenario, tmp_path, **params):
+    """Runs ``scenario`` on torchrl's classes, then on ours; returns both records."""
+    with torchrl_own_classes():
+        expected = run(scenario, tmp_path / "torchrl", **params)
+    got = run(scenario, tmp_path / "ours", peer=tmp_path / "torchrl", **params)
+    return expected, got
+
+
+def check_same(scenario, tmp_path, torchrl_fails=None, **params):
+    expected, got = run_both(scenario, tmp_path, **params)
+    assert_records_equal(expected, got, torchrl_fails)
+    return expected, got
+
+
+def known_failure(reason):
+    """A case torchrl_compat gets wrong today: ``reason`` says how, exactly. Strict, so the
+    case fails as soon as it is fixed, to have this mark removed."""
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+def raises_saying(pattern):
+    """A ``torchrl_fails`` check: ours raised, with ``pattern`` in its message."""
+    return lambda value, message: value[0] == "raises" and re.search(pattern, message or "") is not None
+
+
+def returns(value, message):
+    """A ``torchrl_fails`` check: ours returned."""
+    return not (isinstance(value, tuple) and value and value[0] == "raises")
+
+
+# =============================================================================
+# Building buffers by name
+# =============================================================================
+TENSOR_STORAGES = ("TensorStorage", "LazyTensorStorage", "LazyMemmapStorage")
+LIST_STORAGES = ("ListStorage", "LazyStackStorage", "CompressedListStorage")
+BUFFERS = (
+    "ReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
+)
+PRIORITIZED_BUFFERS = ("PrioritizedReplayBuffer", "TensorDictPrioritizedReplayBuffer")
+TD_BUFFERS = ("TensorDictReplayBuffer", "TensorDictPrioritizedReplayBuffer")
+
+
+def make_storage(C, record, name, kind, ndim):
+    if name in LIST_STORAGES:
+        return getattr(C, name)(CAP)
+    if name == "TensorStorage":
+        # Preallocated: the full capacity of zeroed items.
+        return C.TensorStorage(zeros_for_storage(kind, ndim), ndim=ndim)
+    if name == "LazyMemmapStorage":
+        return C.LazyMemmapStorage(max_size(ndim), ndim=ndim, scratch_dir=record.dir("scratch"))
+    return getattr(C, name)(max_size(ndim), ndim=ndim)
+
+
+# name -> (class name, keyword arguments); max_capacity is added for prioritized samplers.
+SLICE = dict(num_slices=2, traj_key="episode", strict_length=False)
+SAMPLERS = {
+    "RandomSampler": ("RandomSampler", {}),
+    "SamplerWithoutReplacement": ("SamplerWithoutReplacement", {}),
+    "SamplerWithoutReplacement-ordered": ("SamplerWithoutReplacement", dict(drop_last=True, shuffle=False)),
+    "PrioritizedSampler": ("PrioritizedSampler", dict(alpha=0.7, beta=0.5)),
+    "SliceSampler": ("SliceSampler", SLICE),
+    "SliceSampler-end_key": ("SliceSampler", dict(slice_len=2, end_key=("next", "done"), strict_length=False)),
+    "SliceSampler-strict": ("SliceSampler", dict(num_slices=2, traj_key="episode")),
+    "SliceSampler-span": ("SliceSampler", dict(SLICE, span=True)),
+    "SliceSamplerWithoutReplacement": ("SliceSamplerWithoutReplacement", SLICE),
+    "SliceSamplerWithoutReplacement-ordered": ("SliceSamplerWithoutReplacement", dict(SLICE, shuffle=False)),
+    "PrioritizedSliceSampler": ("PrioritizedSliceSampler", dict(SLICE, alpha=0.7, beta=0.5)),
+}
+# Samplers whose draws are not torchrl's, by design: replay's permutation kernel shuffles.
+SHUFFLING_SAMPLERS = ("SamplerWithoutReplacement", "SliceSamplerWithoutReplacement")
+
+
+def make_sampler(C, name, ndim):
+    class_name, kwargs = SAMPLERS[name]
+    if class_name.startswith("Prioritized"):
+        kwargs = dict(kwargs, max_capacity=max_size(ndim))
+    return getattr(C, class_name)(**kwargs)
+
+
+def make_buffer(C, record, buffer, storage, kind, ndim, sampler=None, writer=None, **kwargs):
+    kwargs.setdefault("batch_size", BATCH)
+    kwargs["generator"] = torch.Generator().manual_seed(7)
+    kwargs["storage"] = make_storage(C, record, storage, kind, ndim)
+    if buffer in TD_BUFFERS:
+        kwargs.setdefault("priority_key", "p")
+    if buffer in PRIORITIZED_BUFFERS:
+        kwargs.update(alpha=0.7, beta=0.5)
+    elif isinstance(sampler, str):
+        kwargs["sampler"] = make_sampler(C, sampler, ndim)
+    elif sampler is not None:
+        kwargs["sampler"] = sampler
+    if writer is not None:
+        kwargs["writer"] = writer(C) if callable(writer) else writer
+    return getattr(C, buffer)(**kwargs)
+
+
+def dumps_and_loads(record, rb, build, peer) -> bool:
+    """Dumps ``rb``, then loads its dump, and torchrl's (under ``peer``), into ``build()``
+    buffers. ``False`` when ``dumps`` raised."""
+    dump = record.dir("dump")
+    if not record.succeeds("dumps", rb.dumps, dump):
+        return False
+    record.files("dumps files", dump)
+    theirs = os.path.join(peer, "dump") if peer is not None else dump
+    for label, source in (("own dump", dump), ("torchrl's dump", theirs)):
+        fresh = build()
+        if record.succeeds(f"loads, {label}", fresh.loads, source):
+            record(f"len, {label}", len(fresh))
+            record.call(f"rb[:], {label}", fresh.__getitem__, slice(None))
+            record.call(f"sample, {label}", fresh.sample, return_info=True)
+    return True
+
+
+def tree_leaves(tree):
+    """A segment tree's leaves, through the API torchrl's C++ trees and ``replay``'s share."""
+    return torch.as_tensor(tree[torch.arange(len(tree))])
+
+
+def is_prioritized(rb):
+    return "Prioritized" in type(rb.sampler).__name__
+
+

@@ -1,0 +1,362 @@
+"""Stand ``torchrl_compat``'s classes in for torchrl 0.11's own, in every torchrl module.
+
+:func:`install` swaps, in every imported ``torchrl`` module, each reference to one of
+torchrl's storage, checkpointer, sampler, writer and replay-buffer classes for the
+``torchrl_compat`` class of the same name: module globals (``torchrl.data.ListStorage``,
+the ``ListStorage`` that ``ReplayBuffer._maybe_make_storage`` calls, the
+``PrioritizedSampler`` that ``update_tensordict_priority`` tests against), default argument
+values bound when a function was defined, module-level dicts and lists, class attributes,
+and the base classes of torchrl's other classes built on them (``RayReplayBuffer``,
+the dataset buffers, ``_AtariStorage``), so that torchrl behaves as if its modules had
+defined our classes. torchrl's own classes of those names are left as they are: ours derive
+from them, and :func:`uninstall` hands them back.
+
+An :class:`~torchrl_compat_trees.ImportWatcher` keeps it that way for the torchrl modules
+imported afterwards, and makes sure that a ``torchrl_compat`` module executed while
+installed (a reload) still finds torchrl's own classes as its twins.
+"""
+from __future__ import annotations
+
+import abc
+import importlib
+import inspect
+import sys
+import threading
+import types
+import warnings
+
+import torchrl_compat_trees
+
+__all__ = ["install", "uninstall"]
+
+# torchrl's modules defining the classes that install() stands ours in for: every public
+# class defined in one of them whose name torchrl_compat also exports is covered (so each
+# class added to torchrl_compat is covered as soon as it exists).
+STAND_IN_MODULES = (
+    "torchrl.data.replay_buffers.storages",
+    "torchrl.data.replay_buffers.checkpointers",
+    "torchrl.data.replay_buffers.samplers",
+    "torchrl.data.replay_buffers.writers",
+    "torchrl.data.replay_buffers.replay_buffers",
+)
+
+# The modules torchrl_compat's own modules take torchrl's classes from (as base classes):
+# they hold torchrl's classes again while a torchrl_compat module executes.
+_TWIN_SOURCES = ("torchrl.data", "torchrl.data.replay_buffers", *STAND_IN_MODULES)
+
+# (module name, class name) -> torchrl's class, recorded once: after install() the
+# modules hold ours.
+_ORIGINALS: dict[tuple, type] = {}
+
+_installation: _Installation | None = None
+
+
+def _is_compat_module(name: str) -> bool:
+    return name == "torchrl_compat" or name.startswith("torchrl_compat.")
+
+
+def _torchrl_modules() -> list:
+    return [
+        module
+        for name, module in list(sys.modules.items())
+        if (name == "torchrl" or name.startswith("torchrl."))
+        and name != torchrl_compat_trees.EXTENSION_NAME
+        and isinstance(module, types.ModuleType)
+    ]
+
+
+def _clear_abc_caches(classes) -> None:
+    # ABCMeta caches isinstance / issubclass answers per class and only drops them on
+    # register(): after a __bases__ change they would go on answering for the old bases.
+    for cls in {c for k in classes for c in k.__mro__}:
+        if isinstance(cls, abc.ABCMeta):
+            cls._abc_caches_clear()
+
+
+class _Swap:
+    """Replaces one set of classes by another, wherever a torchrl module refers to them.
+
+    Args:
+        pairs (list of (type, type)): ``(old, new)`` class pairs.
+        fixed (set of int): ids of the classes whose own namespace and bases stay as they
+            are (torchrl's classes that ours stand in for, and ours).
+    """
+
+    def __init__(self, pairs, fixed) -> None:
+        self._new_of = {id(old): (old, new) for old, new in pairs}
+        self._fixed = fixed
+
+    def new_of(self, value):
+        entry = self._new_of.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
+
+    def module(self, module, *, globals_only: bool = False) -> int:
+        """Swaps ``module``'s globals and what it defines; returns the number of changes."""
+        changes = 0
+        namespace = module.__dict__
+        for name, value in list(namespace.items()):
+            new = self.new_of(value)
+            if new is not None:
+                namespace[name] = new
+                changes += 1
+            elif globals_only or name.startswith("__"):
+                continue
+            elif isinstance(value, (dict, list)):
+                changes += self._container(value)
+            elif isinstance(value, type):
+                if value.__dict__.get("__module__") == module.__name__:
+                    changes += self._class(value)
+            elif isinstance(value, types.FunctionType):
+                if value.__module__ == module.__name__:
+                    changes += self._function(value)
+        return changes
+
+    def _container(self, container) -> int:
+        changes = 0
+        keys = list(container) if isinstance(container, dict) else range(len(container))
+        for key in keys:
+            new = self.new_of(container[key])
+            if new is not None:
+                container[key] = new
+                changes += 1
+        return changes
+
+    def _class(self, cls) -> int:
+        if id(cls) in self._fixed:
+            return 0
+        changes = 0
+        bases = cls.__bases__
+        new_bases = tuple(self.new_of(base) or base for base in bases)
+        if any(new is not old for new, old in zip(new_bases, bases)):
+            try:
+                cls.__bases__ = new_bases
+            except TypeError as err:
+                warnings.warn(
+                    f"torchrl_compat.install(): {cls.__module__}.{cls.__qualname__} keeps its "
+                    f"base classes {bases}: {err}",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+            else:
+                _clear_abc_caches(bases + new_bases)
+                changes += 1
+        for key, value in list(vars(cls).items()):
+            function = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if isinstance(function, types.FunctionType):
+                changes += self._function(function)
+            elif not key.startswith("__"):
+                new = self.new_of(value)
+                if new is not None:
+                    setattr(cls, key, new)
+                    changes += 1
+        return changes
+
+    def _function(self, function) -> int:
+        changes = self._defaults(function)
+        try:
+            # functools.wraps decorators keep the real defaults on the wrapped function.
+            inner = inspect.unwrap(function)
+        except ValueError:  # a __wrapped__ cycle
+            return changes
+        if inner is not function and isinstance(inner, types.FunctionType):
+            changes += self._defaults(inner)
+        return changes
+
+    def _defaults(self, function) -> int:
+        changes = 0
+        defaults = function.__defaults__
+        if defaults:
+            new_defaults = tuple(self.new_of(value) or value for value in defaults)
+            if any(new is not old for new, old in zip(new_defaults, defaults)):
+                function.__defaults__ = new_defaults
+                changes += 1
+        kwdefaults = function.__kwdefaults__
+        if kwdefaults:
+            # The dict a call reads its keyword-only defaults from: swapped in place.
+            changes += self._container(kwdefaults)
+        return changes
+
+
+class _Installation:
+    """What :func:`install` put in force; the import watcher's listener meanwhile.
+
+    Args:
+        pairs (list of (str, type, type)): ``(name, torchrl's class, our class)``.
+    """
+
+    def __init__(self, pairs) -> None:
+        self.pairs = pairs
+        # torchrl's classes that ours stand in for stay as they are (ours derive from them).
+        fixed = {id(cls) for _, theirs, ours in pairs for cls in (theirs, ours)}
+        self.forward = _Swap([(theirs, ours) for _, theirs, ours in pairs], fixed)
+        self.backward = _Swap([(ours, theirs) for _, theirs, ours in pairs], fixed)
+        self._lock = threading.Lock()
+        self._suspended = 0
+        self._imported_meanwhile = []
+
+    def replaced(self) -> dict:
+        return {name: theirs for name, theirs, _ in self.pairs}
+
+    def apply(self, swap: _Swap, modules, *, globals_only: bool = False) -> int:
+        return sum(swap.module(module, globals_only=globals_only) for module in modules)
+
+    def _twin_sources(self) -> list:
+        return [sys.modules[name] for name in _TWIN_SOURCES if name in sys.modules]
+
+    # The import watcher's calls.
+    def before_exec(self, name: str) -> None:
+        if not _is_compat_module(name):
+            return
+        with self._lock:
+            self._suspended += 1
+            if self._suspended == 1:
+                # torchrl_compat's classes list torchrl's as their last base, read from
+                # these modules when the class statement runs: they must not find ours.
+                # Other threads see torchrl's own classes there meanwhile; ours derive from
+                # them, so torchrl's isinstance checks still accept both.
+                self.apply(self.backward, self._twin_sources(), globals_only=True)
+
+    def after_exec(self, module, succeeded: bool) -> None:
+        with self._lock:
+            if _is_compat_module(module.__name__):
+                self._suspended -= 1
+                if self._suspended == 0:
+                    self.apply(self.forward, self._twin_sources(), globals_only=True)
+                    self.apply(self.forward, self._imported_meanwhile)
+                    self._imported_meanwhile.clear()
+            elif succeeded:
+                if self._suspended:
+                    self._imported_meanwhile.append(module)
+                else:
+                    self.forward.module(module)
+
+
+def _original(module, name: str):
+    """torchrl's own class ``name`` defined in ``module`` (even where ours replaced it), or
+    ``None`` when ``module`` does not define a class of that name."""
+    key = (module.__name__, name)
+    if key in _ORIGINALS:
+        return _ORIGINALS[key]
+    value = module.__dict__.get(name)
+    if not isinstance(value, type):
+        return None
+    # Ours, when installed by an earlier copy of this module: ours derive from torchrl's.
+    value = next(
+        (c for c in value.__mro__ if c.__module__ == module.__name__ and c.__name__ == name),
+        None,
+    )
+    if value is not None:
+        _ORIGINALS[key] = value
+    return value
+
+
+def _stand_in_pairs() -> list:
+    import torchrl_compat
+
+    pairs = []
+    for module_name in STAND_IN_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # torchrl is not installed
+            return []
+        for name in list(module.__dict__):
+            theirs = None if name.startswith("_") else _original(module, name)
+            ours = getattr(torchrl_compat, name, None)
+            if theirs is not None and isinstance(ours, type) and ours is not theirs:
+                pairs.append((name, theirs, ours))
+    return pairs
+
+
+def install() -> dict:
+    """Makes torchrl 0.11 use ``torchrl_compat``'s classes wherever it uses its own.
+
+    From this call on, every imported ``torchrl`` module that exposes one of torchrl's
+    storage, checkpointer, sampler, writer or replay-buffer classes (``torchrl.data``,
+    ``torchrl.data.replay_buffers`` and its ``storages``, ``samplers``, ``checkpointers``,
+    ``writers`` and ``replay_buffers`` modules, and every other module that imported them
+    by name) exposes the ``torchrl_compat`` class of the same name instead, wherever
+    ``torchrl_compat`` defines one. Default arguments bound when torchrl defined its
+    functions, module-level dicts and lists, class attributes and the base classes of
+    torchrl's other classes (``RayReplayBuffer``, the dataset buffers) follow, so the
+    defaults and ``isinstance`` checks inside torchrl's buffers use ours; torchrl modules
+    imported later are treated the same way as they load. ``replay``'s segment trees are
+    installed as by :func:`~torchrl_compat.install_segment_trees`.
+
+    Calling it again changes nothing. :func:`uninstall` undoes it.
+
+    Returns:
+        a dict mapping each replaced name to torchrl's own class (empty when torchrl is
+        not installed). Our classes derive from those.
+
+    .. note:: Only torchrl's modules change. Names that other code bound before the call
+        (``from torchrl.data import ReplayBuffer`` in a module imported earlier) keep
+        torchrl's classes, and torchrl's buffers refuse their storages, samplers and
+        writers afterwards (``TypeError: storage must be either a Storage ...``): call
+        ``install()`` first, or set ``TORCHRL_COMPAT_INSTALL=1`` so that the start-up hook
+        does it before any of your code runs (child processes inherit it).
+
+    .. note:: Objects built from torchrl's classes before the call stay torchrl's; while
+        installed, pickling one fails (pickle finds our class under its name), and a
+        torchrl buffer built before the call ignores ``update_tensordict_priority`` (its
+        ``isinstance(sampler, PrioritizedSampler)`` check now names ours).
+
+    Examples:
+        >>> import torchrl_compat
+        >>> replaced = torchrl_compat.install()
+        >>> from torchrl.data import LazyTensorStorage, ReplayBuffer
+        >>> LazyTensorStorage is torchrl_compat.LazyTensorStorage
+        True
+        >>> issubclass(LazyTensorStorage, replaced["LazyTensorStorage"])
+        True
+        >>> type(ReplayBuffer()._storage) is torchrl_compat.ListStorage
+        True
+        >>> _ = torchrl_compat.uninstall()
+    """
+    global _installation
+
+    torchrl_compat_trees.install_segment_trees()
+    pairs = _stand_in_pairs()
+    if not pairs:
+        return {}
+    installation = _installation
+    if installation is None or installation.pairs != pairs:
+        installation = _Installation(pairs)
+    installation.apply(installation.forward, _torchrl_modules())
+    torchrl_compat_trees.import_watcher().listener = installation
+    _installation = installation
+    return installation.replaced()
+
+
+def uninstall() -> dict:
+    """Puts torchrl's own classes back wherever :func:`install` put ours.
+
+    Every reference that :func:`install` swapped (and every reference to our classes that
+    torchrl modules imported while installed picked up) points at torchrl's class again,
+    and the import watcher is removed; a pending ``TORCHRL_COMPAT_INSTALL`` request is
+    withdrawn. ``replay``'s segment trees stay installed: they only stand where torchrl's
+    own failed to load. Calling it when nothing is installed changes nothing.
+
+    Returns:
+        the dict :func:`install` returned (name to torchrl's class), empty when nothing
+        was installed.
+
+    Examples:
+        >>> import torchrl_compat
+        >>> replaced = torchrl_compat.install()
+        >>> restored = torchrl_compat.uninstall()
+        >>> import torchrl.data
+        >>> torchrl.data.ListStorage is restored["ListStorage"]
+        True
+    """
+    global _installation
+
+    watcher = torchrl_compat_trees.import_watcher(create=False)
+    if watcher is not None:
+        watcher.install_requested = False
+        watcher.listener = None
+        torchrl_compat_trees.remove_import_watcher()
+    installation, _installation = _installation, None
+    if installation is None:
+        return {}
+    installation.apply(installation.backward, _torchrl_modules())
+    return installation.replaced()
