@@ -86,7 +86,9 @@ extensions = [
 setup(
     cmdclass={"build_py": BuildPyWithStartupHooks},
     # The debug build generates its C aside, so it never stands in for the release one.
+    # quiet: no "Cythonizing ..." status lines; compile errors are still printed.
     ext_modules=cythonize(
-        extensions, compiler_directives=DIRECTIVES, build_dir="build/debug-c" if DEBUG else None
+        extensions, compiler_directives=DIRECTIVES, build_dir="build/debug-c" if DEBUG else None,
+        quiet=True,
     ),
 )
