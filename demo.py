@@ -35,7 +35,7 @@ class Settings:
     def __init__(self, fast):
         self.fast = fast
         self.size = 2**14 if fast else 2**20
-        self.repeats = 3 if fast else 9
+        self.repeats = 3 if fast else 15
         self.calls = 2 if fast else 10
         self.loop_capacity = 2**12 if fast else 2**17
         self.loop_steps = 40 if fast else 800
