@@ -1,32 +1,120 @@
 # `make test` and `make demo` set everything up from a fresh clone, then run.
-PYTHON ?= python
-PIP_FLAGS ?= -q --disable-pip-version-check
+#
+# The environment: the active virtual environment ($VIRTUAL_ENV) or the interpreter named with
+# `make PYTHON=...` if there is one, else the project's own, $(VENV), made with
+# `$(BASE_PYTHON) -m venv` (so a system Python that refuses pip installs is never touched).
+# The pinned development requirements and the package itself (editable: pip install -e .) go
+# into it, so scripts anywhere import this clone's code and the start-up hooks are installed.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+# -qq: pip's progress and its notes on index locations stay out of the output; errors do not.
+PIP_FLAGS ?= -qq --disable-pip-version-check
+PIP_EDITABLE = --no-build-isolation -e .
 
-.PHONY: setup build test test-debug demo bench clean
+ifeq ($(origin PYTHON)$(VIRTUAL_ENV),undefined)
+PYTHON := $(VENV)/bin/python
+# The project environment is set up again only when what it is made from changes.
+ENV_READY := $(VENV)/.setup-done
+else
+PYTHON ?= python
+ENV_READY := setup
+endif
+
+SETUP_INPUTS = requirements-test.txt pyproject.toml setup.py $(wildcard *.pth)
+TORCHRL_PIN = $(shell grep '^torchrl==' requirements-dev.txt)
+
+.PHONY: setup build test test-debug test-tensordict-latest demo bench clean
+
+# $(call make_venv,DIR): a virtual environment with pip in DIR, or one line saying what is missing.
+define make_venv
+	@test -x $(1)/bin/python || $(BASE_PYTHON) -m venv $(1) || { rm -rf $(1); false; } \
+		&& $(1)/bin/python -m pip --version >/dev/null 2>&1 \
+		|| { rm -rf $(1); echo "make: '$(BASE_PYTHON) -m venv' gives no pip here: install your system's venv package (Debian/Ubuntu: apt install python3-venv) or pick another Python with 'make BASE_PYTHON=/path/to/python3'"; exit 1; }
+endef
+
+$(VENV)/bin/python:
+	$(call make_venv,$(VENV))
+
+define install_dev
+	$(PYTHON) -m pip install $(PIP_FLAGS) -r requirements-dev.txt
+	$(PYTHON) -m pip install $(PIP_FLAGS) $(PIP_EDITABLE)
+endef
+
+$(VENV)/.setup-done: requirements-dev.txt $(SETUP_INPUTS) | $(VENV)/bin/python
+	$(install_dev)
+	@touch $@
 
 setup:
-	$(PYTHON) -m pip install $(PIP_FLAGS) -r requirements-dev.txt
+	$(install_dev)
 
-build:
+build: $(ENV_READY)
 	$(PYTHON) setup.py -q build_ext --inplace
 
-test: setup build
-	$(PYTHON) -m pytest tests -q
-	$(MAKE) --no-print-directory test-debug
+# The suite, then the kernel tests against the debug build, then one line counting both.
+JUNIT_DIR = build/junit
+test: build
+	@rm -rf $(JUNIT_DIR)
+	-$(PYTHON) -m pytest tests -q --junitxml=$(JUNIT_DIR)/suite.xml
+	-$(DEBUG_BUILD) && $(DEBUG_TESTS) --junitxml=$(JUNIT_DIR)/debug-build.xml
+	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml
 
 # The kernel tests again, against a build with Cython's bounds / wrap-around checks on
 # (REPLAY_CYTHON_DEBUG=1), built aside so the in-place release build stays as it is.
 DEBUG_DIR = build/debug-lib
-test-debug:
-	REPLAY_CYTHON_DEBUG=1 $(PYTHON) setup.py -q build_ext --force --build-temp build/debug-temp --build-lib $(DEBUG_DIR)
-	REPLAY_EXTENSION_DIR=$(DEBUG_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider \
-		tests/test_segtree.py tests/test_slices.py tests/test_perm.py
+DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 $(PYTHON) setup.py -q build_ext --force \
+	--build-temp build/debug-temp --build-lib $(DEBUG_DIR)
+DEBUG_TESTS = REPLAY_EXTENSION_DIR=$(DEBUG_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider \
+	tests/test_segtree.py tests/test_slices.py tests/test_perm.py
+test-debug: $(ENV_READY)
+	$(DEBUG_BUILD)
+	$(DEBUG_TESTS)
 
-demo: setup build
+# The suite against the newest tensordict torch 2.13 installs with, in an environment of its
+# own (torchrl 0.11.0 with --no-deps: it asks for tensordict<0.12 but runs on it).
+LATEST_VENV = build/venv-tensordict-latest
+LATEST_PYTHON = $(LATEST_VENV)/bin/python
+$(LATEST_VENV)/.setup-done: requirements-tensordict-latest.txt $(SETUP_INPUTS) requirements-dev.txt
+	$(call make_venv,$(LATEST_VENV))
+	$(LATEST_PYTHON) -m pip install $(PIP_FLAGS) -r requirements-tensordict-latest.txt
+	$(LATEST_PYTHON) -m pip install $(PIP_FLAGS) --no-deps $(TORCHRL_PIN)
+	$(LATEST_PYTHON) -m pip install $(PIP_FLAGS) --no-deps $(PIP_EDITABLE)
+	@touch $@
+
+test-tensordict-latest: build $(LATEST_VENV)/.setup-done
+	$(LATEST_PYTHON) -c "import tensordict, torch, torchrl; print(f'torch {torch.__version__}, tensordict {tensordict.__version__}, torchrl {torchrl.__version__}')"
+	$(LATEST_PYTHON) -m pytest tests -q -p no:cacheprovider
+
+demo: build
 	$(PYTHON) demo.py
 
-bench: setup build
+bench: build
 	$(PYTHON) -m pytest bench -q --benchmark-columns=min,median,mean,rounds --benchmark-group-by=group
 
+# Keeps the environments ($(VENV), and make test-tensordict-latest's under build/ goes):
+# rm -rf $(VENV) to start over.
 clean:
-	rm -rf build replay.c replay*.so .pytest_cache .benchmarks
+	rm -rf build replay.c replay*.so .pytest_cache .benchmarks *.egg-info
+
+# Adds up pytest's JUnit reports into one closing line; exits 1 if any test failed or a run
+# left no report (it crashed, or never started).
+define JUNIT_TOTAL
+import sys, xml.etree.ElementTree as ET
+counts = dict(passed=0, failed=0, skipped=0)
+missing = []
+for path in sys.argv[1:]:
+    try:
+        suites = ET.parse(path).getroot().iter("testsuite")
+    except (OSError, ET.ParseError):
+        missing.append(path)
+        continue
+    for s in suites:
+        failed, skipped = int(s.get("failures")) + int(s.get("errors")), int(s.get("skipped"))
+        counts["failed"] += failed
+        counts["skipped"] += skipped
+        counts["passed"] += int(s.get("tests")) - failed - skipped
+for path in missing:
+    print(f"no test report in {path}: that run did not finish")
+print("total: {passed} passed, {failed} failed, {skipped} skipped".format(**counts))
+sys.exit(1 if counts["failed"] or missing else 0)
+endef
+export JUNIT_TOTAL

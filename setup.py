@@ -13,20 +13,34 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
-# Start-up hook: site-packages/*.pth files run at interpreter start. It installs replay's
-# segment trees into torchrl only when TORCHRL_COMPAT_INSTALL_TREES is set (see
-# torchrl_compat_trees.py). data_files would put it under sys.prefix, where site never
-# looks, so build_py copies it to the root of the pure-Python tree instead.
-STARTUP_HOOK = "torchrl_compat_trees.pth"
+# Start-up hooks: site-packages/*.pth files run at interpreter start. Each one is opt-in,
+# acting only when its environment variable is set (torchrl_compat_trees.pth: see
+# torchrl_compat_trees.py). data_files would put them under sys.prefix, where site never
+# looks, so build_py copies them to the root of the pure-Python tree instead; an editable
+# install (pip install -e .) maps that tree to the sources, so there they go straight into
+# the wheel, which pip unpacks into site-packages.
+STARTUP_HOOKS = [
+    "torchrl_compat_trees.pth",
+]
 
 
-class BuildPyWithStartupHook(build_py):
+class BuildPyWithStartupHooks(build_py):
     def run(self):
         super().run()
-        self.copy_file(STARTUP_HOOK, os.path.join(self.build_lib, STARTUP_HOOK), preserve_mode=False)
+        if self.editable_mode:
+            # setuptools points install_lib at the unpacked editable wheel: what lies there
+            # is installed as it is, next to the finder that maps the sources.
+            target = self.get_finalized_command("install").install_lib
+        else:
+            target = self.build_lib
+        for hook in STARTUP_HOOKS:
+            self.copy_file(hook, os.path.join(target, hook), preserve_mode=False)
 
     def get_outputs(self, include_bytecode=True):
-        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, STARTUP_HOOK)]
+        outputs = super().get_outputs(include_bytecode)
+        if self.editable_mode:
+            return outputs
+        return [*outputs, *(os.path.join(self.build_lib, hook) for hook in STARTUP_HOOKS)]
 
 
 KERNEL_SOURCES = [
@@ -51,6 +65,8 @@ DIRECTIVES = {
     "cdivision": not DEBUG,
     "binding": True,
     "embedsignature": True,
+    # The debug build turns the checks back on, and Cython then (rightly) says they cost time.
+    "show_performance_hints": not DEBUG,
 }
 
 # -O3 without -march=native: the binary must run on any x86-64 / aarch64 CPU.
@@ -68,9 +84,11 @@ extensions = [
 ]
 
 setup(
-    cmdclass={"build_py": BuildPyWithStartupHook},
+    cmdclass={"build_py": BuildPyWithStartupHooks},
     # The debug build generates its C aside, so it never stands in for the release one.
+    # quiet: no "Cythonizing ..." status lines; compile errors are still printed.
     ext_modules=cythonize(
-        extensions, compiler_directives=DIRECTIVES, build_dir="build/debug-c" if DEBUG else None
+        extensions, compiler_directives=DIRECTIVES, build_dir="build/debug-c" if DEBUG else None,
+        quiet=True,
     ),
 )

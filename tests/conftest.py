@@ -14,7 +14,6 @@ settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
-
 @pytest.fixture(autouse=True)
 def _seed_global_rngs():
     """Every test starts from the same global RNG states, so a statistical assertion on
@@ -36,3 +35,17 @@ if DEBUG_BUILD:
     import replay  # noqa: E402
 
     assert os.path.abspath(replay.__file__).startswith(os.path.abspath(DEBUG_BUILD)), replay.__file__
+
+
+@pytest.fixture
+def installed_package():
+    """The package is installed in this interpreter (make setup: pip install -e .). Skipped
+    where it is not, except in CI, whose make test installs it."""
+    from importlib import metadata
+
+    try:
+        return metadata.distribution("replay")
+    except metadata.PackageNotFoundError:
+        if os.environ.get("CI"):
+            raise AssertionError("the package is not installed, yet make test installs it") from None
+        pytest.skip("the package is not installed in this interpreter (make setup installs it)")

@@ -51,3 +51,67 @@ def test_kernels_are_plain_c99(source, tmp_path):
     with open(source) as f:
         text = f.read()
     assert "Python.h" not in text and "numpy" not in text
+
+
+# -----------------------------------------------------------------------------
+# The installed package (make setup: pip install --no-build-isolation -e .)
+# -----------------------------------------------------------------------------
+def _outside_the_clone(tmp_path, code, **env_update):
+    env = dict(os.environ, **env_update)
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_installed_package_is_this_clone(installed_package, tmp_path):
+    code = "import replay, torchrl_compat, torchrl_compat_trees as t; print(replay.__file__); print(t.__file__)"
+    proc = _outside_the_clone(tmp_path, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    extension, trees = proc.stdout.split()
+    assert os.path.dirname(extension) == ROOT and os.path.dirname(trees) == ROOT
+
+
+def test_installed_startup_hooks(installed_package, tmp_path):
+    import ast
+    import sysconfig
+
+    with open(os.path.join(ROOT, "setup.py")) as file:
+        tree = ast.parse(file.read())
+    hooks = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and [t.id for t in node.targets] == ["STARTUP_HOOKS"])
+    assert "torchrl_compat_trees.pth" in hooks
+    site_packages = sysconfig.get_paths()["purelib"]
+    for hook in hooks:
+        with open(os.path.join(ROOT, hook), "rb") as source, open(os.path.join(site_packages, hook), "rb") as installed:
+            assert installed.read() == source.read(), hook
+    pytest.importorskip("torchrl")
+    code = (
+        "import sys; assert 'torchrl_compat_trees' in sys.modules\n"
+        "from torchrl.data import PrioritizedSampler\n"
+        "print(type(PrioritizedSampler(10, 0.7, 0.9)._sum_tree).__module__)\n"
+    )
+    proc = _outside_the_clone(tmp_path, code, TORCHRL_COMPAT_INSTALL_TREES="1", RL_WARNINGS="0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "replay"
+
+
+def test_venv_without_pip_says_what_to_install(tmp_path):
+    """make's own environment, from an interpreter whose venv makes no pip (as Debian's python3
+    without python3-venv): one line says what to install, and nothing is left behind."""
+    if shutil.which("make") is None:
+        pytest.skip("make not installed")
+    base = tmp_path / "python3"
+    base.write_text(f'#!/bin/sh\nexec {sys.executable} "$@" --without-pip\n')
+    base.chmod(0o755)
+    venv = tmp_path / "venv"
+    env = dict(os.environ)
+    env.pop("MAKEFLAGS", None)
+    proc = subprocess.run(["make", "-s", f"{venv}/bin/python", f"VENV={venv}", f"BASE_PYTHON={base}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stdout.splitlines()[-1] == (
+        f"make: '{base} -m venv' gives no pip here: install your system's venv package "
+        "(Debian/Ubuntu: apt install python3-venv) or pick another Python with "
+        "'make BASE_PYTHON=/path/to/python3'"
+    )
+    assert not venv.exists()

@@ -632,17 +632,20 @@ class TestFreshInterpreter:
             assert ast.literal_eval(off) == torchrl_compat_trees._OFF_VALUES
 
     def test_hook_on(self, site_dir):
-        # site.addsitedir processes the .pth exactly as start-up does for site-packages.
+        # site.addsitedir processes the .pth exactly as start-up does for site-packages. The
+        # variable is set only then: with it set at start-up, a hook installed in this
+        # interpreter's site-packages (pip install -e .) would run first.
         out = _run(
             f"""
-            import site, sys
+            import os, site, sys
+            assert "torchrl_compat_trees" not in sys.modules
+            os.environ[{ENV_VAR!r}] = "1"
             site.addsitedir({str(site_dir)!r})
             assert "torch" not in sys.modules
             assert type(sys.meta_path[0]).__name__ == "_TreesFinder"
             assert sys.modules["torchrl_compat_trees"].__file__.startswith({str(site_dir)!r})
             """,
             _USE_PRIORITIZED_SAMPLER,
-            env_update={ENV_VAR: "1"},
             cwd=site_dir,
         )
         assert "SAMPLE [2]" in out
