@@ -1221,7 +1221,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         readers following the writes learn that any item may have changed.
         """
         if not complete:
-            self._note_write(_ALL_ITEMS)
+            self._note_write(ALL_ITEMS)
             return
         self._add_len(numel)
         self._last_cursor = cursor
