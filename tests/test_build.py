@@ -93,6 +93,15 @@ def test_installed_startup_hooks(installed_package, tmp_path):
     proc = _outside_the_clone(tmp_path, code, TORCHRL_COMPAT_INSTALL_TREES="1", RL_WARNINGS="0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-1] == "replay"
+    # the whole install() at start-up
+    code = (
+        "import torchrl.data, torchrl_compat\n"
+        "assert torchrl.data.ReplayBuffer is torchrl_compat.ReplayBuffer\n"
+        "print(type(torchrl.data.ReplayBuffer().storage).__module__)\n"
+    )
+    proc = _outside_the_clone(tmp_path, code, TORCHRL_COMPAT_INSTALL="1", RL_WARNINGS="0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "torchrl_compat.storages"
 
 
 def test_venv_without_pip_says_what_to_install(tmp_path):
