@@ -258,6 +258,28 @@ def test_list_storage_matches_torchrl():
     assert O.ListStorage().max_size == T.ListStorage().max_size == torch.iinfo(torch.int64).max
 
 
+@pytest.mark.parametrize("cls_name", ["ListStorage", "LazyStackStorage", "CompressedListStorage"])
+def test_list_storages_take_a_tensorclass_defined_after_import(cls_name):
+    # tensordict registers each tensorclass as it is defined: one defined after our modules
+    # were imported is stored item by item, as torchrl stores it
+    @tensorclass
+    class Late:
+        x: torch.Tensor
+
+    ours, ref = pair(cls_name, 8)
+    data = Late(x=torch.arange(6.0).reshape(3, 2), batch_size=[3])
+    for store in (ours, ref):
+        store.set(torch.arange(3), data)
+        store.set([3], data[1:2])
+    assert len(ours) == len(ref) == 4
+    for index in range(4):
+        assert type(ours[index]) is type(ref[index])
+        assert torch.equal(ours[index].get("x"), ref[index].get("x"))
+    # what no storage takes is still refused, with torchrl's message
+    with pytest.raises(TypeError, match="Cannot extend a .* with data of type <class 'object'>"):
+        ours.set([0], object())
+
+
 def test_lazy_stack_storage_matches_torchrl():
     ours, ref = pair("LazyStackStorage", 10, stack_dim=-1)
     data = [TensorDict(a=torch.arange(n, dtype=torch.float32), b=torch.ones(2)) for n in (3, 4, 3)]

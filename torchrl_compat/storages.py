@@ -387,16 +387,9 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
                 )
         return data
 
-    _ITERABLE_DATA = (
-        list,
-        tuple,
-        torch.Tensor,
-        TensorDictBase,
-        *tensordict.base._ACCEPTED_CLASSES,
-        range,
-        set,
-        np.ndarray,
-    )
+    # What set() takes item by item, besides tensordict's accepted classes: those are read
+    # at each call, as tensordict adds every tensorclass to them when it is defined.
+    _ITERABLE_DATA = (list, tuple, torch.Tensor, TensorDictBase, range, set, np.ndarray)
 
     def _check_cursors(self, cursors: list) -> None:
         # Replays the append rules of the per-item path without writing anything.
@@ -454,7 +447,9 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
         if isinstance(cursor, slice):
             self._set_slice(cursor, self._to_device(data))
             return
-        if not isinstance(data, self._ITERABLE_DATA):
+        if not isinstance(data, self._ITERABLE_DATA) and not isinstance(
+            data, tensordict.base._ACCEPTED_CLASSES
+        ):
             raise TypeError(
                 f"Cannot extend a {type(self)} with data of type {type(data)}. "
                 f"Provide a list, tuple, set, range, np.ndarray, tensor or tensordict subclass instead."
