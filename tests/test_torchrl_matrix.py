@@ -21,7 +21,6 @@ from torchrl_matrix_support import (
     check_same,
     dumps_and_loads,
     first_item,
-    known_failure,
     is_prioritized,
     LIST_STORAGES,
     make_buffer,
@@ -98,20 +97,6 @@ def lifecycle(record, C, *, buffer, storage, kind, ndim, sampler=None, writer=No
     record.call("rb[:] after empty", rb.__getitem__, slice(None))
 
 
-INDEX_KEY_IN_PREALLOCATED_STORAGE = known_failure(
-    "loads() of the buffer's own dump (and of torchrl's) raises ValueError: The checkpoint "
-    ".../storage/meta.json does not have the storage's keys: missing [], unexpected ['index'] "
-    "(the TensorDict buffer wrote an 'index' entry the preallocated TensorStorage did not "
-    "have); torchrl loads it"
-)
-
-
-def _lifecycle_failure(buffer, storage, kind, ndim):
-    if buffer in TD_BUFFERS and storage == "TensorStorage" and kind == "tensordict":
-        return INDEX_KEY_IN_PREALLOCATED_STORAGE
-    return None
-
-
 def _lifecycle_cases():
     for buffer in BUFFERS:
         # torchrl's TensorDict buffers refuse tensorclasses (ValueError): checked once.
@@ -119,11 +104,7 @@ def _lifecycle_cases():
         for storage in LIST_STORAGES + TENSOR_STORAGES:
             for kind in kinds + (("tensorclass",) if buffer in TD_BUFFERS and storage == "ListStorage" else ()):
                 for ndim in (1, 2) if storage in TENSOR_STORAGES else (1,):
-                    failure = _lifecycle_failure(buffer, storage, kind, ndim)
-                    yield pytest.param(
-                        buffer, storage, kind, ndim, id=f"{buffer}-{storage}-{kind}-ndim{ndim}",
-                        marks=[failure] if failure else [],
-                    )
+                    yield pytest.param(buffer, storage, kind, ndim, id=f"{buffer}-{storage}-{kind}-ndim{ndim}")
 
 
 @pytest.mark.parametrize("buffer,storage,kind,ndim", list(_lifecycle_cases()))
