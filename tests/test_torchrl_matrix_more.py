@@ -21,7 +21,6 @@ from torchrl_matrix_support import (
     COLS,
     dumps_and_loads,
     first_item,
-    known_failure,
     make_buffer,
     make_data,
     make_storage,
@@ -59,19 +58,11 @@ def layout(record, C, *, storage, kind, ndim, peer=None):
     record.call("get, loaded", fresh.get, torch.arange(len(fresh)) if ndim == 1 else slice(None))
 
 
-COMPRESSED_METADATA = known_failure(
-    "CompressedListStorage.state_dict()['_metadata'][i] of a TensorDict item holds a "
-    "'batch_size' entry that torchrl's does not have (torchrl: {'fields': ..., 'type': "
-    "'tensordict'} only)"
-)
-
-
 def _layout_cases():
     for storage in ("ListStorage", "LazyStackStorage", "CompressedListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"):
         for kind in ("tensor", "tensordict", "pytree"):
             for ndim in (1, 2) if storage in ("TensorStorage", "LazyTensorStorage") else (1,):
-                marks = [COMPRESSED_METADATA] if storage == "CompressedListStorage" and kind == "tensordict" else []
-                yield pytest.param(storage, kind, ndim, id=f"{storage}-{kind}-ndim{ndim}", marks=marks)
+                yield pytest.param(storage, kind, ndim, id=f"{storage}-{kind}-ndim{ndim}")
 
 
 @pytest.mark.parametrize("storage,kind,ndim", list(_layout_cases()))

@@ -1842,10 +1842,10 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
         True
 
     .. note:: ``len()`` counts the empty slots by identity instead of building a Python
-        list of the filled ones at each call; tensordict items keep their batch size
-        (stored in the metadata under ``"batch_size"``, which torchrl reads with an
-        empty default, so checkpoints stay readable both ways); ``to_bytestream``
-        accepts numpy arrays (torchrl's ``isinstance(x, np.array)`` raises ``TypeError``).
+        list of the filled ones at each call; ``to_bytestream`` accepts numpy arrays
+        (torchrl's ``isinstance(x, np.array)`` raises ``TypeError``). As in torchrl, the
+        metadata of a tensordict item holds its fields only, and the item comes back with
+        an empty batch size (``state_dict`` and checkpoints have torchrl's layout).
     """
 
     _default_checkpointer = CompressedListStorageCheckpointer
@@ -1924,12 +1924,8 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
                     # non-tensor entries (strings, nested tensordicts) are kept as they are
                     compressed_fields[key] = value
                     fields[key] = {"type": "non_tensor", "value": value}
-            metadata = {
-                "type": "tensordict",
-                "fields": fields,
-                "batch_size": item.batch_size,
-            }
-            return compressed_fields, metadata
+            # torchrl's layout: no batch size (items come back with an empty one)
+            return compressed_fields, {"type": "tensordict", "fields": fields}
         return item, {"type": "other", "value": item}
 
     def _decompress_item(self, compressed_data: Any, metadata: dict) -> Any:
@@ -1938,6 +1934,8 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
         if kind == "tensor":
             return self.decompression_fn(compressed_data, metadata)
         if kind == "tensordict":
+            # a "batch_size" entry, where metadata written elsewhere has one, is honoured
+            # as torchrl honours it
             result = TensorDict({}, batch_size=metadata.get("batch_size", []))
             for key, field_metadata in metadata["fields"].items():
                 if field_metadata["type"] == "non_tensor":
