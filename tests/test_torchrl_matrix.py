@@ -6,8 +6,8 @@ Prioritized samplers run on ``replay``'s trees in both runs (torchrl's own trees
 on the CI torch); their draws match torchrl's bit for bit because both take their random
 numbers from the buffer's generator. On torch 2.9.1, where torchrl's C++ trees load, the
 prioritized cases of these files give the same records against torchrl's own trees, except
-the cases marked as known failures here and the sampler smaller than its storage
-(``test_sampler_smaller_than_storage``, which holds torchrl's values from there).
+the sampler smaller than its storage (``test_sampler_smaller_than_storage``, which holds
+torchrl's values from there).
 """
 from __future__ import annotations
 
