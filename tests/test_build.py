@@ -85,14 +85,19 @@ def test_installed_startup_hooks(installed_package, tmp_path):
         with open(os.path.join(ROOT, hook), "rb") as source, open(os.path.join(site_packages, hook), "rb") as installed:
             assert installed.read() == source.read(), hook
     pytest.importorskip("torchrl")
-    code = (
-        "import sys; assert 'torchrl_compat_trees' in sys.modules\n"
-        "from torchrl.data import PrioritizedSampler\n"
-        "print(type(PrioritizedSampler(10, 0.7, 0.9)._sum_tree).__module__)\n"
-    )
-    proc = _outside_the_clone(tmp_path, code, TORCHRL_COMPAT_INSTALL_TREES="1", RL_WARNINGS="0")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-1] == "replay"
+    # each variable set at start-up: replay's trees in torchrl, then the whole install()
+    checks = [
+        ("TORCHRL_COMPAT_INSTALL_TREES", "import sys; assert 'torchrl_compat_trees' in sys.modules\n"
+         "from torchrl.data import PrioritizedSampler\n"
+         "print(type(PrioritizedSampler(10, 0.7, 0.9)._sum_tree).__module__)\n", "replay"),
+        ("TORCHRL_COMPAT_INSTALL", "import torchrl.data, torchrl_compat\n"
+         "assert torchrl.data.ReplayBuffer is torchrl_compat.ReplayBuffer\n"
+         "print(type(torchrl.data.ReplayBuffer().storage).__module__)\n", "torchrl_compat.storages"),
+    ]
+    for variable, code, expected in checks:
+        proc = _outside_the_clone(tmp_path, code, **{variable: "1", "RL_WARNINGS": "0"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split()[-1] == expected, variable
 
 
 def test_venv_without_pip_says_what_to_install(tmp_path):

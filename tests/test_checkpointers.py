@@ -621,7 +621,10 @@ def test_loads_wrong_capacity(dumped):
 @pytest.mark.parametrize(
     "data,match",
     [
-        (TensorDict({"obs": torch.zeros(2, 4)}, [2]), r"missing \[\], unexpected \[\('next', 'done'\), 'action', 'reward'\]"),
+        (
+            make_data("tensordict", 1, 2).set("extra", torch.zeros(2)).set(("next", "more"), torch.zeros(2)),
+            r"does not have the storage's keys: missing \[\('next', 'more'\), 'extra'\]\.",
+        ),
         (
             make_data("tensordict", 1, 2).set("obs", torch.zeros(2, 5)),
             r"entry 'obs' in .*meta.json has shape \[8, 4\] and dtype torch.float32, but the storage expects shape \[8, 5\]",
@@ -634,6 +637,27 @@ def test_loads_mismatched_content(dumped, data, match):
     with pytest.raises(ValueError, match=match):
         storage.loads(dumped)
     assert len(storage) == 2
+
+
+@pytest.mark.parametrize("direction", DIRECTIONS)
+def test_loads_leaves_out_entries_the_storage_does_not_have(tmp_path, direction):
+    # as torchrl does: a TensorDict buffer adds an "index" entry to its storage at its first
+    # write, which a fresh preallocated storage loading the dump does not have
+    src_lib, dst_lib = (LIBS[name] for name in direction)
+    src = fill(src_lib.LazyTensorStorage(CAPACITY), "tensordict", 1, full=True)
+    src.set(range(2), make_data("tensordict", 1, 2, offset=500.0).set("index", torch.arange(2)))
+    assert "index" in src._storage.keys()
+    src.dumps(tmp_path / "s")
+    loaded = {}
+    for name, lib in LIBS.items():
+        dst = lib.TensorStorage(make_data("tensordict", 1, CAPACITY, offset=-1.0).zero_())
+        dst.loads(tmp_path / "s")
+        loaded[name] = dst
+    for dst in loaded.values():
+        assert set(dst._storage.keys()) == {"obs", "action", "reward", "next"}
+        assert len(dst) == CAPACITY
+        assert_same(dst[:], src[:].exclude("index"))
+    assert_same(loaded["ours"][:], loaded["torchrl"][:])
 
 
 def test_loads_mismatched_pytree(tmp_path):

@@ -164,6 +164,7 @@ TORCHRL_READS = ("tensordict", "pytree", "memmap", "memmap in place", "compresse
 
 def _dump_versions(case, path, conn):
     """The child: versions 1, 2, ... each written, then dumped to ``path``."""
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
     storage = case.make(path)
     version = 0
     while True:
@@ -271,6 +272,7 @@ def test_killed_dumps_leave_nothing_once_dumped_again(tmp_path):
 def _dump_with_hook(path, conn, release):
     """A dump that stops in its save hook (while writing its partial directory) until
     ``release`` is set."""
+    torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
     storage = ours.LazyTensorStorage(CAPACITY)
     storage.set(range(4), version_td(4, 5))
 

@@ -211,8 +211,24 @@ def test_defaults_and_isinstance_checks_use_ours(installed):
 def test_torchrls_instances_are_refused(installed):
     """What the docstring's note says: objects of torchrl's own classes, built from names
     bound before install(), are not ours."""
-    with pytest.raises(TypeError, match="storage must be either a Storage"):
-        torchrl.data.ReplayBuffer(storage=installed["LazyTensorStorage"](3))
+    # torchrl.data.ReplayBuffer is ours now: it refuses them as torchrl's own buffer would
+    # while torchrl's modules name our classes
+    theirs = installed["LazyTensorStorage"](3)
+    for name, component in [
+        ("storage", theirs),
+        ("sampler", installed["RandomSampler"]()),
+        ("writer", installed["RoundRobinWriter"]()),
+    ]:
+        with pytest.raises(TypeError, match=f"{name} must be either a {name.capitalize()}"):
+            torchrl.data.ReplayBuffer(**{name: component})
+    # once uninstalled, our buffers take torchrl's classes again (see test_replay_buffers)
+    torchrl_compat.uninstall()
+    try:
+        rb = torchrl_compat.ReplayBuffer(storage=theirs, batch_size=2)
+        rb.extend(torch.arange(5))
+        assert sorted(rb[:].tolist()) == [2, 3, 4]
+    finally:
+        torchrl_compat.install()
     with pytest.raises(pickle.PicklingError, match="not the same object"):
         pickle.dumps(installed["ListStorage"](3))
     storage = pickle.loads(pickle.dumps(torchrl_compat.ListStorage(3)))
@@ -415,9 +431,13 @@ def site_dir(tmp_path_factory):
 
 
 def _start_up(site_dir):
-    # site.addsitedir processes the .pth exactly as start-up does for site-packages.
+    # site.addsitedir processes the .pth exactly as start-up does for site-packages. The
+    # variable is set only then: with it set at start-up, a hook installed in this
+    # interpreter's site-packages (pip install -e .) would run first.
     return f"""
-    import site, sys
+    import os, site, sys
+    assert "torchrl_compat_trees" not in sys.modules
+    os.environ[{torchrl_compat_trees.INSTALL_ENV_VAR!r}] = "1"
     site.addsitedir({str(site_dir)!r})
     assert "torch" not in sys.modules and "torchrl" not in sys.modules
     assert sys.modules["torchrl_compat_trees"].__file__.startswith({str(site_dir)!r})
@@ -439,7 +459,6 @@ def test_hook_installs_when_torchrl_is_imported(site_dir):
         """,
         _CHECK_INSTALLED,
         _CHECK_UNINSTALL,
-        env_update={torchrl_compat_trees.INSTALL_ENV_VAR: "1"},
         cwd=site_dir,
     )
     assert "SAMPLE [2]" in out and "UNINSTALLED" in out
@@ -456,7 +475,6 @@ def test_hook_installs_when_torchrl_compat_is_imported_first(site_dir):
         assert torchrl.data.SliceSampler is torchrl_compat.SliceSampler
         """,
         _CHECK_INSTALLED,
-        env_update={torchrl_compat_trees.INSTALL_ENV_VAR: "1"},
         cwd=site_dir,
     )
     assert "SAMPLE [2]" in out
@@ -497,7 +515,6 @@ def test_hook_failure_warns_and_leaves_torchrl_working(site_dir):
         assert type(torchrl.data.ReplayBuffer().storage).__module__ == "torchrl.data.replay_buffers.storages"
         print("TORCHRL OK")
         """,
-        env_update={torchrl_compat_trees.INSTALL_ENV_VAR: "1"},
         cwd=site_dir,
     )
     assert "TORCHRL OK" in out

@@ -254,5 +254,8 @@ def test_golden_max_value_buffer():
     assert kept == [1.25, 1.5, 1.75, 2.0]  # the four highest of 0.5 .. 2.0
     assert sorted(value for value, _ in rb._writer._current_top_values) == kept
     assert all(type(row) is int for _, row in rb._writer._current_top_values)
-    rb.extend(golden_transitions(1, start=20))  # outranks the lowest
+    # the data holds the default priority key: the buffer hands it to its RandomSampler,
+    # which warns as torchrl's does
+    with pytest.warns(UserWarning, match="sampler RandomSampler that is not prioritized"):
+        rb.extend(golden_transitions(1, start=20))  # outranks the lowest
     assert sorted(rb[:]["td_error"].tolist()) == [1.5, 1.75, 2.0, 5.5]

@@ -670,6 +670,35 @@ def test_prioritized_slice_len_one():
     assert set(index.tolist()) == set(range(7))
 
 
+@pytest.mark.parametrize("key", ["traj_key", "end_key"])
+@pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage", "TensorStorage"])
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_prioritized_slice_empty_storage(key, storage_cls, ndim):
+    # torchrl fails with "IndexError: index -1 is out of bounds for dimension 0 with size 0"
+    import torchrl_compat.storages as our_storages
+
+    data = episode_data(episodes_from_lengths([3, 3]))
+    if ndim == 2:
+        data = torch.stack([data, data], 1)
+    capacity = 6 * ndim
+    if storage_cls == "TensorStorage":
+        storage = our_storages.TensorStorage(data.clone().zero_(), ndim=ndim)
+    else:
+        storage = getattr(our_storages, storage_cls)(capacity, ndim=ndim)
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    sampler = ours.PrioritizedSliceSampler(capacity, 0.7, 0.5, num_slices=2, strict_length=False, **kwargs)
+    sampler._rng = generator(1)
+    for refill in range(2):
+        storage.set(torch.arange(6), data)
+        sampler.update_priority(torch.arange(capacity), torch.ones(capacity))
+        sampler.sample(storage, 4)
+        storage._empty()
+        state = sampler._rng.get_state()
+        with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage.$"):
+            sampler.sample(storage, 4)
+        assert torch.equal(sampler._rng.get_state(), state)  # nothing drawn
+
+
 def test_prioritized_slice_state_and_left_span_warning(tmp_path):
     with pytest.warns(UserWarning, match="Left spanning is disabled for PrioritizedSliceSampler"):
         sampler = ours.PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2, span=True)

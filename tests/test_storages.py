@@ -258,6 +258,28 @@ def test_list_storage_matches_torchrl():
     assert O.ListStorage().max_size == T.ListStorage().max_size == torch.iinfo(torch.int64).max
 
 
+@pytest.mark.parametrize("cls_name", ["ListStorage", "LazyStackStorage", "CompressedListStorage"])
+def test_list_storages_take_a_tensorclass_defined_after_import(cls_name):
+    # tensordict registers each tensorclass as it is defined: one defined after our modules
+    # were imported is stored item by item, as torchrl stores it
+    @tensorclass
+    class Late:
+        x: torch.Tensor
+
+    ours, ref = pair(cls_name, 8)
+    data = Late(x=torch.arange(6.0).reshape(3, 2), batch_size=[3])
+    for store in (ours, ref):
+        store.set(torch.arange(3), data)
+        store.set([3], data[1:2])
+    assert len(ours) == len(ref) == 4
+    for index in range(4):
+        assert type(ours[index]) is type(ref[index])
+        assert torch.equal(ours[index].get("x"), ref[index].get("x"))
+    # what no storage takes is still refused, with torchrl's message
+    with pytest.raises(TypeError, match="Cannot extend a .* with data of type <class 'object'>"):
+        ours.set([0], object())
+
+
 def test_lazy_stack_storage_matches_torchrl():
     ours, ref = pair("LazyStackStorage", 10, stack_dim=-1)
     data = [TensorDict(a=torch.arange(n, dtype=torch.float32), b=torch.ones(2)) for n in (3, 4, 3)]
@@ -798,13 +820,37 @@ def test_compressed_list_storage_matches_torchrl(kind):
 
 
 def test_compressed_list_storage_custom_codec_and_batch_size():
-    store = O.CompressedListStorage(
-        4, compression_fn=lambda t: t.flatten().clone(), decompression_fn=lambda c, m: c.reshape(m["shape"])
-    )
-    store.set(0, TensorDict(a=torch.ones(2, 3), batch_size=[2]))
-    out = store[0]
-    assert out.batch_size == torch.Size([2])
-    assert torch.equal(out["a"], torch.ones(2, 3))
+    # a tensordict item comes back with torchrl's empty batch size, unless its metadata
+    # names one (which torchrl honours too)
+    codec = dict(compression_fn=lambda t: t.flatten().clone(), decompression_fn=lambda c, m: c.reshape(m["shape"]))
+    ours, ref = pair("CompressedListStorage", 4, **codec)
+    for store in (ours, ref):
+        store.set(0, TensorDict(a=torch.ones(2, 3), batch_size=[2]))
+    for store in (ours, ref):
+        out = store[0]
+        assert out.batch_size == torch.Size([])
+        assert torch.equal(out["a"], torch.ones(2, 3))
+    assert ours._metadata[0].keys() == ref._metadata[0].keys() == {"type", "fields"}
+    for store in (ours, ref):
+        store._metadata[0]["batch_size"] = torch.Size([2])
+        assert store[0].batch_size == torch.Size([2])
+
+
+@pytest.mark.parametrize("direction", [("ours", "torchrl"), ("torchrl", "ours"), ("ours", "ours")])
+def test_compressed_list_storage_state_dict_round_trips(direction):
+    libs = {"ours": O, "torchrl": T}
+    src, dst = (libs[name].CompressedListStorage(6) for name in direction)
+    items = [
+        torch.arange(6.0).reshape(2, 3),
+        TensorDict(a=torch.ones(2, 3), b=torch.arange(2), batch_size=[2]),
+        TensorDict(x=torch.zeros(4)),
+    ]
+    src.set(range(3), items)
+    dst.load_state_dict(src.state_dict())
+    assert len(dst) == len(src) == 3
+    for index in range(3):
+        assert_same(dst[index], src[index])
+    assert_same(dst[1], TensorDict(a=torch.ones(2, 3), b=torch.arange(2)))
 
 
 # --------------------------------------------------------------------------

@@ -6,8 +6,8 @@ Prioritized samplers run on ``replay``'s trees in both runs (torchrl's own trees
 on the CI torch); their draws match torchrl's bit for bit because both take their random
 numbers from the buffer's generator. On torch 2.9.1, where torchrl's C++ trees load, the
 prioritized cases of these files give the same records against torchrl's own trees, except
-the cases marked as known failures here and the sampler smaller than its storage
-(``test_sampler_smaller_than_storage``, which holds torchrl's values from there).
+the sampler smaller than its storage (``test_sampler_smaller_than_storage``, which holds
+torchrl's values from there).
 """
 from __future__ import annotations
 
@@ -21,12 +21,10 @@ from torchrl_matrix_support import (
     check_same,
     dumps_and_loads,
     first_item,
-    known_failure,
     is_prioritized,
     LIST_STORAGES,
     make_buffer,
     make_data,
-    returns,
     TD_BUFFERS,
     TENSOR_STORAGES,
     tree_leaves,
@@ -99,28 +97,6 @@ def lifecycle(record, C, *, buffer, storage, kind, ndim, sampler=None, writer=No
     record.call("rb[:] after empty", rb.__getitem__, slice(None))
 
 
-TENSORCLASS_IN_LIST_STORAGE = known_failure(
-    "extend() raises TypeError: Cannot extend a <class 'torchrl_compat.storages.ListStorage'> "
-    "(LazyStackStorage, CompressedListStorage) with data of type <class "
-    "'torchrl_matrix_support.Transition'>. Provide a list, tuple, set, range, np.ndarray, "
-    "tensor or tensordict subclass instead.; torchrl stores a tensorclass item by item"
-)
-INDEX_KEY_IN_PREALLOCATED_STORAGE = known_failure(
-    "loads() of the buffer's own dump (and of torchrl's) raises ValueError: The checkpoint "
-    ".../storage/meta.json does not have the storage's keys: missing [], unexpected ['index'] "
-    "(the TensorDict buffer wrote an 'index' entry the preallocated TensorStorage did not "
-    "have); torchrl loads it"
-)
-
-
-def _lifecycle_failure(buffer, storage, kind, ndim):
-    if buffer == "ReplayBuffer" and storage in LIST_STORAGES and kind == "tensorclass":
-        return TENSORCLASS_IN_LIST_STORAGE
-    if buffer in TD_BUFFERS and storage == "TensorStorage" and kind == "tensordict":
-        return INDEX_KEY_IN_PREALLOCATED_STORAGE
-    return None
-
-
 def _lifecycle_cases():
     for buffer in BUFFERS:
         # torchrl's TensorDict buffers refuse tensorclasses (ValueError): checked once.
@@ -128,17 +104,12 @@ def _lifecycle_cases():
         for storage in LIST_STORAGES + TENSOR_STORAGES:
             for kind in kinds + (("tensorclass",) if buffer in TD_BUFFERS and storage == "ListStorage" else ()):
                 for ndim in (1, 2) if storage in TENSOR_STORAGES else (1,):
-                    failure = _lifecycle_failure(buffer, storage, kind, ndim)
-                    yield pytest.param(
-                        buffer, storage, kind, ndim, id=f"{buffer}-{storage}-{kind}-ndim{ndim}",
-                        marks=[failure] if failure else [],
-                    )
+                    yield pytest.param(buffer, storage, kind, ndim, id=f"{buffer}-{storage}-{kind}-ndim{ndim}")
 
 
 @pytest.mark.parametrize("buffer,storage,kind,ndim", list(_lifecycle_cases()))
 def test_lifecycle(tmp_path, buffer, storage, kind, ndim):
-    torchrl_fails = {}
-    if buffer == "ReplayBuffer" and storage in ("ListStorage", "LazyStackStorage") and kind == "tensorclass":
-        # torchrl: "KeyError: '__batch_size'" (it reads the items' state_dicts as TensorDicts).
-        torchrl_fails["load_state_dict"] = ("KeyError", returns)
-    check_same(lifecycle, tmp_path, torchrl_fails, buffer=buffer, storage=storage, kind=kind, ndim=ndim)
+    # A list storage of tensorclass items loads their state dicts as tensordict's
+    # TensorDict().load_state_dict reads them: KeyError '__batch_size' with tensordict 0.11,
+    # TensorDicts from 0.15. torchrl and ours alike, whichever it is.
+    check_same(lifecycle, tmp_path, buffer=buffer, storage=storage, kind=kind, ndim=ndim)

@@ -21,7 +21,6 @@ from torchrl_matrix_support import (
     COLS,
     dumps_and_loads,
     first_item,
-    known_failure,
     make_buffer,
     make_data,
     make_storage,
@@ -59,19 +58,11 @@ def layout(record, C, *, storage, kind, ndim, peer=None):
     record.call("get, loaded", fresh.get, torch.arange(len(fresh)) if ndim == 1 else slice(None))
 
 
-COMPRESSED_METADATA = known_failure(
-    "CompressedListStorage.state_dict()['_metadata'][i] of a TensorDict item holds a "
-    "'batch_size' entry that torchrl's does not have (torchrl: {'fields': ..., 'type': "
-    "'tensordict'} only)"
-)
-
-
 def _layout_cases():
     for storage in ("ListStorage", "LazyStackStorage", "CompressedListStorage", "TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"):
         for kind in ("tensor", "tensordict", "pytree"):
             for ndim in (1, 2) if storage in ("TensorStorage", "LazyTensorStorage") else (1,):
-                marks = [COMPRESSED_METADATA] if storage == "CompressedListStorage" and kind == "tensordict" else []
-                yield pytest.param(storage, kind, ndim, id=f"{storage}-{kind}-ndim{ndim}", marks=marks)
+                yield pytest.param(storage, kind, ndim, id=f"{storage}-{kind}-ndim{ndim}")
 
 
 @pytest.mark.parametrize("storage,kind,ndim", list(_layout_cases()))
@@ -331,14 +322,7 @@ def _check_compiled(expected, got):
     )
 
 
-RECOMPILES = known_failure(
-    "torch.compile recompiles 5 times over the 5 calls after three warm-up calls on "
-    "torchrl_compat's classes, 0 times on torchrl's (a LazyTensorStorage of 100 items)"
-)
-
-
 @pytest.mark.slow
-@RECOMPILES
 @pytest.mark.parametrize("kind", ["tensor", "pytree"])
 def test_compiled_extend_and_sample(tmp_path, kind):
     with torchrl_own_classes():
@@ -348,10 +332,6 @@ def test_compiled_extend_and_sample(tmp_path, kind):
 
 
 @pytest.mark.slow
-@known_failure(
-    "torch.compile recompiles 5 times over the 9 calls after three warm-up calls on "
-    "torchrl_compat's classes, 0 times on torchrl's"
-)
 def test_compiled_storage_set_and_sampler(tmp_path):
     with torchrl_own_classes():
         expected = run(compiled_storage_and_sampler, tmp_path / "torchrl")
@@ -408,13 +388,6 @@ TORCHRL_SMALLER_SAMPLER = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="extend() raises IndexError: index 5 at position 2 is out of range for "
-    "max_capacity=5 (PrioritizedSampler) / index 9 at position 3 is out of range for "
-    "max_capacity=9 (PrioritizedSliceSampler); torchrl accepts indices below its trees' "
-    "power-of-two capacity",
-)
 @pytest.mark.parametrize("sampler", ["PrioritizedSampler", "PrioritizedSliceSampler"])
 def test_sampler_smaller_than_storage(tmp_path, sampler):
     got = run(sampler_smaller_than_storage, tmp_path, sampler=sampler)
@@ -455,23 +428,12 @@ def pytree_non_string_keys(record, C, *, storage, peer=None):
 
 @pytest.mark.parametrize(
     "storage",
-    [
-        pytest.param("LazyTensorStorage", marks=known_failure(
-            "loads() into an initialised storage of the same structure raises ValueError: The "
-            "checkpoint .../storage_metadata.json holds the entry '30', which the storage does "
-            "not have; torchrl loads it"
-        )),
-        "LazyMemmapStorage",
-    ],
+    ["LazyTensorStorage", "LazyMemmapStorage"],
 )
 def test_pytree_non_string_keys_dumps_loads(tmp_path, storage):
     check_same(pytree_non_string_keys, tmp_path, storage=storage)
 
 
-@known_failure(
-    "LazyMemmapStorage(..., auto_cleanup=True) is not in "
-    "torchrl.data.replay_buffers.storages._MEMMAP_STORAGE_REGISTRY"
-)
 def test_memmap_storages_share_torchrls_cleanup_registry(tmp_path):
     """torchrl's exit / signal cleanup sees the memmap storages built through torchrl."""
     from torchrl.data.replay_buffers import storages as torchrl_storages

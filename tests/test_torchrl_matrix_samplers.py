@@ -15,8 +15,8 @@ from torchrl_matrix_support import (
     BATCH,
     CAP,
     check_same,
+    CLASSES,
     COLS,
-    known_failure,
     make_buffer,
     make_data,
     make_sampler,
@@ -130,27 +130,18 @@ def _sampling_cases():
                 for ndim in (1, 2) if storage != "ListStorage" else (1,):
                     if ndim == 2 and kind == "tensor" and storage != "TensorStorage":
                         continue  # torchrl's wrap-around bug (test_ndim2_leaves_wrap_around)
-                    marks = []
-                    if sampler == "PrioritizedSliceSampler" and kind == "tensordict" and ndim == 1 and storage in ("LazyTensorStorage", "TensorStorage"):
-                        marks.append(EMPTIED_SLICE_SAMPLER)
-                    yield pytest.param(buffer, sampler, storage, kind, ndim, id=f"{sampler}-{storage}-{kind}-ndim{ndim}", marks=marks)
-
-
-EMPTIED_SLICE_SAMPLER = known_failure(
-    "sample() from the emptied buffer raises ValueError: excluded_starts() got tail=1, "
-    "offset=0, total=0 and lengths that are negative or sum past total; expected a clear "
-    "error saying the storage is empty (as ours raises for ndim=2 and LazyMemmapStorage: "
-    "RuntimeError: Cannot sample from an empty storage.), where torchrl crashes with "
-    "IndexError: index -1 is out of bounds for dimension 0 with size 0"
-)
+                    yield pytest.param(buffer, sampler, storage, kind, ndim, id=f"{sampler}-{storage}-{kind}-ndim{ndim}")
 
 
 @pytest.mark.parametrize("buffer,sampler,storage,kind,ndim", list(_sampling_cases()))
 def test_sampling(tmp_path, buffer, sampler, storage, kind, ndim):
     torchrl_fails = {}
-    if sampler == "PrioritizedSliceSampler" and kind == "tensordict":
-        # torchrl: "IndexError: index -1 is out of bounds for dimension 0 with size 0".
-        torchrl_fails["sample, emptied"] = ("IndexError", raises_saying("empty"))
+    if sampler == "PrioritizedSliceSampler":
+        # torchrl: "IndexError: index -1 is out of bounds for dimension 0 with size 0", or
+        # (it reads no trajectory out of a tensorclass) "ValueError: Invalid indexing
+        # arguments: episode."; ours says the storage is empty first.
+        error = "IndexError" if kind == "tensordict" else "ValueError"
+        torchrl_fails["sample, emptied"] = (error, raises_saying("Cannot sample from an empty storage"))
     check_same(sampling, tmp_path, torchrl_fails, buffer=buffer, sampler=sampler, storage=storage, kind=kind, ndim=ndim)
 
 
@@ -168,21 +159,13 @@ def slice_len_one(record, C, *, sampler, strict_length, peer=None):
         record("items drawn in 50 samples", counts > 0)
 
 
-SLICE_LEN_ONE = known_failure(
-    "PrioritizedSliceSampler with slices of one step (batch_size == num_slices) draws every "
-    "step; torchrl 0.11 draws only trajectory starts: its mask of the steps that cannot start "
-    "a slice, pad[:, -seq_length + 1:], is pad[:, 0:] (every step) when seq_length == 1, and "
-    "strict_length=False puts the starts back. Match it, or keep ours and document it in a "
-    ".. note:: (then compare the draws against a model here)"
-)
-
-
 @pytest.mark.parametrize(
     "sampler,strict_length",
     [
         ("SliceSampler", False),
         ("SliceSampler", True),
-        pytest.param("PrioritizedSliceSampler", False, marks=SLICE_LEN_ONE),
+        # ("PrioritizedSliceSampler", False) differs from torchrl on purpose:
+        # test_prioritized_one_step_slices_against_model
         ("PrioritizedSliceSampler", True),
     ],
 )
@@ -193,6 +176,41 @@ def test_slice_len_one(tmp_path, sampler, strict_length):
         # torchrl: "RuntimeError: non-positive p_sum" (it excludes every start).
         torchrl_fails["sample"] = ("RuntimeError", returns)
     check_same(slice_len_one, tmp_path, torchrl_fails, sampler=sampler, strict_length=strict_length)
+
+
+def test_prioritized_one_step_slices_against_model():
+    """One-step slices (``batch_size == num_slices``, ``strict_length=False``): every step
+    may start a slice, so every step is drawn, in proportion to its priority, with its own
+    importance weight (a plain model). torchrl draws only trajectory starts there (see
+    PrioritizedSliceSampler's note)."""
+    alpha, beta, draws = 0.7, 0.5, 12_000
+    sampler = CLASSES.PrioritizedSliceSampler(
+        max_capacity=CAP, alpha=alpha, beta=beta, num_slices=draws, traj_key="episode", strict_length=False
+    )
+    rb = CLASSES.TensorDictReplayBuffer(
+        storage=CLASSES.LazyTensorStorage(CAP), sampler=sampler, batch_size=draws,
+        generator=torch.Generator().manual_seed(3),
+    )
+    data = make_data("tensordict", 6, 1)  # episodes 0 0 0 1 1 1
+    rb.extend(data)
+    priority = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+    rb.update_priority(torch.arange(6), priority)
+    batch, info = rb.sample(return_info=True)
+    index = info["index"][0] if isinstance(info["index"], tuple) else info["index"]
+    assert index.shape == (draws,)
+    assert torch.equal(batch["obs"], data["obs"][index])
+    # every slice is one step long: each one is its own truncated slice
+    assert batch["next", "truncated"].all()
+    # the model: step i drawn with probability q_i / sum(q), q = (priority + eps) ** alpha
+    q = (priority.double() + sampler._eps) ** alpha
+    counts = torch.bincount(index, minlength=6).double()
+    expected = q / q.sum() * draws
+    assert (counts[[1, 2, 4, 5]] > 0).all()  # not only the trajectory starts 0 and 3
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 22.1  # chi-square with 5 degrees of freedom, p = 0.9995
+    # and weighted (q_i / q_min) ** -beta, as a PrioritizedSampler weighs its draws
+    weight = (q / q.min()) ** -beta
+    torch.testing.assert_close(info["priority_weight"].double(), weight[index], rtol=1e-5, atol=0)
 
 
 # =============================================================================

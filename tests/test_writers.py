@@ -276,15 +276,23 @@ def test_write_rows_equals_storage_set(capacity, start, numel, kind):
     numel = min(numel, capacity)
     first = make_td(capacity, seed=1) if kind == "tensordict" else torch.randn(capacity, 3)
     fast, slow = _storage_pair(capacity, first, kind)
+    # a reader follows the writes from here (the journal records nothing before that)
+    before_fast, _ = fast._writes_since(None)
+    before_slow, _ = slow._writes_since(None)
     data = make_td(numel, seed=2) if kind == "tensordict" else torch.randn(numel, 3)
     index = torch.arange(start, start + numel) % capacity
     assert write_rows(fast, start, index, data)
     slow.set(index, data)
     assert_same_storage(fast, slow)
-    count_fast, _ = fast._writes_since(None)
-    count_slow, _ = slow._writes_since(None)
-    assert count_fast == count_slow
-    assert fast._writes_since(count_fast - 1)[1][0] is index
+    assert fast._last_cursor is index  # as storage.set books it
+    count_fast, (cursor_fast,) = fast._writes_since(before_fast)
+    count_slow, (cursor_slow,) = slow._writes_since(before_slow)
+    assert count_fast - before_fast == count_slow - before_slow == 1
+    # the same rows journaled as set journals them: a copy, which the caller cannot change
+    expected = index.tolist()
+    index += capacity
+    assert torch.as_tensor(cursor_fast).tolist() == torch.as_tensor(cursor_slow).tolist() == expected
+    assert torch.as_tensor(fast._writes_since(before_fast)[1][0]).tolist() == expected
 
 
 def test_write_rows_broadcasts_and_refuses_as_set():

@@ -317,12 +317,6 @@ def check_same(scenario, tmp_path, torchrl_fails=None, **params):
     return expected, got
 
 
-def known_failure(reason):
-    """A case torchrl_compat gets wrong today: ``reason`` says how, exactly. Strict, so the
-    case fails as soon as it is fixed, to have this mark removed."""
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 def raises_saying(pattern):
     """A ``torchrl_fails`` check: ours raised, with ``pattern`` in its message."""
     return lambda value, message: value[0] == "raises" and re.search(pattern, message or "") is not None

@@ -3,21 +3,20 @@
 Our buffers and writers run without torchrl. When it is importable (and the
 ``TORCHRL_COMPAT_STANDALONE`` environment variable is not ``"1"``), each class lists its
 torchrl twin as its last base, as the storages and samplers do, and the buffers accept
-torchrl's own storages, samplers and writers wherever they accept ours: the ``isinstance``
-checks below take tuples holding both.
+torchrl's own storages, samplers and writers wherever they accept ours (except while
+:func:`~torchrl_compat.install` is in force, see :func:`accepted_classes`): the
+``isinstance`` checks take tuples holding both.
 """
 from __future__ import annotations
 
 import importlib
 import os
 
-from torchrl_compat import samplers as _samplers, storages as _storages
+from torchrl_compat import samplers as _samplers
 
 __all__ = [
     "PRIORITIZED_SAMPLERS",
-    "SAMPLERS",
-    "STORAGES",
-    "TENSOR_STORAGES",
+    "accepted_classes",
     "torchrl_module",
     "torchrl_twin",
 ]
@@ -43,16 +42,19 @@ def torchrl_twin(module: str, name: str) -> tuple:
     return (twin,) if isinstance(twin, type) else ()
 
 
-def _ours_and_theirs(ours: type, module: str, name: str) -> tuple:
-    theirs = torchrl_twin(module, name)
+def accepted_classes(ours: type, module: str) -> tuple:
+    """The classes whose instances a buffer takes where it takes ``ours`` (a base class of
+    ``torchrl_compat.<module>``): ``ours``, and the class of that name torchrl's module
+    exposes at the time of the call.
+
+    Read at each call: while :func:`~torchrl_compat.install` is in force torchrl's module
+    exposes ours, so objects of torchrl's own classes built earlier are refused, as
+    torchrl's buffers would refuse them then (their ``isinstance`` checks name ours).
+    """
+    theirs = torchrl_twin(module, ours.__name__)
     if theirs and issubclass(ours, theirs[0]):
-        return theirs  # ours derive from it: torchrl's class covers both
+        return theirs  # ours derive from it: that class covers both
     return (ours, *theirs)
 
 
-STORAGES = _ours_and_theirs(_storages.Storage, "storages", "Storage")
-TENSOR_STORAGES = _ours_and_theirs(_storages.TensorStorage, "storages", "TensorStorage")
-SAMPLERS = _ours_and_theirs(_samplers.Sampler, "samplers", "Sampler")
-PRIORITIZED_SAMPLERS = _ours_and_theirs(
-    _samplers.PrioritizedSampler, "samplers", "PrioritizedSampler"
-)
+PRIORITIZED_SAMPLERS = accepted_classes(_samplers.PrioritizedSampler, "samplers")

@@ -50,9 +50,8 @@ from torch.utils._pytree import tree_map
 
 from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
 from torchrl_compat._buffer_deps import (
+    accepted_classes,
     PRIORITIZED_SAMPLERS,
-    SAMPLERS,
-    STORAGES,
     torchrl_module,
     torchrl_twin,
 )
@@ -62,6 +61,7 @@ from torchrl_compat.samplers import (
     PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
+    Sampler,
     SamplerEnsemble,
     SamplerWithoutReplacement,
     SliceSampler,
@@ -106,16 +106,6 @@ _NO_LOCK = contextlib.nullcontext()
 _COMPOSE_LEN = _transforms.Compose.__len__
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
-
-
-def _writers() -> tuple:
-    theirs = torchrl_module("writers")
-    if theirs is None or issubclass(Writer, theirs.Writer):
-        return (getattr(theirs, "Writer", Writer),)
-    return (Writer, theirs.Writer)
-
-
-_WRITERS = _writers()
 
 
 def _identity_collates() -> frozenset:
@@ -168,10 +158,14 @@ def _default_collate(storage, is_tensordict: bool = False):
         return theirs._get_default_collate(storage, _is_tensordict=is_tensordict)
 
 
-def _component(value, kinds: tuple, name: str):
-    """``value`` if it is one of ``kinds``, else what calling it builds (checked too)."""
+def _component(value, base: type, module: str):
+    """``value`` if it is a ``base`` (ours, or the class torchrl's ``module`` names so, see
+    :func:`~torchrl_compat._buffer_deps.accepted_classes`), else what calling it builds
+    (checked too)."""
+    kinds = accepted_classes(base, module)
     if isinstance(value, kinds):
         return value
+    name = base.__name__.lower()
     if callable(value):
         value = value()
     if not isinstance(value, kinds):
@@ -424,13 +418,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def _maybe_make_storage(self, storage, compilable):
         if storage is None:
             return ListStorage(max_size=1_000, compilable=compilable)
-        return _component(storage, STORAGES, "storage")
+        return _component(storage, _storages.Storage, "storages")
 
     def _maybe_make_sampler(self, sampler):
-        return RandomSampler() if sampler is None else _component(sampler, SAMPLERS, "sampler")
+        return RandomSampler() if sampler is None else _component(sampler, Sampler, "samplers")
 
     def _maybe_make_writer(self, writer):
-        return RoundRobinWriter() if writer is None else _component(writer, _WRITERS, "writer")
+        return RoundRobinWriter() if writer is None else _component(writer, Writer, "writers")
 
     def _maybe_make_transform(self, transform, transform_factory):
         if transform_factory is not None:

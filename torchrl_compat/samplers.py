@@ -2040,13 +2040,21 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
 
     .. note:: Where torchrl fails or errs, this sampler differs on purpose:
 
-        - one-step slices (``slice_len=1``, or ``span[1] == slice_len - 1``): torchrl
-          excludes every position and raises "non-positive p_sum"; here none is excluded;
+        - one-step slices (``slice_len=1``, ``batch_size == num_slices``, or
+          ``span[1] == slice_len - 1``): a one-step slice may start at any step, so none is
+          excluded and every step is drawn in proportion to its priority. torchrl's mask of
+          the steps that cannot start a slice, ``pad[:, -seq_length + 1:]``, is
+          ``pad[:, 0:]`` (every step) when ``seq_length == 1``: with
+          ``strict_length=True`` it raises "non-positive p_sum", with
+          ``strict_length=False`` (which puts the trajectory starts back) it draws only
+          trajectory starts;
         - a slice whose right span runs past its trajectory's end is cut there (torchrl
           fails on an integer ``seq_length``);
         - for a start in the part of a trajectory that wraps around the end of the storage,
           the trajectory's own stop bounds the slice (torchrl picks the next stop of any
-          trajectory, too far).
+          trajectory, too far);
+        - an empty (or emptied) storage raises ``RuntimeError: Cannot sample from an empty
+          storage.``, as the other samplers do (torchrl fails with an ``IndexError``).
 
     Examples:
         >>> import torch
@@ -2198,6 +2206,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         return preceding_stop_idx
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if len(storage) == 0:
+            # before the trajectory bookkeeping, which has nothing to work on (torchrl
+            # fails in it with "IndexError: index -1 is out of bounds")
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
         start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
 

@@ -387,16 +387,9 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
                 )
         return data
 
-    _ITERABLE_DATA = (
-        list,
-        tuple,
-        torch.Tensor,
-        TensorDictBase,
-        *tensordict.base._ACCEPTED_CLASSES,
-        range,
-        set,
-        np.ndarray,
-    )
+    # What set() takes item by item, besides tensordict's accepted classes: those are read
+    # at each call, as tensordict adds every tensorclass to them when it is defined.
+    _ITERABLE_DATA = (list, tuple, torch.Tensor, TensorDictBase, range, set, np.ndarray)
 
     def _check_cursors(self, cursors: list) -> None:
         # Replays the append rules of the per-item path without writing anything.
@@ -454,7 +447,9 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
         if isinstance(cursor, slice):
             self._set_slice(cursor, self._to_device(data))
             return
-        if not isinstance(data, self._ITERABLE_DATA):
+        if not isinstance(data, self._ITERABLE_DATA) and not isinstance(
+            data, tensordict.base._ACCEPTED_CLASSES
+        ):
             raise TypeError(
                 f"Cannot extend a {type(self)} with data of type {type(data)}. "
                 f"Provide a list, tuple, set, range, np.ndarray, tensor or tensordict subclass instead."
@@ -1847,10 +1842,10 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
         True
 
     .. note:: ``len()`` counts the empty slots by identity instead of building a Python
-        list of the filled ones at each call; tensordict items keep their batch size
-        (stored in the metadata under ``"batch_size"``, which torchrl reads with an
-        empty default, so checkpoints stay readable both ways); ``to_bytestream``
-        accepts numpy arrays (torchrl's ``isinstance(x, np.array)`` raises ``TypeError``).
+        list of the filled ones at each call; ``to_bytestream`` accepts numpy arrays
+        (torchrl's ``isinstance(x, np.array)`` raises ``TypeError``). As in torchrl, the
+        metadata of a tensordict item holds its fields only, and the item comes back with
+        an empty batch size (``state_dict`` and checkpoints have torchrl's layout).
     """
 
     _default_checkpointer = CompressedListStorageCheckpointer
@@ -1929,12 +1924,8 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
                     # non-tensor entries (strings, nested tensordicts) are kept as they are
                     compressed_fields[key] = value
                     fields[key] = {"type": "non_tensor", "value": value}
-            metadata = {
-                "type": "tensordict",
-                "fields": fields,
-                "batch_size": item.batch_size,
-            }
-            return compressed_fields, metadata
+            # torchrl's layout: no batch size (items come back with an empty one)
+            return compressed_fields, {"type": "tensordict", "fields": fields}
         return item, {"type": "other", "value": item}
 
     def _decompress_item(self, compressed_data: Any, metadata: dict) -> Any:
@@ -1943,6 +1934,8 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
         if kind == "tensor":
             return self.decompression_fn(compressed_data, metadata)
         if kind == "tensordict":
+            # a "batch_size" entry, where metadata written elsewhere has one, is honoured
+            # as torchrl honours it
             result = TensorDict({}, batch_size=metadata.get("batch_size", []))
             for key, field_metadata in metadata["fields"].items():
                 if field_metadata["type"] == "non_tensor":
