@@ -850,8 +850,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self._sampler._empty()
         self._storage._empty()
 
-    @_maybe_delay_init
     def mark_update(self, index: int | torch.Tensor) -> None:
+        # called by the writer at every write: the delayed-init check inline, not decorated
+        if self._delayed_init and not self._initialized:
+            self._init()
         self._sampler.mark_update(index, storage=self._storage)
 
     # ----------------------------------------------------------------- read
@@ -1296,7 +1298,9 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         trailing dimensions with the sampler's reduction, or the default priority."""
         priority = self._entry(tensordict, self.priority_key)
         if priority is None:
-            return torch.tensor(
+            # as_tensor: the default priority may be a (fresh) tensor, which torch.tensor
+            # copies with a warning
+            return torch.as_tensor(
                 self._sampler.default_priority, dtype=torch.float, device=tensordict.device
             ).expand(tensordict.shape[0])
         ndim = self._storage.ndim
@@ -1420,6 +1424,8 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             self._init()
         if not isinstance(self._sampler, PRIORITIZED_SAMPLERS):
             return
+        if type(data) is TensorDict and self._update_item_priorities(data):
+            return
         if data.ndim:
             priority = self._get_priority_vector(data)
         else:
@@ -1431,6 +1437,36 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             while index.shape != priority.shape:
                 index = index[..., 0]
         return self.update_priority(index, priority)
+
+    def _update_item_priorities(self, data: TensorDict) -> bool:
+        """:meth:`update_tensordict_priority` for a batch of a 1-D storage holding one
+        priority per item, with our prioritized sampler: its ``"index"`` and priority entries
+        go to the sampler as they are (views, no reduction), which is what the general path
+        hands it once it has reduced each item's single value to itself and copied the
+        result (the sampler keeps no reference to them). ``False``, having done nothing, for
+        anything else."""
+        key = self.priority_key
+        sampler = self._sampler
+        if type(key) is not str or not isinstance(sampler, PrioritizedSampler) or self._storage.ndim != 1:
+            return False
+        priority = data._tensordict.get(key)
+        index = data._tensordict.get("index")
+        if type(priority) is not torch.Tensor or type(index) is not torch.Tensor or index.ndim != 1:
+            return False
+        numel = index.shape[0]
+        if (
+            not priority.is_floating_point()
+            or not 1 <= priority.ndim <= 2
+            or priority.shape[0] != numel
+            or priority.numel() != numel
+            or data._batch_size[:1] != index.shape
+        ):
+            return False
+        if priority.ndim == 2:
+            priority = priority.reshape(numel)
+        with self._replay_lock, self._write_lock:
+            sampler.update_priority(index, priority, storage=self._storage)
+        return True
 
     def _info_in_batch(self, info: dict, numel: int) -> dict | None:
         # transforms see the batch without the info, which is set after them
