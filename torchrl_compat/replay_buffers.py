@@ -946,6 +946,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             A batch of data selected in the replay buffer.
             A tuple containing this batch and info if return_info flag is set to True.
         """
+        result = self._batch_and_info(batch_size)
+        if return_info:
+            return result[0], self._info_on_storage_device(result[1])
+        return result[0]
+
+    def _batch_and_info(self, batch_size: int | None) -> tuple[Any, dict]:
+        """:meth:`sample`'s ``(data, info)``, the info as the sampler gave it."""
         if self._delayed_init and not self._initialized:
             self._init()
         if batch_size is None:
@@ -966,23 +973,21 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
                 "will prevail."
             )
         if not self._prefetch:
-            result = self._sample(batch_size)
-        else:
-            with self._futures_lock:
-                while (
-                    len(self._prefetch_queue)
-                    < min(self._sampler._remaining_batches, self._prefetch_cap)
-                    and not self._sampler.ran_out
-                ) or not len(self._prefetch_queue):
-                    self._prefetch_queue.append(self._prefetch_executor.submit(self._sample, batch_size))
-                result = self._prefetch_queue.popleft().result()
-        if return_info:
-            out, info = result
-            device = getattr(self._storage, "device", None)
-            if device is not None:
-                info = _info_to(info, device)
-            return out, info
-        return result[0]
+            return self._sample(batch_size)
+        with self._futures_lock:
+            while (
+                len(self._prefetch_queue)
+                < min(self._sampler._remaining_batches, self._prefetch_cap)
+                and not self._sampler.ran_out
+            ) or not len(self._prefetch_queue):
+                self._prefetch_queue.append(self._prefetch_executor.submit(self._sample, batch_size))
+            return self._prefetch_queue.popleft().result()
+
+    def _info_on_storage_device(self, info: dict) -> dict:
+        """The info handed to the caller: its tensors on the storage's device, as torchrl's
+        ``tree_map`` moves them (a new dict)."""
+        device = getattr(self._storage, "device", None)
+        return info if device is None else _info_to(info, device)
 
     # ----------------------------------------------------------- transforms
     @_maybe_delay_init
@@ -1512,7 +1517,10 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                 "to avoid bugs linked to wrongly preassigned values in the "
                 "output tensordict."
             )
-        data, info = super().sample(batch_size, return_info=True)
+        data, info = self._batch_and_info(batch_size)
+        if return_info:
+            # moved before it is set, so that the batch holds the very tensors returned
+            info = self._info_on_storage_device(info)
         plain = type(data) is TensorDict
         is_tc = plain or is_tensor_collection(data)
         if is_tc and (plain or not is_tensorclass(data)) and include_info in (True, None):
