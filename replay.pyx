@@ -2324,3 +2324,91 @@ cdef class PermutationEpoch:
             self._consumed = consumed
             for i in range(4):
                 self._state.s[i] = <uint64_t>prng[i]
+
+
+# =====================================================================================
+# Row copies
+# =====================================================================================
+from libc.string cimport memcpy
+
+# The most leaves copy_rows takes in one call (a buffer's transitions hold a handful).
+cdef enum:
+    _MAX_COPY_PAIRS = 64
+
+
+cdef bint _plain_rows(object x) except -1:
+    """Whether ``x`` is a CPU tensor whose rows can be copied byte for byte: C-contiguous, at
+    least 1-D, reading as it is (no negative or conjugate bit), not requiring grad."""
+    return (_is_tensor(x) and x.is_cpu and x.ndim >= 1 and not x.requires_grad and x.is_contiguous()
+            and not x.is_neg() and not x.is_conj())
+
+
+def copy_rows(destinations, sources, start, numel):
+    """Copy the ``numel`` rows of each source into rows ``start, start + 1, ...`` of its
+    destination, wrapping around at the destination's length: ``dest[(start + k) % len(dest)]
+    = source[k]``, what a round-robin write does to each leaf of a storage.
+
+    Every pair is checked before anything is copied; the copies are one or two ``memcpy`` a
+    pair. The pairs this does not take (another kind, device, dtype or row shape, a
+    non-contiguous or lazily negated / conjugated tensor, a tensor requiring grad, a source
+    of other than ``numel`` rows or overlapping its destination) are left to the caller:
+    nothing is copied then.
+
+    Args:
+        destinations (sequence of torch.Tensor): the buffers written, rows along dim 0.
+        sources (sequence of torch.Tensor): as many sources, each of its destination's dtype
+            and row shape.
+        start (int): the first row written, in ``[0, len(destination))``.
+        numel (int): the rows of each source, at most ``len(destination)``.
+
+    Returns:
+        ``True`` once copied; ``False``, having copied nothing, for pairs not of that kind.
+
+    Raises:
+        ValueError: for sequences of different lengths.
+
+    Examples:
+        >>> import torch, replay
+        >>> dest = torch.zeros(4, 2)
+        >>> replay.copy_rows([dest], [torch.ones(3, 2)], 2, 3)
+        True
+        >>> dest[:, 0].tolist()
+        [1.0, 0.0, 1.0, 1.0]
+        >>> replay.copy_rows([dest], [torch.ones(3, 2, dtype=torch.float64)], 0, 3)
+        False
+    """
+    cdef Py_ssize_t m = len(destinations), k
+    cdef int64_t first_rows, c_start, n, capacity, row_bytes
+    cdef uintptr_t dst_at[_MAX_COPY_PAIRS]
+    cdef uintptr_t src_at[_MAX_COPY_PAIRS]
+    cdef int64_t rows_of[_MAX_COPY_PAIRS]
+    cdef int64_t bytes_of[_MAX_COPY_PAIRS]
+    if len(sources) != m:
+        raise ValueError(f"copy_rows takes as many sources as destinations, got {len(sources)} and {m}")
+    if m > _MAX_COPY_PAIRS or not _is_scalar_int(start) or not _is_scalar_int(numel) or numel < 0:
+        return False
+    c_start = start
+    n = numel
+    for k in range(m):
+        dest, source = destinations[k], sources[k]
+        if not (_plain_rows(dest) and _plain_rows(source)) or dest.dtype is not source.dtype:
+            return False
+        capacity = dest.shape[0]
+        if source.shape[0] != n or n > capacity or not 0 <= c_start < capacity or source.shape[1:] != dest.shape[1:]:
+            return False
+        row_bytes = dest.element_size() * (dest.numel() // capacity)
+        dst_at[k] = <uintptr_t>dest.data_ptr()
+        src_at[k] = <uintptr_t>source.data_ptr()
+        # memcpy of overlapping memory is undefined: the caller's copy handles the overlap
+        if src_at[k] < dst_at[k] + <uintptr_t>(capacity * row_bytes) and dst_at[k] < src_at[k] + <uintptr_t>(n * row_bytes):
+            return False
+        rows_of[k] = capacity
+        bytes_of[k] = row_bytes
+    with nogil:
+        for k in range(m):
+            capacity, row_bytes = rows_of[k], bytes_of[k]
+            first_rows = capacity - c_start if n > capacity - c_start else n
+            memcpy(<char *>dst_at[k] + c_start * row_bytes, <const char *>src_at[k], first_rows * row_bytes)
+            if n > first_rows:
+                memcpy(<char *>dst_at[k], <const char *>src_at[k] + first_rows * row_bytes, (n - first_rows) * row_bytes)
+    return True

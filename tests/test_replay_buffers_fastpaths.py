@@ -181,3 +181,44 @@ def test_the_short_paths_are_taken(monkeypatch):
         sample["td_error"] = torch.rand(8)
         rb.update_tensordict_priority(sample)
     assert seen == {"fill": 5, "direct": 5}
+
+
+@pytest.mark.parametrize("name", ["TensorDictReplayBuffer", "TensorDictPrioritizedReplayBuffer"])
+def test_writes_copy_rows_as_torchrl_stores_them(name, monkeypatch):
+    """Round-robin writes (wrapping) copied leaf by leaf in one call: the storage holds what
+    torchrl's holds, and the writes are booked as when numpy copies them (a slice sampler
+    reads the write journal)."""
+    calls = []
+    copy_rows = replay.copy_rows
+    refuse = [False]
+
+    def counted(*args):
+        calls.append(not refuse[0] and copy_rows(*args))
+        return calls[-1]
+
+    monkeypatch.setattr(replay, "copy_rows", counted)
+    kwargs = {"alpha": 0.7, "beta": 0.5} if "Prioritized" in name else {}
+    ours, numpy_copies, ref = (getattr(lib, name)(storage=lib.LazyTensorStorage(CAPACITY), **kwargs)
+                               for lib in (O, O, TD))
+    start = 0
+    journals = None
+    for step, n in enumerate([7, 25, 13, 30, 1, 39]):
+        data = make_td(n, seed=step, start=start)
+        start += n
+        assert torch.equal(ours.extend(data.clone()), ref.extend(data.clone()))
+        refuse[0] = True
+        numpy_copies.extend(data.clone())
+        refuse[0] = False
+        if journals is None:  # followed from here on
+            journals = [rb._storage._writes_since(None)[0] for rb in (ours, numpy_copies)]
+        else:
+            mine, theirs = (rb._storage._writes_since(count) for rb, count in zip((ours, numpy_copies), journals))
+            assert mine[0] == theirs[0] and (mine[1] is None) == (theirs[1] is None)
+            if step == 2:  # a write that wraps, still in the journal
+                assert len(mine[1]) == 2 and all(torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+                                                 for a, b in zip(mine[1], theirs[1]))
+        assert len(ours) == len(ref)
+        assert_same(ours._storage._storage[: len(ref)], ref._storage._storage[: len(ref)])
+        assert_same(ours._storage._storage[: len(ref)], numpy_copies._storage._storage[: len(ref)])
+    # the first write initialises the storage through set(); the others were copied
+    assert calls[0::2] == [True] * 5 and calls[1::2] == [False] * 5
