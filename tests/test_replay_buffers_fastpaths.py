@@ -222,3 +222,20 @@ def test_writes_copy_rows_as_torchrl_stores_them(name, monkeypatch):
         assert_same(ours._storage._storage[: len(ref)], numpy_copies._storage._storage[: len(ref)])
     # the first write initialises the storage through set(); the others were copied
     assert calls[0::2] == [True] * 5 and calls[1::2] == [False] * 5
+
+
+def test_overridden_update_priority_is_called():
+    """A buffer subclass that overrides update_priority sees every tensordict update."""
+    calls = []
+
+    class Logging(O.TensorDictPrioritizedReplayBuffer):
+        def update_priority(self, index, priority):
+            calls.append(priority.clone())
+            return super().update_priority(index, priority)
+
+    rb = Logging(alpha=0.7, beta=0.5, storage=O.LazyTensorStorage(CAPACITY))
+    rb.extend(make_td(10))
+    sample = rb.sample(4)
+    sample["td_error"] = torch.arange(1.0, 5.0)
+    rb.update_tensordict_priority(sample)
+    assert len(calls) == 1 and torch.equal(calls[0], torch.arange(1.0, 5.0))

@@ -1452,7 +1452,15 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         anything else."""
         key = self.priority_key
         sampler = self._sampler
-        if type(key) is not str or not isinstance(sampler, PrioritizedSampler) or self._storage.ndim != 1:
+        cls = type(self)
+        if (
+            type(key) is not str
+            or not isinstance(sampler, PrioritizedSampler)
+            or self._storage.ndim != 1
+            # overrides are called, as the general path calls them
+            or cls.update_priority is not ReplayBuffer.update_priority
+            or cls._get_priority_vector is not TensorDictReplayBuffer._get_priority_vector
+        ):
             return False
         priority = data._tensordict.get(key)
         index = data._tensordict.get("index")
