@@ -288,3 +288,24 @@ def test_within_buffer_and_other_indices_take_the_general_path():
         sampler.mark_update(torch.tensor([[0, 1], [0, 2]]), storage=storage)
     _assert_same(fast, general)
     assert fast._mark_ranges(torch.arange(3), None) is False
+
+
+def test_pickled_and_copied_samplers_mark_alike():
+    import copy
+    import pickle
+
+    fast, general = ours.PrioritizedSampler(CAPACITY, 0.7, 0.5), _general(ours.PrioritizedSampler(CAPACITY, 0.7, 0.5))
+    for sampler in (fast, general):
+        sampler.update_priority(torch.tensor([1, 2]), torch.tensor([1.0, 3.0]))
+        sampler.mark_update(torch.arange(3, 6))
+    assert "_max_priority_record" not in fast.__getstate__()  # a cache: not pickled
+    for twin in (pickle.loads(pickle.dumps(fast)), copy.deepcopy(fast)):
+        twin._max_priority[0].fill_(0.5)  # its own tensor: the twin follows it, not fast's record
+        general_twin = copy.deepcopy(general)
+        general_twin._max_priority[0].fill_(0.5)
+        for sampler in (twin, general_twin):
+            sampler.mark_update(torch.arange(38, 44) % CAPACITY)
+        _assert_same(twin, general_twin)
+    fast.mark_update(torch.arange(10, 12))
+    general.mark_update(torch.arange(10, 12))
+    _assert_same(fast, general)

@@ -247,7 +247,7 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
         state = copy(self.__dict__)
         state["_rng"] = None
         # Per-call caches, rebuilt on first use (they may hold a storage's tensors).
-        for name in ("_shortest", "_trajectory_ends", "_preceding_of", "_info_keys_of"):
+        for name in ("_shortest", "_trajectory_ends", "_preceding_of", "_info_keys_of", "_max_priority_record"):
             state.pop(name, None)
         return state
 
