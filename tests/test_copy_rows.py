@@ -98,3 +98,12 @@ def test_empty_and_whole_copies():
     assert dest.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert replay.copy_rows([dest], [torch.arange(10.0, 15.0)], 3, 5) is True
     assert dest.tolist() == [12.0, 13.0, 14.0, 10.0, 11.0]
+
+
+def test_docstring_example_runs():
+    import doctest
+
+    test = doctest.DocTestParser().get_doctest(replay.copy_rows.__doc__, {}, "copy_rows", None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0 and test.examples

@@ -206,3 +206,12 @@ def test_index_runs_hook_matches_python():
             expected = np.zeros(64)
             expected[index] = 1.0
             np.testing.assert_array_equal(sum_tree.values(), expected)
+
+
+def test_docstring_example_runs():
+    import doctest
+
+    test = doctest.DocTestParser().get_doctest(replay.fill_priority_pair.__doc__, {}, "fill_priority_pair", None, 0)
+    runner = doctest.DocTestRunner()
+    runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0 and test.examples
