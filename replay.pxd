@@ -58,6 +58,12 @@ cdef extern from "ckernels/segtree.h" nogil:
                              int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad)
     int rp_priority_scan_f64(const int64_t *index, int64_t n, int64_t size, const double *priority,
                              int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad)
+    int rp_segtree_index_runs(const int64_t *index, int64_t n, int64_t max_runs, int64_t *bounds,
+                              int64_t *n_runs, int64_t *bad)
+    int rp_sumtree_fill_ranges_f32(const rp_segtree_layout *layout, float *tree, const int64_t *bounds, int64_t n_ranges, float value, float *saved, int64_t saved_len, int64_t *bad)
+    int rp_sumtree_fill_ranges_f64(const rp_segtree_layout *layout, double *tree, const int64_t *bounds, int64_t n_ranges, double value, double *saved, int64_t saved_len, int64_t *bad)
+    int rp_mintree_fill_ranges_f32(const rp_segtree_layout *layout, float *tree, const int64_t *bounds, int64_t n_ranges, float value, int64_t *bad)
+    int rp_mintree_fill_ranges_f64(const rp_segtree_layout *layout, double *tree, const int64_t *bounds, int64_t n_ranges, double value, int64_t *bad)
     int rp_sumtree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, float *saved, int64_t *bad)
     int rp_sumtree_update_f64(const rp_segtree_layout *layout, double *tree, const int64_t *index, const double *value, int64_t value_stride, int64_t n, double *saved, int64_t *bad)
     int rp_mintree_update_f32(const rp_segtree_layout *layout, float *tree, const int64_t *index, const float *value, int64_t value_stride, int64_t n, int64_t *bad)

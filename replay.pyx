@@ -613,6 +613,11 @@ cdef class _SegmentTree:
             f"{type(self).__name__} state sums to {total}, past the "
             f"largest finite {self._dtype} ({float(np.finfo(self._dtype).max)}): the tree is unchanged")
 
+    def _py_buffer(self):
+        """Test hook: a copy of the whole buffer (every level, and the prefix sums of a sum tree)."""
+        with self._lock:
+            return self._tree.copy()
+
     def _py_level(self, t):
         """Test hook: a copy of level ``t`` of the internal layout (0 = leaves)."""
         if not 0 <= t <= self._layout.top:
@@ -1024,12 +1029,7 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
     cdef const double *p64 = NULL
     cdef int64_t n, n_value, n_priority, v_stride, p_stride, skipped = 0, argmax = -1, bad = 0
     cdef int rc
-    if sum_tree._is_min or not min_tree._is_min:
-        raise TypeError("update_priority_pair takes a sum tree, then a min tree")
-    if sum_tree._fp64 != min_tree._fp64 or sum_tree._size != min_tree._size:
-        raise TypeError(
-            f"the trees must share a size and dtype, got {sum_tree!r} ({sum_tree._dtype}) and "
-            f"{min_tree!r} ({min_tree._dtype})")
+    _check_tree_pair(sum_tree, min_tree, "update_priority_pair")
     idx_owner = _int64_data(index, "index", &iptr, &n)
     if _is_scalar_real(value):
         value = np.array([value], dtype=sum_tree._dtype)
@@ -1082,6 +1082,16 @@ def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index,
     return argmax
 
 
+cdef _check_tree_pair(_SegmentTree sum_tree, _SegmentTree min_tree, str caller):
+    """TypeError unless ``sum_tree`` / ``min_tree`` are a sum tree and a min tree of one size and dtype."""
+    if sum_tree._is_min or not min_tree._is_min:
+        raise TypeError(f"{caller} takes a sum tree, then a min tree")
+    if sum_tree._fp64 != min_tree._fp64 or sum_tree._size != min_tree._size:
+        raise TypeError(
+            f"the trees must share a size and dtype, got {sum_tree!r} ({sum_tree._dtype}) and "
+            f"{min_tree!r} ({min_tree._dtype})")
+
+
 cdef int _scan_priorities(const int64_t *iptr, int64_t n, int64_t size, const float *p32,
                           const double *p64, int64_t p_stride, int64_t *skipped, int64_t *argmax,
                           int64_t *bad) noexcept:
@@ -1092,6 +1102,114 @@ cdef int _scan_priorities(const int64_t *iptr, int64_t n, int64_t size, const fl
             rc = rp_priority_scan_f32(iptr, n, size, p32, p_stride, skipped, argmax, bad)
         else:
             rc = rp_priority_scan_f64(iptr, n, size, p64, p_stride, skipped, argmax, bad)
+    return rc
+
+
+# The most runs of consecutive leaves fill_priority_pair writes as ranges: a round-robin
+# write is one run, or two when it wraps around the storage.
+cdef int64_t _MAX_FILL_RUNS = 2
+
+
+def fill_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index, value):
+    """Set the leaves ``index`` of a sum tree and its min tree to one value, written as ranges.
+
+    The write of a default priority for new items: the rows a round-robin writer fills are
+    one run of consecutive leaves (two when they wrap), and each run is filled whole, its
+    parents refreshed once per node, with no scatter through the index. Trees and errors are
+    those of :func:`update_priority_pair` with a scalar value (the trees end bit for bit the
+    same); nothing is written when anything is wrong.
+
+    Args:
+        sum_tree (SumSegmentTreeFp32 or SumSegmentTreeFp64): the sum tree.
+        min_tree (MinSegmentTreeFp32 or MinSegmentTreeFp64): its min tree, of the same size
+            and dtype.
+        index (1-D integers): the leaves, in [0, capacity).
+        value (float): what both trees store at every leaf of ``index``, cast to their dtype.
+
+    Returns:
+        ``True`` once written (or for an empty ``index``); ``False``, having written nothing,
+        when ``index`` is not one or two runs of consecutive leaves
+        (:func:`update_priority_pair` takes those).
+
+    Raises:
+        IndexError: for a leaf outside ``[0, capacity)`` (naming it and its position).
+        ValueError: for a value a sum tree cannot hold (NaN, negative or infinite in the
+            trees' dtype), or one after which its total would overflow.
+        TypeError: for trees of different dtypes or kinds, non-integer indices or a value
+            that is not a real number.
+
+    Examples:
+        >>> import torch, replay
+        >>> sum_tree, min_tree = replay.SumSegmentTreeFp32(8), replay.MinSegmentTreeFp32(8)
+        >>> replay.fill_priority_pair(sum_tree, min_tree, torch.tensor([6, 7, 0, 1]), 0.5)
+        True
+        >>> sum_tree.query(0, 8), min_tree.query(0, 8), sum_tree.values().tolist()
+        (2.0, 0.5, [0.5, 0.5, 0.0, 0.0, 0.0, 0.0, 0.5, 0.5])
+        >>> replay.fill_priority_pair(sum_tree, min_tree, torch.tensor([1, 3, 5]), 0.5)
+        False
+    """
+    cdef const int64_t *iptr = NULL
+    cdef int64_t n, n_runs = 0, r, first, bad = 0
+    cdef int64_t bounds[4]
+    cdef float v32
+    cdef double v64
+    cdef const void *vptr
+    cdef int rc = RP_OK
+    _check_tree_pair(sum_tree, min_tree, "fill_priority_pair")
+    if not _is_scalar_real(value):
+        raise TypeError(f"value must be a real number, got {type(value).__name__}")
+    idx_owner = _int64_data(index, "index", &iptr, &n)
+    if n == 0:
+        return True
+    if rp_segtree_index_runs(iptr, n, _MAX_FILL_RUNS, bounds, &n_runs, &bad) != RP_OK:
+        return False
+    # Every run inside [0, capacity) before anything is written; a leaf past the allocated
+    # ones (a storage longer than the trees) grows both, once, as update_priority_pair does.
+    first = 0
+    for r in range(n_runs):
+        if bounds[2 * r] < 0:
+            raise IndexError(_index_message(bounds[2 * r], first, sum_tree._size, sum_tree._capacity))
+        if bounds[2 * r + 1] > sum_tree._capacity:
+            raise IndexError(_index_message(sum_tree._capacity, first + sum_tree._capacity - bounds[2 * r],
+                                            sum_tree._size, sum_tree._capacity))
+        first += bounds[2 * r + 1] - bounds[2 * r]
+    for r in range(n_runs):
+        if bounds[2 * r + 1] > sum_tree._layout.size:
+            sum_tree._grow_for(sum_tree._capacity - 1)
+            min_tree._grow_for(min_tree._capacity - 1)
+    v64 = value
+    v32 = <float>v64  # IEEE round to nearest (past the largest float: inf), as numpy casts
+    vptr = <const void *>&v64 if sum_tree._fp64 else <const void *>&v32
+    with sum_tree._lock, min_tree._lock:
+        # The sum tree refuses all the min tree would (and a total that would overflow).
+        rc = _fill_ranges(sum_tree, bounds, n_runs, vptr, n, &bad)
+        if rc == RP_OK:
+            rc = _fill_ranges(min_tree, bounds, n_runs, vptr, n, &bad)
+    if rc != RP_OK:
+        sum_tree._raise_write_error(rc, 0 if bad < 0 else bad, iptr, vptr, 0, n, value)
+    return True
+
+
+cdef int _fill_ranges(_SegmentTree tree, const int64_t *bounds, int64_t n_ranges, const void *vptr,
+                      int64_t n, int64_t *bad) except? -100:
+    """One fill-ranges kernel call (hold the tree's lock); ``n`` leaves in all."""
+    cdef int rc
+    cdef void *saved = NULL
+    if not tree._is_min:
+        saved = tree._saved_scratch(n)
+    with nogil:
+        if tree._fp64:
+            if tree._is_min:
+                rc = rp_mintree_fill_ranges_f64(&tree._layout, tree._t64, bounds, n_ranges, (<const double *>vptr)[0], bad)
+            else:
+                rc = rp_sumtree_fill_ranges_f64(&tree._layout, tree._t64, bounds, n_ranges, (<const double *>vptr)[0],
+                                                <double *>saved, n, bad)
+        else:
+            if tree._is_min:
+                rc = rp_mintree_fill_ranges_f32(&tree._layout, tree._t32, bounds, n_ranges, (<const float *>vptr)[0], bad)
+            else:
+                rc = rp_sumtree_fill_ranges_f32(&tree._layout, tree._t32, bounds, n_ranges, (<const float *>vptr)[0],
+                                                <float *>saved, n, bad)
     return rc
 
 
@@ -2206,3 +2324,91 @@ cdef class PermutationEpoch:
             self._consumed = consumed
             for i in range(4):
                 self._state.s[i] = <uint64_t>prng[i]
+
+
+# =====================================================================================
+# Row copies
+# =====================================================================================
+from libc.string cimport memcpy
+
+# The most leaves copy_rows takes in one call (a buffer's transitions hold a handful).
+cdef enum:
+    _MAX_COPY_PAIRS = 64
+
+
+cdef bint _plain_rows(object x) except -1:
+    """Whether ``x`` is a CPU tensor whose rows can be copied byte for byte: C-contiguous, at
+    least 1-D, reading as it is (no negative or conjugate bit), not requiring grad."""
+    return (_is_tensor(x) and x.is_cpu and x.ndim >= 1 and not x.requires_grad and x.is_contiguous()
+            and not x.is_neg() and not x.is_conj())
+
+
+def copy_rows(destinations, sources, start, numel):
+    """Copy the ``numel`` rows of each source into rows ``start, start + 1, ...`` of its
+    destination, wrapping around at the destination's length: ``dest[(start + k) % len(dest)]
+    = source[k]``, what a round-robin write does to each leaf of a storage.
+
+    Every pair is checked before anything is copied; the copies are one or two ``memcpy`` a
+    pair. The pairs this does not take (another kind, device, dtype or row shape, a
+    non-contiguous or lazily negated / conjugated tensor, a tensor requiring grad, a source
+    of other than ``numel`` rows or overlapping its destination) are left to the caller:
+    nothing is copied then.
+
+    Args:
+        destinations (sequence of torch.Tensor): the buffers written, rows along dim 0.
+        sources (sequence of torch.Tensor): as many sources, each of its destination's dtype
+            and row shape.
+        start (int): the first row written, in ``[0, len(destination))``.
+        numel (int): the rows of each source, at most ``len(destination)``.
+
+    Returns:
+        ``True`` once copied; ``False``, having copied nothing, for pairs not of that kind.
+
+    Raises:
+        ValueError: for sequences of different lengths.
+
+    Examples:
+        >>> import torch, replay
+        >>> dest = torch.zeros(4, 2)
+        >>> replay.copy_rows([dest], [torch.ones(3, 2)], 2, 3)
+        True
+        >>> dest[:, 0].tolist()
+        [1.0, 0.0, 1.0, 1.0]
+        >>> replay.copy_rows([dest], [torch.ones(3, 2, dtype=torch.float64)], 0, 3)
+        False
+    """
+    cdef Py_ssize_t m = len(destinations), k
+    cdef int64_t first_rows, c_start, n, capacity, row_bytes
+    cdef uintptr_t dst_at[_MAX_COPY_PAIRS]
+    cdef uintptr_t src_at[_MAX_COPY_PAIRS]
+    cdef int64_t rows_of[_MAX_COPY_PAIRS]
+    cdef int64_t bytes_of[_MAX_COPY_PAIRS]
+    if len(sources) != m:
+        raise ValueError(f"copy_rows takes as many sources as destinations, got {len(sources)} and {m}")
+    if m > _MAX_COPY_PAIRS or not _is_scalar_int(start) or not _is_scalar_int(numel) or numel < 0:
+        return False
+    c_start = start
+    n = numel
+    for k in range(m):
+        dest, source = destinations[k], sources[k]
+        if not (_plain_rows(dest) and _plain_rows(source)) or dest.dtype is not source.dtype:
+            return False
+        capacity = dest.shape[0]
+        if source.shape[0] != n or n > capacity or not 0 <= c_start < capacity or source.shape[1:] != dest.shape[1:]:
+            return False
+        row_bytes = dest.element_size() * (dest.numel() // capacity)
+        dst_at[k] = <uintptr_t>dest.data_ptr()
+        src_at[k] = <uintptr_t>source.data_ptr()
+        # memcpy of overlapping memory is undefined: the caller's copy handles the overlap
+        if src_at[k] < dst_at[k] + <uintptr_t>(capacity * row_bytes) and dst_at[k] < src_at[k] + <uintptr_t>(n * row_bytes):
+            return False
+        rows_of[k] = capacity
+        bytes_of[k] = row_bytes
+    with nogil:
+        for k in range(m):
+            capacity, row_bytes = rows_of[k], bytes_of[k]
+            first_rows = capacity - c_start if n > capacity - c_start else n
+            memcpy(<char *>dst_at[k] + c_start * row_bytes, <const char *>src_at[k], first_rows * row_bytes)
+            if n > first_rows:
+                memcpy(<char *>dst_at[k], <const char *>src_at[k] + first_rows * row_bytes, (n - first_rows) * row_bytes)
+    return True

@@ -31,6 +31,28 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
     return RP_OK;
 }
 
+int rp_segtree_index_runs(const int64_t *index, int64_t n, int64_t max_runs, int64_t *bounds,
+                          int64_t *n_runs, int64_t *bad) {
+    int64_t runs = 0;
+    for (int64_t k = 0; k < n;) {
+        const int64_t start = index[k];
+        /* index[j] == start + (j - k) along the run: compares that do not depend on each other */
+        int64_t j = k + 1;
+        while (j < n && start <= INT64_MAX - (j - k) && index[j] == start + (j - k)) j++;
+        const int64_t last = index[j - 1];
+        if (RP_UNLIKELY(runs == max_runs || last == INT64_MAX)) {
+            *bad = k;
+            return RP_ERR_INDEX;
+        }
+        bounds[2 * runs] = start;
+        bounds[2 * runs + 1] = last + 1;
+        runs++;
+        k = j;
+    }
+    *n_runs = runs;
+    return RP_OK;
+}
+
 /* 16-byte vectors for the descent's compares (see count_below in segtree_impl.h); other
  * compilers take the scalar loop. */
 #if defined(__GNUC__) || defined(__clang__)

@@ -153,7 +153,34 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
      * RP_ERR_VALUE with *bad = k. Reads only; O(n). */                                          \
     int rp_priority_scan_##SUFFIX(const int64_t *index, int64_t n, int64_t size,                 \
                                   const SCALAR *priority, int64_t priority_stride,               \
-                                  int64_t *skipped, int64_t *argmax, int64_t *bad);
+                                  int64_t *skipped, int64_t *argmax, int64_t *bad);              \
+    /* Set the leaves of n_ranges ranges [bounds[2r], bounds[2r + 1]) to one value, then refresh  \
+     * their parents, each once: the rows of a round-robin write (one range, two when it wraps)   \
+     * given one priority, with no index array to scatter through. Checks every range            \
+     * (0 <= start <= stop <= size) and the value (sum: finite and >= 0; min: not NaN) first: on  \
+     * error writes nothing and returns RP_ERR_INDEX (*bad = r, the range) or RP_ERR_VALUE       \
+     * (*bad = 0). A sum tree also refuses a fill after which its total would not be finite:      \
+     * RP_ERR_TOTAL, *bad = -1, tree unchanged (when the value is near the dtype's limit, the old \
+     * leaves are saved in `saved`, saved_len scalars of caller scratch, at least the ranges'    \
+     * total length; RP_ERR_VALUE with *bad = -1 when it is shorter). Overlapping ranges are     \
+     * written once each. O(total length + n_ranges * 16 log16 size): a range of m leaves        \
+     * refreshes m / 16 + 1 nodes of level 1, m / 256 + 2 of level 2, and so on up. */           \
+    int rp_sumtree_fill_ranges_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,           \
+                                        const int64_t *bounds, int64_t n_ranges, SCALAR value,   \
+                                        SCALAR *saved, int64_t saved_len, int64_t *bad);         \
+    int rp_mintree_fill_ranges_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,           \
+                                        const int64_t *bounds, int64_t n_ranges, SCALAR value,   \
+                                        int64_t *bad);
+
+/* Split index[0..n) into runs of consecutive values (index[k + 1] == index[k] + 1), writing
+ * the [start, stop) bounds of run r to bounds[2r], bounds[2r + 1] (2 * max_runs int64, caller's)
+ * and their number to *n_runs: a round-robin writer's rows are one run, or two when they wrap,
+ * which rp_*tree_fill_ranges then writes without an index array. Returns RP_OK, or RP_ERR_INDEX
+ * with *bad = k, the position where a run that does not fit starts (a run past the max_runs-th,
+ * or one ending at INT64_MAX, whose stop cannot be written); *n_runs and bounds are then
+ * unspecified. Reads only; O(n). */
+int rp_segtree_index_runs(const int64_t *index, int64_t n, int64_t max_runs, int64_t *bounds,
+                          int64_t *n_runs, int64_t *bad);
 
 RP_SEGTREE_DECLARE(float, f32)
 RP_SEGTREE_DECLARE(double, f64)

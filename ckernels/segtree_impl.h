@@ -346,6 +346,84 @@ int FN(rp_mintree_update)(const rp_segtree_layout *layout, SCALAR *tree, const i
     return FN(update)(layout, tree, index, value, value_stride, n, NULL, bad, true);
 }
 
+/* Recompute the parents of the leaves [first, last] (first <= last), each once: at level t the
+ * entries first >> 4t .. last >> 4t. O((last - first) / 16 + 16 log16 size). */
+static void FN(refresh_range)(const rp_segtree_layout *layout, SCALAR *tree, int64_t first,
+                              int64_t last, bool is_min) {
+    for (int64_t t = 1; t <= layout->top; t++) {
+        const SCALAR *lo = tree + layout->offset[t - 1];
+        SCALAR *hi = tree + layout->offset[t];
+        const int shift = (int)(4 * t);
+        const int64_t a = first >> shift, b = last >> shift;
+        for (int64_t j = a; j <= b; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
+        if (layout->prefix[t] >= 0)
+            for (int64_t j = a >> 4; j <= (b >> 4); j++) FN(store_prefix)(layout, tree, t, j);
+    }
+}
+
+/* Leaves, then parents, of every non-empty range. */
+static void FN(write_ranges)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *bounds,
+                             int64_t n_ranges, SCALAR value, bool is_min) {
+    for (int64_t r = 0; r < n_ranges; r++) {
+        const int64_t start = bounds[2 * r], stop = bounds[2 * r + 1];
+        if (start == stop) continue;
+        for (int64_t i = start; i < stop; i++) tree[i] = value;
+        FN(refresh_range)(layout, tree, start, stop - 1, is_min);
+    }
+}
+
+static int FN(fill_ranges)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *bounds,
+                           int64_t n_ranges, SCALAR value, SCALAR *saved, int64_t saved_len,
+                           int64_t *bad, bool is_min) {
+    int64_t total = 0;
+    for (int64_t r = 0; r < n_ranges; r++) {
+        const int64_t start = bounds[2 * r], stop = bounds[2 * r + 1];
+        if (RP_UNLIKELY(start < 0 || start > stop || stop > layout->size)) {
+            *bad = r;
+            return RP_ERR_INDEX;
+        }
+        total += stop - start;
+    }
+    if (RP_UNLIKELY(FN(bad_value)(value, is_min))) {
+        *bad = 0;
+        return RP_ERR_VALUE;
+    }
+    if (is_min || RP_LIKELY(value <= FN(safe_value_limit)(layout, tree, total))) {
+        FN(write_ranges)(layout, tree, bounds, n_ranges, value, is_min);
+        return RP_OK;
+    }
+    /* Near the dtype's limit: save every old leaf before anything is written (so overlapping
+     * ranges save originals), write, and put them back if the total overflowed. */
+    if (saved_len < total) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    int64_t k = 0;
+    for (int64_t r = 0; r < n_ranges; r++)
+        for (int64_t i = bounds[2 * r]; i < bounds[2 * r + 1]; i++) saved[k++] = tree[i];
+    FN(write_ranges)(layout, tree, bounds, n_ranges, value, false);
+    if (FN(total_is_finite)(layout, tree)) return RP_OK;
+    k = 0;
+    for (int64_t r = 0; r < n_ranges; r++)
+        for (int64_t i = bounds[2 * r]; i < bounds[2 * r + 1]; i++) tree[i] = saved[k++];
+    for (int64_t r = 0; r < n_ranges; r++)
+        if (bounds[2 * r] < bounds[2 * r + 1])
+            FN(refresh_range)(layout, tree, bounds[2 * r], bounds[2 * r + 1] - 1, false);
+    *bad = -1;
+    return RP_ERR_TOTAL;
+}
+
+int FN(rp_sumtree_fill_ranges)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *bounds,
+                               int64_t n_ranges, SCALAR value, SCALAR *saved, int64_t saved_len,
+                               int64_t *bad) {
+    return FN(fill_ranges)(layout, tree, bounds, n_ranges, value, saved, saved_len, bad, false);
+}
+
+int FN(rp_mintree_fill_ranges)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *bounds,
+                               int64_t n_ranges, SCALAR value, int64_t *bad) {
+    return FN(fill_ranges)(layout, tree, bounds, n_ranges, value, NULL, 0, bad, true);
+}
+
 /* Sum of lvl[a..b) in double, four running sums (a chain of dependent additions was most of a
  * range query: 15 entries a level on each side). */
 static inline double FN(range_sum)(const SCALAR *lvl, int64_t a, int64_t b) {

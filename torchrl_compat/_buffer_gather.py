@@ -146,19 +146,22 @@ class _Rows:
 
     def __init__(self, index: torch.Tensor, arrays: dict, numpy_index=None):
         self.index = index
-        if numpy_index is None and index.device.type == "cpu":
+        if numpy_index is None and index.is_cpu:
             numpy_index = index.numpy()
         self.numpy_index = numpy_index
         self.arrays = arrays
 
     def take(self, leaf: torch.Tensor) -> torch.Tensor | None:
         """``leaf[index]`` as a new tensor, or ``None`` when ``leaf`` is on another device."""
-        if leaf.device != self.index.device:
-            return None
         if self.numpy_index is not None:
+            # a CPU index (is_cpu reads a flag, where comparing devices builds two objects)
+            if not leaf.is_cpu:
+                return None
             array = array_of(leaf, self.arrays)
             if array is not None:
                 return torch.from_numpy(array.take(self.numpy_index, axis=0))
+        elif leaf.device != self.index.device:
+            return None
         return torch.index_select(leaf, 0, self.index)
 
 

@@ -10,7 +10,8 @@ call leaves the sampler as it was.
 from __future__ import annotations
 
 import contextlib
-from functools import partial
+import math
+import threading
 
 import torch
 
@@ -22,6 +23,7 @@ from ._torch_sumtree import _TorchSumSegmentTree
 
 __all__ = [
     "EpsOperand",
+    "MaxPriorityRecord",
     "check_sampleable",
     "check_update",
     "draw_with_kernel",
@@ -36,14 +38,23 @@ __all__ = [
 _UINT64_MASK = (1 << 64) - 1
 
 
+_INT64_LOW, _INT64_HIGH = -(2**63), 2**63 - 1
+# One 0-d int64 tensor per thread that kernel_seed fills: torch.randint(low, high, ()) fills a
+# new one with the same random_ call (the same numbers), at twice the cost.
+_SEED_BUFFERS = threading.local()
+
+
 def kernel_seed(generator) -> int:
-    """64 random bits from ``generator`` or, when it is ``None``, torch's global RNG.
+    """64 random bits from ``generator`` or, when it is ``None``, torch's global RNG: those of
+    ``torch.randint(-2**63, 2**63 - 1, (), dtype=torch.int64)``.
 
     The kernels draw from their own xoshiro256** stream; seeding it from torch keeps
     ``torch.manual_seed`` (and the buffer's generator) in control of the samples.
     """
-    seed = torch.randint(-(2**63), 2**63 - 1, (), generator=generator, dtype=torch.int64)
-    return int(seed) & _UINT64_MASK
+    buffer = getattr(_SEED_BUFFERS, "value", None)
+    if buffer is None:
+        buffer = _SEED_BUFFERS.value = torch.empty((), dtype=torch.int64)
+    return buffer.random_(_INT64_LOW, _INT64_HIGH, generator=generator).item() & _UINT64_MASK
 
 
 class EpsOperand:
@@ -65,6 +76,84 @@ class EpsOperand:
             self._tensors = {kind: torch.tensor(float(eps), dtype=kind) for kind in (torch.float32, torch.float64)}
             self._eps = eps
         return self._tensors[dtype]
+
+
+def _version_of(value):
+    """What changes when ``value`` does: a tensor's version counter (bumped by every in-place
+    op), ``None`` for a number. An inference tensor keeps no counter: a fresh object then,
+    equal to no stored one, so that whatever depends on the value is derived again."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return value._version
+    except RuntimeError:
+        return object()
+
+
+class MaxPriorityRecord:
+    """A sampler's largest priority as its hot paths read it, derived once per value.
+
+    ``highest`` is the largest priority as a Python float (``None`` before any update), which
+    every update compares with its own largest. :meth:`default_write` gives what marking new
+    items writes: torchrl's ``default_priority`` (``(max + eps) ** alpha``, or ``(1 + eps) **
+    alpha`` without a max) and the value an update with that priority stores in the trees,
+    ``(default + eps) ** alpha``, computed by the same torch ops as any update (so that the
+    trees hold the same bits), once rather than at every write.
+
+    A record describes one ``_max_priority`` state (the very tuple, its priority's version
+    counter) under one ``alpha``, ``eps`` and torch default dtype (in which a float default
+    becomes a tensor); :meth:`describes` says whether that still holds.
+    """
+
+    __slots__ = ("state", "version", "alpha", "eps", "default_dtype", "highest", "_default")
+
+    def __init__(self, state, alpha, eps) -> None:
+        self.state = state
+        self.version = None if state is None else _version_of(state[0])
+        self.alpha = alpha
+        self.eps = eps
+        self.default_dtype = torch.get_default_dtype()
+        self.highest = None if state is None or state[0] is None else float(state[0])
+        self._default = None
+
+    def describes(self, state, alpha, eps) -> bool:
+        return (
+            state is self.state
+            and alpha == self.alpha
+            and eps == self.eps
+            and (state is None or _version_of(state[0]) == self.version)
+            and torch.get_default_dtype() is self.default_dtype
+        )
+
+    def default_write(self, default_priority, eps_operand: EpsOperand):
+        """``(priority, as_float, stored)``: the default priority as the update path takes
+        it (a 0-d CPU float tensor), as a float, and the value stored for it (a float, to be
+        cast to the trees' dtype); ``None`` when the update path would not take it (then
+        the general path writes it, and raises what torchrl raises).
+
+        Args:
+            default_priority (callable): returns the sampler's ``default_priority`` (called
+                once per record).
+            eps_operand (EpsOperand): the sampler's ``eps`` operand.
+        """
+        if self._default is None:
+            self._default = self._derive(default_priority(), eps_operand) or False
+        return self._default or None
+
+    def _derive(self, priority, eps_operand: EpsOperand):
+        if not isinstance(priority, torch.Tensor):
+            if type(priority) is not float:
+                return None  # an int priority keeps its dtype in the largest priority
+            priority = torch.tensor(priority)
+        priority = priority.detach()
+        if not priority.is_cpu or not priority.is_floating_point() or priority.numel() != 1:
+            return None
+        priority = priority.reshape(())
+        as_float = float(priority)
+        if not (math.isfinite(as_float) and as_float >= 0):
+            return None  # refused by the update, whose error names it
+        stored = priority.add(eps_operand(self.eps, priority.dtype)).pow_(self.alpha)
+        return priority, as_float, float(stored)
 
 
 def stored_values(priority: torch.Tensor, eps, alpha, tree_dtype: torch.dtype) -> torch.Tensor:
@@ -186,22 +275,21 @@ def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, uni
     # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
     # torchrl's by one ulp, and the two libraries should return the same weights.
     fp64 = type(sum_tree) is replay.SumSegmentTreeFp64
-    if exclude is not None:
-        # The excluded leaves count as zero for this draw only: the tree is not modified.
-        if isinstance(exclude, torch.Tensor):
-            exclude = exclude.detach().cpu().numpy()
-        sample = partial(sum_tree.sample_prioritized_excluding, num_valid, exclude)
-    else:
-        sample = partial(sum_tree.sample_prioritized, num_valid)
+    options = {
+        "batch_size": None if uniform is not None else batch_size,
+        "seed": seed,
+        "p_min": p_min if fp64 else None,
+        "beta": beta if fp64 else None,
+        "relative_to": None if fp64 else p_min,
+    }
     try:
-        index, priority, weight = sample(
-            uniform,
-            batch_size=None if uniform is not None else batch_size,
-            seed=seed,
-            p_min=p_min if fp64 else None,
-            beta=beta if fp64 else None,
-            relative_to=None if fp64 else p_min,
-        )
+        if exclude is None:
+            index, priority, weight = sum_tree.sample_prioritized(num_valid, uniform, **options)
+        else:
+            # The excluded leaves count as zero for this draw only: the tree is not modified.
+            if isinstance(exclude, torch.Tensor):
+                exclude = exclude.detach().cpu().numpy()
+            index, priority, weight = sum_tree.sample_prioritized_excluding(num_valid, exclude, uniform, **options)
     except RuntimeError:
         raise RuntimeError(
             f"non-positive p_sum: the priorities of the {num_valid} sampleable items "

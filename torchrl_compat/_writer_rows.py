@@ -6,9 +6,11 @@ index tensor, and a tensordict storage then scatters the batch through ``index_p
 its generic key-by-key machinery (device moves, lock and key checks, about 70 us for a
 batch of 1000 transitions of five keys). Here each leaf of the batch is copied into at
 most two row slices of the matching storage tensor (about 2 us a leaf), and the storage
-books the write as :meth:`~torchrl_compat.TensorStorage.set` would. CPU leaves are
-written through cached numpy views of the storage's tensors, which copy rows into a large
-array in about half the time torch's ``copy_`` takes.
+books the write as :meth:`~torchrl_compat.TensorStorage.set` would. When every leaf and
+its storage tensor are contiguous CPU tensors of one dtype and row shape (the common case),
+``replay.copy_rows`` copies all of them in one call, one or two ``memcpy`` a leaf; otherwise
+CPU leaves are written through cached numpy views of the storage's tensors, which copy rows
+into a large array in about half the time torch's ``copy_`` takes.
 
 Only the plain case takes this path: one of our initialized 1-D tensor storages whose
 ``set`` is not overridden, and a batch (a tensor, or a :class:`~tensordict.TensorDict`
@@ -22,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 from tensordict import TensorDict
+
+import replay
 
 from torchrl_compat._buffer_gather import array_of
 from torchrl_compat.storages import TensorStorage
@@ -76,6 +80,10 @@ def write_rows(
     capacity = dest.shape[0]
     if numel > capacity or not 0 <= start < capacity:
         return False
+    if replay.copy_rows([leaf for leaf, _ in pairs], [value for _, value in pairs], start, numel):
+        # every leaf a contiguous CPU tensor of its row shape: copied byte for byte
+        storage._note_rows_written(index, numel)
+        return True
     copies = [_as_arrays(leaf, value, {} if arrays is None else arrays) for leaf, value in pairs]
     # every leaf holds numel rows (a tensordict's leaves start with its batch size)
     first = min(numel, capacity - start)

@@ -844,8 +844,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self._sampler._empty()
         self._storage._empty()
 
-    @_maybe_delay_init
     def mark_update(self, index: int | torch.Tensor) -> None:
+        # called by the writer at every write: the delayed-init check inline, not decorated
+        if self._delayed_init and not self._initialized:
+            self._init()
         self._sampler.mark_update(index, storage=self._storage)
 
     # ----------------------------------------------------------------- read
@@ -938,6 +940,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             A batch of data selected in the replay buffer.
             A tuple containing this batch and info if return_info flag is set to True.
         """
+        result = self._batch_and_info(batch_size)
+        if return_info:
+            return result[0], self._info_on_storage_device(result[1])
+        return result[0]
+
+    def _batch_and_info(self, batch_size: int | None) -> tuple[Any, dict]:
+        """:meth:`sample`'s ``(data, info)``, the info as the sampler gave it."""
         if self._delayed_init and not self._initialized:
             self._init()
         if batch_size is None:
@@ -958,23 +967,21 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
                 "will prevail."
             )
         if not self._prefetch:
-            result = self._sample(batch_size)
-        else:
-            with self._futures_lock:
-                while (
-                    len(self._prefetch_queue)
-                    < min(self._sampler._remaining_batches, self._prefetch_cap)
-                    and not self._sampler.ran_out
-                ) or not len(self._prefetch_queue):
-                    self._prefetch_queue.append(self._prefetch_executor.submit(self._sample, batch_size))
-                result = self._prefetch_queue.popleft().result()
-        if return_info:
-            out, info = result
-            device = getattr(self._storage, "device", None)
-            if device is not None:
-                info = _info_to(info, device)
-            return out, info
-        return result[0]
+            return self._sample(batch_size)
+        with self._futures_lock:
+            while (
+                len(self._prefetch_queue)
+                < min(self._sampler._remaining_batches, self._prefetch_cap)
+                and not self._sampler.ran_out
+            ) or not len(self._prefetch_queue):
+                self._prefetch_queue.append(self._prefetch_executor.submit(self._sample, batch_size))
+            return self._prefetch_queue.popleft().result()
+
+    def _info_on_storage_device(self, info: dict) -> dict:
+        """The info handed to the caller: its tensors on the storage's device, as torchrl's
+        ``tree_map`` moves them (a new dict)."""
+        device = getattr(self._storage, "device", None)
+        return info if device is None else _info_to(info, device)
 
     # ----------------------------------------------------------- transforms
     @_maybe_delay_init
@@ -1290,7 +1297,9 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         trailing dimensions with the sampler's reduction, or the default priority."""
         priority = self._entry(tensordict, self.priority_key)
         if priority is None:
-            return torch.tensor(
+            # as_tensor: the default priority may be a (fresh) tensor, which torch.tensor
+            # copies with a warning
+            return torch.as_tensor(
                 self._sampler.default_priority, dtype=torch.float, device=tensordict.device
             ).expand(tensordict.shape[0])
         ndim = self._storage.ndim
@@ -1414,6 +1423,8 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             self._init()
         if not isinstance(self._sampler, PRIORITIZED_SAMPLERS):
             return
+        if type(data) is TensorDict and self._update_item_priorities(data):
+            return
         if data.ndim:
             priority = self._get_priority_vector(data)
         else:
@@ -1425,6 +1436,44 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             while index.shape != priority.shape:
                 index = index[..., 0]
         return self.update_priority(index, priority)
+
+    def _update_item_priorities(self, data: TensorDict) -> bool:
+        """:meth:`update_tensordict_priority` for a batch of a 1-D storage holding one
+        priority per item, with our prioritized sampler: its ``"index"`` and priority entries
+        go to the sampler as they are (views, no reduction), which is what the general path
+        hands it once it has reduced each item's single value to itself and copied the
+        result (the sampler keeps no reference to them). ``False``, having done nothing, for
+        anything else."""
+        key = self.priority_key
+        sampler = self._sampler
+        cls = type(self)
+        if (
+            type(key) is not str
+            or not isinstance(sampler, PrioritizedSampler)
+            or self._storage.ndim != 1
+            # overrides are called, as the general path calls them
+            or cls.update_priority is not ReplayBuffer.update_priority
+            or cls._get_priority_vector is not TensorDictReplayBuffer._get_priority_vector
+        ):
+            return False
+        priority = data._tensordict.get(key)
+        index = data._tensordict.get("index")
+        if type(priority) is not torch.Tensor or type(index) is not torch.Tensor or index.ndim != 1:
+            return False
+        numel = index.shape[0]
+        if (
+            not priority.is_floating_point()
+            or not 1 <= priority.ndim <= 2
+            or priority.shape[0] != numel
+            or priority.numel() != numel
+            or data._batch_size[:1] != index.shape
+        ):
+            return False
+        if priority.ndim == 2:
+            priority = priority.reshape(numel)
+        with self._replay_lock, self._write_lock:
+            sampler.update_priority(index, priority, storage=self._storage)
+        return True
 
     def _info_in_batch(self, info: dict, numel: int) -> dict | None:
         # transforms see the batch without the info, which is set after them
@@ -1470,7 +1519,10 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                 "to avoid bugs linked to wrongly preassigned values in the "
                 "output tensordict."
             )
-        data, info = super().sample(batch_size, return_info=True)
+        data, info = self._batch_and_info(batch_size)
+        if return_info:
+            # moved before it is set, so that the batch holds the very tensors returned
+            info = self._info_on_storage_device(info)
         plain = type(data) is TensorDict
         is_tc = plain or is_tensor_collection(data)
         if is_tc and (plain or not is_tensorclass(data)) and include_info in (True, None):

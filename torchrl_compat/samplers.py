@@ -57,6 +57,7 @@ from ._sampler_priorities import (
     generator_kept_on_failure,
     kernel_seed,
     largest_leaf,
+    MaxPriorityRecord,
     ravel_rows,
     stored_values,
 )
@@ -246,7 +247,7 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
         state = copy(self.__dict__)
         state["_rng"] = None
         # Per-call caches, rebuilt on first use (they may hold a storage's tensors).
-        for name in ("_shortest", "_trajectory_ends", "_preceding_of", "_info_keys_of"):
+        for name in ("_shortest", "_trajectory_ends", "_preceding_of", "_info_keys_of", "_max_priority_record"):
             state.pop(name, None)
         return state
 
@@ -1006,7 +1007,8 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             if type(priority) is not float:
                 return False  # an int priority keeps its dtype in the largest priority
             priority = torch.tensor(priority)
-        priority = priority.detach()
+        if priority.requires_grad:
+            priority = priority.detach()
         if not priority.is_cpu or not priority.is_floating_point() or not index.numel():
             return False
         if priority.numel() > 1 and priority.shape != index.shape:
@@ -1030,7 +1032,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         else:
             highest = float(priority[argmax])
         cur_max_priority, cur_max_priority_index = self._max_priority
-        if cur_max_priority is None or highest > float(cur_max_priority):
+        if cur_max_priority is None or highest > self._max_record().highest:
             # A fresh tensor: the caller may reuse its priority buffer.
             cur_max_priority, cur_max_priority_index = self._max_priority = (
                 priority[argmax].clone() if priority.ndim else priority.clone(),
@@ -1051,10 +1053,64 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
             operand = self.__dict__["_eps_operand_cache"] = EpsOperand()
         return operand
 
+    def _max_record(self) -> MaxPriorityRecord:
+        """The largest priority as the hot paths read it (see :class:`MaxPriorityRecord`),
+        derived again only when it, ``alpha`` or ``eps`` changed."""
+        state = self.__dict__.get("_max_priority")
+        record = self.__dict__.get("_max_priority_record")
+        if record is None or not record.describes(state, self._alpha, self._eps):
+            record = self.__dict__["_max_priority_record"] = MaxPriorityRecord(state, self._alpha, self._eps)
+        return record
+
     def mark_update(
         self, index: int | torch.Tensor, *, storage: Storage | None = None
     ) -> None:
-        self.update_priority(index, self.default_priority, storage=storage)
+        """Gives the items at ``index`` the default priority (:attr:`default_priority`).
+
+        .. note:: When ``index`` is one or two runs of consecutive items (what a round-robin
+            writer writes: the rows from its cursor on, wrapping once), they are filled as
+            ranges of leaves in one kernel call for both trees, with the default priority
+            and its stored value derived once per value of the largest priority rather than
+            at every call; the trees and the largest priority end as the update below
+            leaves them.
+        """
+        if not self._mark_ranges(index, storage):
+            self.update_priority(index, self.default_priority, storage=storage)
+
+    def _mark_ranges(self, index, storage) -> bool:
+        """:meth:`mark_update` for an index of runs of consecutive items, with ``replay``'s
+        trees: ``True`` once done; ``False``, having changed nothing, when the general path
+        is to do it (which also raises torchrl's errors)."""
+        cls = type(self)
+        if (
+            type(index) is not torch.Tensor
+            or index.ndim != 1
+            or index.dtype is not torch.int64
+            or not index.is_cpu
+            or not index.numel()
+            or self._max_priority_within_buffer
+            # an override of either is called, as torchrl's mark_update calls them
+            or cls.update_priority is not PrioritizedSampler.update_priority
+            or cls.default_priority is not PrioritizedSampler.default_priority
+        ):
+            return False
+        self._follow_storage(storage)
+        if not is_replay_tree(self._sum_tree):
+            return False
+        record = self._max_record()
+        default = record.default_write(lambda: self.default_priority, self._eps_operand)
+        if default is None:
+            return False
+        priority, as_float, stored = default
+        try:
+            if not replay.fill_priority_pair(self._sum_tree, self._min_tree, index, stored):
+                return False
+        except (IndexError, ValueError):
+            return False  # nothing written: the general path raises torchrl's error
+        if record.highest is None or as_float > record.highest:
+            # as the update does: a fresh tensor, and the first item's index
+            self._max_priority = (priority.clone(), torch.tensor(int(index[0])))
+        return True
 
     # ------------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
