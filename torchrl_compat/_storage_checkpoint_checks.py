@@ -14,12 +14,13 @@ from pathlib import Path
 
 import torch
 
-from torchrl_compat._storage_publish import partial_siblings
+from torchrl_compat._checkpoint_publish import partial_siblings
 
 __all__ = [
     "TENSORDICT_METADATA_FILE",
     "check_memmap_file",
     "check_tensordict_layout",
+    "dtype_named",
     "format_keys",
     "leaf_specs",
     "missing_checkpoint_error",
@@ -61,10 +62,17 @@ def read_json(file: Path, what: str = "checkpoint file"):
 # -----------------------------------------------------------------------------
 # Checks of a memory-mapped layout
 # -----------------------------------------------------------------------------
-def str2dtype(name: str, file) -> torch.dtype:
-    """The dtype named ``name`` (``"torch.float32"``) in ``file``: a lookup, never ``eval``."""
+def dtype_named(name) -> torch.dtype | None:
+    """The dtype a checkpoint names (``"torch.float32"``, as ``TensorDict.memmap`` writes it):
+    a lookup, never ``eval``; ``None`` when ``name`` names none."""
     dtype = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(dtype, torch.dtype):
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def str2dtype(name: str, file) -> torch.dtype:
+    """The dtype named ``name`` (``"torch.float32"``) in ``file``."""
+    dtype = dtype_named(name)
+    if dtype is None:
         raise ValueError(f"The checkpoint file {file} names an unknown dtype {name!r}.")
     return dtype
 

@@ -10,7 +10,7 @@ Two things differ from torchrl, on purpose:
   the target in one atomic rename once every file is written, so an interrupted ``dumps``
   (even killed) leaves the previous checkpoint, or nothing if there was none, never a
   half-written one. The partial directories of killed dumps are removed by the next ``dumps``
-  to the same path (see :mod:`torchrl_compat._storage_publish`).
+  to the same path (see :mod:`torchrl_compat._checkpoint_publish`).
 - ``loads`` checks the checkpoint before touching the storage: a missing directory or file raises
   :class:`FileNotFoundError`, an unreadable json file, a truncated memory-mapped file or a
   checkpoint that does not fit the storage raises :class:`ValueError`; each message names the file
@@ -42,7 +42,7 @@ from torchrl_compat._storage_checkpoint_checks import (
     read_json,
     str2dtype,
 )
-from torchrl_compat._storage_publish import publish_file, write_aside
+from torchrl_compat._checkpoint_publish import publish_file, write_aside
 
 # the name torchrl gives the single leaf of a tensor-only storage
 from torchrl_compat.utils import _path2str, _save_pytree_common, SINGLE_TENSOR_BUFFER_NAME

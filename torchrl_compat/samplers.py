@@ -29,9 +29,9 @@ from tensordict.utils import NestedKey
 import replay
 
 from . import _torch_slices
-from ._sampler_checkpoints import (
+from ._checkpoint_publish import write_aside
+from ._sampler_checkpoint_checks import (
     MetadataError,
-    publish_directory,
     read_float64_leaves,
     read_json_object,
     read_memmapped_state,
@@ -362,7 +362,7 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         self.shuffle = shuffle
 
     def dumps(self, path):
-        publish_directory(path, self._write_checkpoint)
+        write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         TensorDict(self.state_dict()).memmap(directory)
@@ -1096,7 +1096,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         return trees
 
     def dumps(self, path):
-        publish_directory(path, self._write_checkpoint)
+        write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         directory = Path(directory)
@@ -2471,7 +2471,7 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
     def dumps(self, path: Path):
         # Every member's files are written aside and published together: an interrupted
         # dumps leaves the previous ensemble checkpoint whole.
-        publish_directory(path, self._write_checkpoint)
+        write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         for i, sampler in enumerate(self._samplers):
