@@ -49,13 +49,8 @@ from tensordict.utils import expand_as_right, expand_right
 from torch.utils._pytree import tree_map
 
 from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
-from torchrl_compat._buffer_deps import (
-    accepted_classes,
-    PRIORITIZED_SAMPLERS,
-    torchrl_module,
-    torchrl_twin,
-)
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
+from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy
 from torchrl_compat.samplers import (
     PrioritizedSampler,
@@ -106,6 +101,8 @@ _NO_LOCK = contextlib.nullcontext()
 _COMPOSE_LEN = _transforms.Compose.__len__
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
+# The samplers the buffers give priorities to: ours, and torchrl's when importable.
+_PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")
 
 
 def _identity_collates() -> frozenset:
@@ -160,7 +157,7 @@ def _default_collate(storage, is_tensordict: bool = False):
 
 def _component(value, base: type, module: str):
     """``value`` if it is a ``base`` (ours, or the class torchrl's ``module`` names so, see
-    :func:`~torchrl_compat._buffer_deps.accepted_classes`), else what calling it builds
+    :func:`~torchrl_compat._torchrl_lookup.accepted_classes`), else what calling it builds
     (checked too)."""
     kinds = accepted_classes(base, module)
     if isinstance(value, kinds):
@@ -408,7 +405,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
 
     def _initialize_prioritized_sampler(self) -> None:
         """Gives the items already in the storage the sampler's default priority."""
-        if isinstance(self._sampler, PRIORITIZED_SAMPLERS) and len(self._storage) > 0:
+        if isinstance(self._sampler, _PRIORITIZED_SAMPLERS) and len(self._storage) > 0:
             length = len(self._storage)
             self._sampler.update_priority(
                 torch.arange(length, dtype=torch.long),
@@ -1412,7 +1409,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         if self._delayed_init and not self._initialized:
             self._init()
-        if not isinstance(self._sampler, PRIORITIZED_SAMPLERS):
+        if not isinstance(self._sampler, _PRIORITIZED_SAMPLERS):
             return
         if data.ndim:
             priority = self._get_priority_vector(data)

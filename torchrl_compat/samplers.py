@@ -37,17 +37,6 @@ from ._sampler_checkpoint_checks import (
     read_memmapped_state,
     real_number,
 )
-from ._sampler_deps import (
-    _auto_device,
-    _is_int,
-    _replace_last,
-    _torchrl_twin,
-    logger,
-    Storage,
-    StorageEnsemble,
-    TensorStorage,
-    unravel_index,
-)
 from ._sampler_priorities import (
     check_sampleable,
     check_update,
@@ -71,8 +60,11 @@ from ._sampler_trees import (
     trees_fit,
     write_leaves,
 )
+from ._storage_counters import compile_disable as _compile_disable
+from ._torchrl_lookup import accepted_classes, torchrl_twin, with_torchrl_namesakes
 from ._trajectory_ends import TrajectoryEnds
-from .utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index
+from .storages import Storage, StorageEnsemble, TensorStorage, logger
+from .utils import _ENSEMBLE_INDEX_ERROR, _auto_device, _ensemble_index, _is_int, unravel_index
 
 __all__ = [
     "PrioritizedSampler",
@@ -88,6 +80,14 @@ __all__ = [
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _CPU = torch.device("cpu")
 
+# The samplers take any storage that follows torchrl's storage API (duck typing, as torchrl's
+# samplers do); where they branch on a storage class, torchrl's own counts as ours.
+_TENSOR_STORAGES = accepted_classes(TensorStorage, "storages")
+_STORAGE_ENSEMBLES = accepted_classes(StorageEnsemble, "storages")
+# The ``TensorStorage._rand_given_ndim`` of ours and torchrl's (when importable): for a 1-D
+# storage, ``torch.randint(len(storage))`` behind dynamo-disabled wrappers.
+_PLAIN_RAND_GIVEN_NDIM = frozenset(cls._rand_given_ndim for cls in with_torchrl_namesakes(TensorStorage))
+
 # torchrl's module-level names of its segment trees: here ``replay``'s, which load on any torch.
 SumSegmentTreeFp32, MinSegmentTreeFp32 = replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32
 SumSegmentTreeFp64, MinSegmentTreeFp64 = replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64
@@ -96,6 +96,13 @@ try:
     from torch.compiler import is_compiling as _is_compiling
 except ImportError:  # pragma: no cover - torch < 2.3
     from torch._dynamo import is_compiling as _is_compiling
+
+
+def _replace_last(key, new_ending):
+    """``key`` with its last element replaced (a string key is replaced whole)."""
+    if isinstance(key, str):
+        return new_ending
+    return key[:-1] + (new_ending,)
 
 
 def _on_cpu(tensor) -> bool:
@@ -132,23 +139,6 @@ def _randperm(num: int, device, generator) -> torch.Tensor:
     return out.to(device) if device is not None else out
 
 
-def _plain_rand_given_ndim():
-    """The ``TensorStorage._rand_given_ndim`` of torchrl (when importable) and ours: for a 1-D
-    storage, ``torch.randint(len(storage))`` behind dynamo-disabled wrappers."""
-    from torchrl_compat import storages as compat_storages
-
-    found = {compat_storages.TensorStorage._rand_given_ndim}
-    try:
-        from torchrl.data.replay_buffers.storages import TensorStorage as TorchrlTensorStorage
-    except ImportError:  # pragma: no cover - torchrl is a test requirement
-        return frozenset(found)
-    found.add(TorchrlTensorStorage._rand_given_ndim)
-    return frozenset(found)
-
-
-_PLAIN_RAND_GIVEN_NDIM = _plain_rand_given_ndim()
-
-from torchrl_compat._storage_counters import compile_disable as _compile_disable  # noqa: E402
 
 
 @_compile_disable()
@@ -159,7 +149,7 @@ def _random_sample_outside_graph(storage, batch_size: int):
     return storage._rand_given_ndim(batch_size)
 
 
-class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
+class Sampler(*(torchrl_twin("samplers", "Sampler") or (ABC,))):
     """A generic sampler base class for composable Replay Buffers."""
 
     # Some samplers - mainly those without replacement -
@@ -251,7 +241,7 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
         return state
 
 
-class RandomSampler(Sampler, *_torchrl_twin("RandomSampler")):
+class RandomSampler(Sampler, *torchrl_twin("samplers", "RandomSampler")):
     """A uniformly random sampler for composable replay buffers.
 
     Indices are drawn by the storage (``storage._rand_given_ndim``), uniformly over its
@@ -302,7 +292,7 @@ class RandomSampler(Sampler, *_torchrl_twin("RandomSampler")):
         return
 
 
-class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplacement")):
+class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWithoutReplacement")):
     """A data-consuming sampler that ensures that the same sample is not present in consecutive batches.
 
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
@@ -607,7 +597,7 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
 
 
-class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
+class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler")):
     r"""Prioritized sampler for replay buffer.
 
     This sampler implements Prioritized Experience Replay (PER) as presented in
@@ -1183,7 +1173,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         self._sum_tree, self._min_tree = state["trees"]
 
 
-class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
+class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     """Samples slices of data along the first dimension, given start and stop signals.
 
     This class samples sub-trajectories with replacement. For a version without
@@ -1450,7 +1440,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                 vals = self._tracked_bounds(storage, self._used_traj_key, from_ids=True)
                 if vals is not None:
                     return self._keep_bounds(vals)
-                if isinstance(storage, TensorStorage):
+                if isinstance(storage, _TENSOR_STORAGES):
                     trajectory = storage[:][self._used_traj_key]
                 else:
                     try:
@@ -1838,7 +1828,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         ...
 
 
-class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_torchrl_twin("SliceSamplerWithoutReplacement")):
+class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *torchrl_twin("samplers", "SliceSamplerWithoutReplacement")):
     """Samples slices of data along the first dimension, given start and stop signals, without replacement.
 
     In this context, ``without replacement`` means that the same element (NOT trajectory) will not be sampled twice
@@ -1984,7 +1974,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
         return SamplerWithoutReplacement.load_state_dict(self, state_dict)
 
 
-class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("PrioritizedSliceSampler")):
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("samplers", "PrioritizedSliceSampler")):
     r"""Samples slices of data along the first dimension, given start and stop signals, using prioritized sampling.
 
     Slice starts are drawn with :class:`PrioritizedSampler`'s rule among the positions
@@ -2319,7 +2309,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         return SliceSampler.extend(self, index)
 
 
-class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
+class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
     """An ensemble of samplers.
 
     This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
@@ -2410,7 +2400,7 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
                 f"The batch size must be divisible by the number of buffers sampled, got "
                 f"batch_size={batch_size} and num_buffer_sampled={self.num_buffer_sampled}."
             )
-        if not isinstance(storage, StorageEnsemble):
+        if not isinstance(storage, _STORAGE_ENSEMBLES):
             raise TypeError(
                 f"SamplerEnsemble samples from a StorageEnsemble, got a storage of type "
                 f"{type(storage).__name__}."

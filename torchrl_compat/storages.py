@@ -54,6 +54,7 @@ from torchrl_compat._storage_counters import (
 )
 from torchrl_compat._storage_index import filled_index, index_error
 from torchrl_compat._storage_journal import ALL_ITEMS, WriteJournal
+from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import (
     CompressedListStorageCheckpointer,
     ListStorageCheckpointer,
@@ -69,7 +70,6 @@ from torchrl_compat.utils import (
     _is_int,
     _make_ordinal_device,
     _split_tuple_index,
-    _torchrl_replay_module,
     INT_CLASSES,
     tree_iter,
 )
@@ -86,12 +86,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("torchrl_compat")
-
-
-def _torchrl_twin(name: str) -> tuple:
-    """Returns ``(torchrl's class of that name,)`` when torchrl is importable, else ``()``."""
-    twin = getattr(_torchrl_replay_module("storages"), name, None)
-    return (twin,) if isinstance(twin, type) else ()
 
 
 # The module-level names torchrl 0.11 has here, for code that reaches them.
@@ -118,7 +112,7 @@ def _rewrites_items(method):
     return wrapper
 
 
-class Storage(*_torchrl_twin("Storage")):
+class Storage(*torchrl_twin("storages", "Storage")):
     """A Storage is the container of a replay buffer.
 
     Every storage must have a set, get and __len__ methods implemented.
@@ -327,7 +321,7 @@ def _uniform_indices(storage, batch_size: int) -> torch.Tensor:
     )
 
 
-class ListStorage(Storage, *_torchrl_twin("ListStorage")):
+class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
     """A storage stored in a list.
 
     This class cannot be extended with PyTrees, the data provided during calls to
@@ -585,7 +579,7 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
         return 0 <= item < len(self._storage)
 
 
-class LazyStackStorage(ListStorage, *_torchrl_twin("LazyStackStorage")):
+class LazyStackStorage(ListStorage, *torchrl_twin("storages", "LazyStackStorage")):
     """A ListStorage that returns LazyStackTensorDict instances.
 
     This storage allows for heterougeneous structures to be indexed as a single `TensorDict` representation.
@@ -640,7 +634,7 @@ class LazyStackStorage(ListStorage, *_torchrl_twin("LazyStackStorage")):
         return out
 
 
-class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
+class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     """A storage for tensors and tensordicts.
 
     Args:
@@ -1360,7 +1354,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         raise NotImplementedError(f"type {type(item)} is not supported yet.")
 
 
-class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
+class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStorage")):
     """A pre-allocated tensor storage for tensors and tensordicts.
 
     Args:
@@ -1579,7 +1573,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
             pass
 
 
-class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
+class LazyMemmapStorage(LazyTensorStorage, *torchrl_twin("storages", "LazyMemmapStorage")):
     """A memory-mapped storage for tensors and tensordicts.
 
     Args:
@@ -1803,7 +1797,7 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
             self.cleanup()
 
 
-class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")):
+class CompressedListStorage(ListStorage, *torchrl_twin("storages", "CompressedListStorage")):
     """A storage that compresses and decompresses data.
 
     This storage compresses data when storing and decompresses when retrieving.
@@ -2056,7 +2050,7 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
         return size
 
 
-class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
+class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
     """An ensemble of storages.
 
     This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.

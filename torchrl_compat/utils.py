@@ -9,7 +9,6 @@ torchrl 0.11 so that checkpoints written by one can be read by the other.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import typing
@@ -45,17 +44,6 @@ SINGLE_TENSOR_BUFFER_NAME = os.environ.get(
 
 INT_CLASSES_TYPING = Union[int, np.integer]
 INT_CLASSES = typing.get_args(INT_CLASSES_TYPING)
-
-
-def _torchrl_replay_module(name: str):
-    """torchrl's ``torchrl.data.replay_buffers.<name>`` module; ``None`` when torchrl is not
-    importable (or broken here), or when ``TORCHRL_COMPAT_STANDALONE`` is ``"1"``."""
-    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
-        return None
-    try:
-        return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
-    except Exception:  # torchrl absent, or broken in this environment
-        return None
 
 
 def _to_numpy(data: Tensor) -> np.ndarray:

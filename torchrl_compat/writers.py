@@ -28,7 +28,7 @@ from tensordict import is_tensor_collection, MemoryMappedTensor, TensorDict, Ten
 from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_flatten
 
-from torchrl_compat._buffer_deps import torchrl_twin
+from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._buffer_ensemble import select_members
 from torchrl_compat._writer_rows import shallow_copy, write_rows
 from torchrl_compat.utils import _ENSEMBLE_INDEX_ERROR, _is_int, _reduce
