@@ -29,6 +29,7 @@ from tensordict.utils import NestedKey
 import replay
 
 from . import _torch_slices
+from ._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from ._checkpoint_publish import write_aside
 from ._sampler_checkpoint_checks import (
     MetadataError,
@@ -64,7 +65,7 @@ from ._storage_counters import compile_disable as _compile_disable
 from ._torchrl_lookup import accepted_classes, torchrl_twin, with_torchrl_namesakes
 from ._trajectory_ends import TrajectoryEnds
 from .storages import Storage, StorageEnsemble, TensorStorage, logger
-from .utils import _ENSEMBLE_INDEX_ERROR, _auto_device, _ensemble_index, _is_int, unravel_index
+from .utils import _auto_device, _is_int, unravel_index
 
 __all__ = [
     "PrioritizedSampler",
@@ -2361,15 +2362,7 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
         self.p = p
         self.num_buffer_sampled = num_buffer_sampled
 
-    @property
-    def _rng(self):
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value):
-        self._rng_private = value
-        for sampler in self._samplers:
-            sampler._rng = value
+    _rng = members_rng("_samplers")
 
     @property
     def p(self):
@@ -2492,32 +2485,15 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
     def _empty(self):
         raise NotImplementedError
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            if index[0] is Ellipsis:
-                index = (slice(None), index[1:])
-            result = self[index[0]]
-            if len(index) > 1:
-                raise IndexError(
-                    f"Tuple of length greater than 1 are not accepted to index samplers of type {type(self)}."
-                )
-            return result
-        single, members = _ensemble_index(self, index)
-        if single is None and members is None:
-            return self
-        if single is not None:
-            try:
-                return self._samplers[single]
-            except IndexError:
-                raise IndexError(self._INDEX_ERROR.format(type(single)))
-        index = members
-        samplers = [self._samplers[i] for i in index] if isinstance(index, list) else self._samplers[index]
-        p = self._p[index] if self._p is not None else None
+        return select_members(self, index, self._samplers, self._selection, kind="samplers")
+
+    def _selection(self, selection) -> SamplerEnsemble:
         return SamplerEnsemble(
-            *samplers,
-            p=p,
+            *pick(self._samplers, selection),
+            p=self._p[selection] if self._p is not None else None,
             sample_from_all=self.sample_from_all,
             num_buffer_sampled=self.num_buffer_sampled,
         )

@@ -45,6 +45,7 @@ from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torchrl_compat import _storage_cleanup
+from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from torchrl_compat._storage_counters import (
     compile_disable,
     is_compiling,
@@ -63,13 +64,9 @@ from torchrl_compat.checkpointers import (
     TensorStorageCheckpointer,
 )
 from torchrl_compat.utils import (
-    _ENSEMBLE_INDEX_ERROR,
-    _ensemble_index,
-    _ensemble_rng,
     _init_pytree,
     _is_int,
     _make_ordinal_device,
-    _split_tuple_index,
     INT_CLASSES,
     tree_iter,
 )
@@ -2094,7 +2091,7 @@ class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
         self._compilable = False
         self._attached_entities_list = []
 
-    _rng = _ensemble_rng("_storages")
+    _rng = members_rng("_storages")
 
     def extend(self, value):
         raise RuntimeError(
@@ -2142,45 +2139,22 @@ class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            first, rest = _split_tuple_index(index)
-            result = self[first]
-            if rest:
-                if result is self:
-                    # first was an ellipsis / slice(None)
-                    return [storage[rest] for storage in self._storages]
-                if isinstance(result, StorageEnsemble):
-                    return result[(slice(None), *rest)]
-                return result[rest]
-            return result
-        single, index = _ensemble_index(self, index)
-        if single is None and index is None:
-            return self
-        if single is not None:
-            try:
-                return self._storages[single]
-            except IndexError:
-                raise IndexError(
-                    self._INDEX_ERROR.format(type(single))
-                    + f" (index {single} for {len(self._storages)} storages)"
-                )
-        if isinstance(index, list):
-            storages = [self._storages[i] for i in index]
-            transforms = (
-                [self._transforms[i] for i in index]
-                if self._transforms is not None
-                else [None] * len(index)
-            )
-        else:
-            storages = self._storages[index]
-            transforms = (
-                self._transforms[index]
-                if self._transforms is not None
-                else [None] * len(storages)
-            )
+        return select_members(
+            self,
+            index,
+            self._storages,
+            self._selection,
+            kind="storages",
+            index_each=lambda rest: [storage[rest] for storage in self._storages],
+            ensemble_class=StorageEnsemble,
+        )
+
+    def _selection(self, selection) -> StorageEnsemble:
+        storages = pick(self._storages, selection)
+        transforms = pick(self._transforms, selection) if self._transforms is not None else [None] * len(storages)
         return StorageEnsemble(*storages, transforms=transforms)
 
     def __len__(self):

@@ -29,9 +29,9 @@ from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_flatten
 
 from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat._buffer_ensemble import select_members
+from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from torchrl_compat._writer_rows import shallow_copy, write_rows
-from torchrl_compat.utils import _ENSEMBLE_INDEX_ERROR, _is_int, _reduce
+from torchrl_compat.utils import _is_int, _reduce
 
 try:
     from torch.compiler import disable as compile_disable, is_compiling
@@ -701,15 +701,7 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
         self._rng_private = None
         self._writers = writers
 
-    @property
-    def _rng(self):
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value):
-        self._rng_private = value
-        for writer in self._writers:
-            writer._rng = value
+    _rng = members_rng("_writers")
 
     def _empty(self, empty_write_count: bool = True) -> None:
         raise NotImplementedError
@@ -730,10 +722,12 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
     def extend(self):
         raise NotImplementedError
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index):
-        return select_members(self, index, self._writers, "writers", lambda writers: WriterEnsemble(*writers))
+        return select_members(
+            self, index, self._writers, lambda selection: WriterEnsemble(*pick(self._writers, selection)), kind="writers"
+        )
 
     def __len__(self):
         return len(self._writers)
