@@ -1,4 +1,5 @@
 """Slice samplers of torchrl_compat against torchrl 0.11's Python samplers and plain models."""
+import re
 import warnings
 
 import numpy as np
@@ -697,6 +698,70 @@ def test_prioritized_slice_empty_storage(key, storage_cls, ndim):
         with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage.$"):
             sampler.sample(storage, 4)
         assert torch.equal(sampler._rng.get_state(), state)  # nothing drawn
+
+
+@pytest.mark.parametrize("cls", ["SliceSampler", "SliceSamplerWithoutReplacement"])
+@pytest.mark.parametrize("key", ["traj_key", "end_key"])
+@pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage", "TensorStorage", "ListStorage"])
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_slice_empty_storage(cls, key, storage_cls, ndim):
+    # torchrl: "random_ expects 'from' to be less than 'to'" (SliceSampler, emptied storage),
+    # "Cannot get elements out of a non-initialized storage." (a fresh one), or "Could not get
+    # a tensordict out of the storage" (a list storage); ours says the storage is empty, as its
+    # other samplers do, and draws nothing
+    import torchrl_compat.storages as our_storages
+
+    if storage_cls == "ListStorage" and ndim == 2:
+        pytest.skip("list storages are 1-D")
+    data = episode_data(episodes_from_lengths([3, 3]))
+    if ndim == 2:
+        data = torch.stack([data, data], 1)
+    capacity = 6 * ndim
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+
+    def make(lib, fill):
+        if storage_cls == "TensorStorage":
+            storage = lib.TensorStorage(data.clone().zero_(), ndim=ndim)
+        elif storage_cls == "ListStorage":
+            storage = lib.ListStorage(capacity)
+        else:
+            storage = getattr(lib, storage_cls)(capacity, ndim=ndim)
+        if fill:
+            storage.set(torch.arange(6), data)
+        return storage
+
+    sampler = getattr(ours, cls)(num_slices=2, strict_length=False, **kwargs)
+    sampler._rng = generator(1)
+    fresh = make(our_storages, fill=False)
+    if storage_cls != "TensorStorage":  # preallocated: never empty until emptied
+        with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage.$"):
+            sampler.sample(fresh, 4)
+    if storage_cls == "ListStorage":
+        return  # the slice samplers read trajectories out of tensor storages only
+    storage = make(our_storages, fill=True)
+    # a preallocated 2-D storage filled along its first dim reports len 6 for its 12 steps:
+    # both libraries' SliceSamplerWithoutReplacement then fail to view their permutation
+    sampled_full = not (cls == "SliceSamplerWithoutReplacement" and storage_cls == "TensorStorage" and ndim == 2)
+    for refill in range(2):
+        storage.set(torch.arange(6), data)
+        if sampled_full:
+            sampler.sample(storage, 4)
+        storage._empty()
+        state = sampler._rng.get_state()
+        with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage.$"):
+            sampler.sample(storage, 4)
+        assert torch.equal(sampler._rng.get_state(), state)  # nothing drawn
+    if cls == "SliceSampler":
+        import torchrl.data.replay_buffers.storages as their_storages
+
+        theirs = make(their_storages, fill=True)
+        getattr(trl, cls)(num_slices=2, strict_length=False, **kwargs).sample(theirs, 4)
+        theirs._empty()
+        with pytest.raises((RuntimeError, IndexError)) as torchrl_error:
+            getattr(trl, cls)(num_slices=2, strict_length=False, **kwargs).sample(theirs, 4)
+        # "random_ expects 'from' to be less than 'to'" (trajectory ids) or "index -1 is out
+        # of bounds for dimension 0 with size 0" (end signal)
+        assert re.search(r"random_ expects|index -1 is out of bounds", str(torchrl_error.value))
 
 
 def test_prioritized_slice_state_and_left_span_warning(tmp_path):

@@ -1249,6 +1249,11 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         ("Boolean value of Tensor with more than one value is ambiguous"); here the span is
         checked against the requested slice length and the slices are drawn.
 
+    .. note:: An empty (or emptied) storage raises ``RuntimeError: Cannot sample from an
+        empty storage.``, as the other samplers do, before anything is drawn from the
+        generator (torchrl fails with "random_ expects 'from' to be less than 'to'" on an
+        emptied storage, or with an error about a non-initialized one).
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -1431,6 +1436,19 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             index = _torch_slices.slice_indices(start, seq_length, storage_length)
         return index if index.dtype == start.dtype else index.to(start.dtype)
 
+    def _trajectory_bounds(self, storage):
+        """``(start_idx, stop_idx, lengths)`` of the trajectories in ``storage``, where every
+        slice sampler's ``sample`` starts.
+
+        An empty storage is refused first, before any draw: the trajectory bookkeeping has
+        nothing to work on there, and torchrl fails in it ("random_ expects 'from' to be
+        less than 'to'", "IndexError: index -1 is out of bounds", or a complaint about a
+        non-initialized storage).
+        """
+        if len(storage) == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        return self._get_stop_and_length(storage)
+
     def _get_stop_and_length(self, storage, fallback=True):
         if self.cache_values and "stop-and-length" in self._cache:
             return self._cache.get("stop-and-length")
@@ -1531,7 +1549,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
-        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
         # The start / stop rows index the storage, so they need its number of dims.
         if start_idx.shape[1] != storage.ndim:
             raise RuntimeError(
@@ -1874,6 +1892,10 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
             will be used to retrieve the indices of the trajectory starts.
             Defaults to ``False``.
 
+    .. note:: An empty (or uninitialized) storage raises ``RuntimeError: Cannot sample from
+        an empty storage.``, as an emptied one does in torchrl, before anything is drawn
+        from the generator (torchrl complains about a non-initialized storage).
+
     Examples:
         >>> import torch
         >>> from tensordict import TensorDict
@@ -1938,7 +1960,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
-        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
         if start_idx.shape[1] != storage.ndim:
             raise RuntimeError(
                 f"Expected the end-of-trajectory signal to be "
@@ -2197,11 +2219,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
         return preceding_stop_idx
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
-        if len(storage) == 0:
-            # before the trajectory bookkeeping, which has nothing to work on (torchrl
-            # fails in it with "IndexError: index -1 is out of bounds")
-            raise RuntimeError(_EMPTY_STORAGE_ERROR)
-        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
 
         preceding_stop_idx = self._preceding_stop_idx(
