@@ -488,6 +488,18 @@ def test_slice_sampler_errors_leave_it_usable():
         ours.SliceSampler(num_slices=1, ends=torch.zeros(8, dtype=torch.bool), cache_values=True).sample(storage2, 2)
 
 
+def test_slice_without_replacement_signal_of_other_ndim():
+    # the message SliceSampler gives (torchrl's SliceSamplerWithoutReplacement says "Got a 1
+    # tensor instead.")
+    storage = LazyTensorStorage(24, ndim=2)
+    storage.set(torch.arange(8), TensorDict({"episode": torch.zeros(8, 3)}, [8, 3]))
+    ends = torch.zeros(8, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="2-dimensional. Got a 1 tensor instead"):
+        trl.SliceSamplerWithoutReplacement(num_slices=1, ends=ends).sample(storage, 2)
+    with pytest.raises(RuntimeError, match=r"to be 2-dimensional. Got a tensor with shape\[1\]=1 instead\.$"):
+        ours.SliceSamplerWithoutReplacement(num_slices=1, ends=ends).sample(storage, 2)
+
+
 def test_slice_sampler_cache_values():
     storage = episode_storage([4, 4, 4], capacity=20)
     sampler = ours.SliceSampler(num_slices=2, traj_key="episode", cache_values=True)

@@ -591,11 +591,14 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
         self._ran_out = state_dict["_ran_out"]
 
     def __repr__(self):
-        if self._has_sample_list():
-            perc = self._remaining_in_epoch() / self.len_storage * 100
-        else:
-            perc = 0.0
-        return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
+        return f"{self.__class__.__name__}({self._percent_left(0.0): 4.4f}% sampled)"
+
+    def _percent_left(self, before_first_epoch):
+        """The share of the epoch not drawn yet, in percent (torchrl's ``repr`` calls it
+        "sampled"); ``before_first_epoch`` until an epoch starts."""
+        if not self._has_sample_list():
+            return before_first_epoch
+        return self._remaining_in_epoch() / self.len_storage * 100
 
 
 class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler")):
@@ -1449,6 +1452,16 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         return self._get_stop_and_length(storage)
 
+    @staticmethod
+    def _check_signal_ndim(start_idx: torch.Tensor, storage) -> None:
+        # The start / stop rows index the storage, so they need its number of dims.
+        if start_idx.shape[1] != storage.ndim:
+            raise RuntimeError(
+                f"Expected the end-of-trajectory signal to be "
+                f"{storage.ndim}-dimensional. Got a tensor with shape[1]={start_idx.shape[1]} "
+                "instead."
+            )
+
     def _get_stop_and_length(self, storage, fallback=True):
         if self.cache_values and "stop-and-length" in self._cache:
             return self._cache.get("stop-and-length")
@@ -1550,13 +1563,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
         start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
-        # The start / stop rows index the storage, so they need its number of dims.
-        if start_idx.shape[1] != storage.ndim:
-            raise RuntimeError(
-                f"Expected the end-of-trajectory signal to be "
-                f"{storage.ndim}-dimensional. Got a tensor with shape[1]={start_idx.shape[1]} "
-                "instead."
-            )
+        self._check_signal_ndim(start_idx, storage)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
         storage_length = storage.shape[0]
         return self._sample_slices(
@@ -1942,11 +1949,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
     def __repr__(self):
-        if self._has_sample_list():
-            perc = self._remaining_in_epoch() / self.len_storage * 100
-        else:
-            perc = 0
-        return f"{self._repr_head()},{perc}% sampled)"
+        return f"{self._repr_head()},{self._percent_left(0)}% sampled)"
 
     def _empty(self):
         self._cache = {}
@@ -1961,12 +1964,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
         start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
-        if start_idx.shape[1] != storage.ndim:
-            raise RuntimeError(
-                f"Expected the end-of-trajectory signal to be "
-                f"{storage.ndim}-dimensional. Got a {start_idx.shape[1]} tensor "
-                "instead."
-            )
+        self._check_signal_ndim(start_idx, storage)
         # The permutation runs over trajectories, not items.
         self._storage_len_buffer = len(start_idx)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
