@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from torchrl_compat._storage_checkpoint_checks import dtype_named
+from torchrl_compat.utils import _dtype_named
 
 __all__ = [
     "MetadataError",
@@ -33,8 +33,23 @@ class MetadataError(ValueError):
     """A checkpoint file that exists but cannot be what it should be."""
 
 
+# The dtypes a sampler's state is read back as (raw bytes viewed as the dtype named).
+_READABLE_DTYPES = frozenset({
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+    torch.float16, torch.bfloat16, torch.float32, torch.float64,
+})
+
+
 def _missing(file: Path, what: str) -> FileNotFoundError:
     return FileNotFoundError(f"{file}: {what} (no sampler checkpoint there, or an incomplete one)")
+
+
+def _size_of(file: Path) -> int:
+    """The byte size of ``file``; FileNotFoundError naming it when it is missing."""
+    try:
+        return os.path.getsize(file)
+    except FileNotFoundError:
+        raise _missing(file, "the file is missing") from None
 
 
 def read_json_object(file: Path) -> dict:
@@ -55,10 +70,7 @@ def read_json_object(file: Path) -> dict:
 
 def read_float64_leaves(file: Path, count: int, *, what: str) -> np.ndarray:
     """``count`` float64 values from ``file`` (read-only, the size checked first)."""
-    try:
-        size = os.path.getsize(file)
-    except FileNotFoundError:
-        raise _missing(file, "the file is missing") from None
+    size = _size_of(file)
     if size != 8 * count:
         raise MetadataError(f"{file}: holds {size} bytes, {what} needs {8 * count} ({count} float64)")
     return np.fromfile(file, dtype=np.float64, count=count)
@@ -86,19 +98,16 @@ def _memmapped_entry(path: Path, key: str, entry):
         if inner.get("data", ...) is not None:
             raise MetadataError(f"{path / key / 'meta.json'}: expected None, got {inner.get('data', '(nothing)')!r}")
         return None
-    dtype = dtype_named(entry.get("dtype"))
+    dtype = _dtype_named(entry.get("dtype"))
     shape = entry.get("shape")
-    if dtype is None or not isinstance(shape, list) or not all(
+    if dtype not in _READABLE_DTYPES or not isinstance(shape, list) or not all(
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
     ):
         raise MetadataError(f"{meta}: the entry of {key!r} is not a tensor description: {entry!r}")
     file = path / f"{key}.memmap"
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     numel = math.prod(shape)
-    try:
-        size = os.path.getsize(file)
-    except FileNotFoundError:
-        raise _missing(file, "the file is missing") from None
+    size = _size_of(file)
     if size != numel * itemsize:
         raise MetadataError(f"{file}: holds {size} bytes, a {dtype} tensor of shape {shape} needs {numel * itemsize}")
     raw = np.fromfile(file, dtype=np.uint8, count=size)

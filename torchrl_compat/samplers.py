@@ -29,8 +29,8 @@ from tensordict.utils import NestedKey
 import replay
 
 from . import _torch_slices
-from ._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from ._checkpoint_publish import write_aside
+from ._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from ._sampler_checkpoint_checks import (
     MetadataError,
     read_float64_leaves,

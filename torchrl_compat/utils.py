@@ -134,6 +134,25 @@ def _is_int(index) -> bool:
 
 
 # -----------------------------------------------------------------------------
+# dtypes named in checkpoint metadata
+
+
+def _dtype_named(name) -> torch.dtype | None:
+    """The dtype a checkpoint names (``"torch.float32"``, as ``TensorDict.memmap`` and the
+    checkpointers write it): a lookup, never ``eval``; ``None`` when ``name`` names none."""
+    dtype = getattr(torch, str(name).replace("torch.", ""), None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _str2dtype(name: str, file) -> torch.dtype:
+    """The dtype named ``name`` (``"torch.float32"``) in the checkpoint file ``file``."""
+    dtype = _dtype_named(name)
+    if dtype is None:
+        raise ValueError(f"The checkpoint file {file} names an unknown dtype {name!r}.")
+    return dtype
+
+
+# -----------------------------------------------------------------------------
 # pytrees
 
 if hasattr(_pytree, "tree_iter"):
