@@ -101,7 +101,7 @@ _COMPOSE_LEN = _transforms.Compose.__len__
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
 # The samplers the buffers give priorities to: ours, and torchrl's when importable.
-_PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")
+PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")
 
 
 def _identity_collates() -> frozenset:
@@ -404,7 +404,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
 
     def _initialize_prioritized_sampler(self) -> None:
         """Gives the items already in the storage the sampler's default priority."""
-        if isinstance(self._sampler, _PRIORITIZED_SAMPLERS) and len(self._storage) > 0:
+        if isinstance(self._sampler, PRIORITIZED_SAMPLERS) and len(self._storage) > 0:
             length = len(self._storage)
             self._sampler.update_priority(
                 torch.arange(length, dtype=torch.long),
@@ -1408,7 +1408,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         if self._delayed_init and not self._initialized:
             self._init()
-        if not isinstance(self._sampler, _PRIORITIZED_SAMPLERS):
+        if not isinstance(self._sampler, PRIORITIZED_SAMPLERS):
             return
         if data.ndim:
             priority = self._get_priority_vector(data)
