@@ -21,7 +21,7 @@ import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat.checkpointers as ck
 import torchrl_compat.storages as ours
-from torchrl_compat import _storage_publish
+from torchrl_compat import _checkpoint_publish
 
 DATA_DIR = pathlib.Path(__file__).parent / "data"
 CAPACITY = 8  # rows along the first dimension
@@ -463,7 +463,7 @@ def test_interrupted_first_dumps_leaves_nothing(tmp_path, fail_on_second_file, k
 def test_killed_dumps_is_reported(tmp_path, monkeypatch, fail_on_second_file):
     # A process killed mid-dump cannot clean up: the partial directory stays, is never loaded,
     # and the error says so.
-    monkeypatch.setattr(_storage_publish.shutil, "rmtree", lambda *a, **k: None)
+    monkeypatch.setattr(_checkpoint_publish.shutil, "rmtree", lambda *a, **k: None)
     storage = fill(ours.LazyTensorStorage(CAPACITY), "tensordict", 1, full=False)
     fail_on_second_file()
     with pytest.raises(Interrupted):
@@ -522,7 +522,7 @@ def test_in_place_dumps_interrupted_keeps_previous(tmp_path, monkeypatch):
     monkeypatch.setattr(ck, "_dump_json", broken)
     with pytest.raises(Interrupted):
         storage.dumps(scratch)
-    assert _leftovers(tmp_path, "storage") == [] and _storage_publish.partial_siblings(scratch / "storage_metadata.json") == []
+    assert _leftovers(tmp_path, "storage") == [] and _checkpoint_publish.partial_siblings(scratch / "storage_metadata.json") == []
     # the previous metadata stays until the new one replaces it: the checkpoint still loads
     for lib in LIBS:
         dst = LIBS[lib].LazyMemmapStorage(CAPACITY)

@@ -9,7 +9,6 @@ on the torch its trees load on) are loaded back too.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import pathlib
 import pickle
@@ -22,6 +21,8 @@ import torchrl.data.replay_buffers.samplers as TS
 
 import torchrl_compat as O
 
+# the data the golden checkpoints hold, as the script that wrote them builds it
+from data.make_golden_buffers import golden_transitions
 from test_replay_buffers import assert_same, assert_same_info, make_td, torchrl_trees  # noqa: F401
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -187,15 +188,6 @@ def test_pickle_round_trip(kind):
 # -------------------------------------------------------------------- golden files
 
 
-def _golden_module():
-    spec = importlib.util.spec_from_file_location("make_golden_buffers", DATA / "make_golden_buffers.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# the data the golden checkpoints hold, as the script that wrote them builds it
-golden_transitions = _golden_module().golden_transitions
 
 
 def _golden_prioritized(lib):

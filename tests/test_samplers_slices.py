@@ -1,4 +1,5 @@
 """Slice samplers of torchrl_compat against torchrl 0.11's Python samplers and plain models."""
+import re
 import warnings
 
 import numpy as np
@@ -487,6 +488,18 @@ def test_slice_sampler_errors_leave_it_usable():
         ours.SliceSampler(num_slices=1, ends=torch.zeros(8, dtype=torch.bool), cache_values=True).sample(storage2, 2)
 
 
+def test_slice_without_replacement_signal_of_other_ndim():
+    # the message SliceSampler gives (torchrl's SliceSamplerWithoutReplacement says "Got a 1
+    # tensor instead.")
+    storage = LazyTensorStorage(24, ndim=2)
+    storage.set(torch.arange(8), TensorDict({"episode": torch.zeros(8, 3)}, [8, 3]))
+    ends = torch.zeros(8, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="2-dimensional. Got a 1 tensor instead"):
+        trl.SliceSamplerWithoutReplacement(num_slices=1, ends=ends).sample(storage, 2)
+    with pytest.raises(RuntimeError, match=r"to be 2-dimensional. Got a tensor with shape\[1\]=1 instead\.$"):
+        ours.SliceSamplerWithoutReplacement(num_slices=1, ends=ends).sample(storage, 2)
+
+
 def test_slice_sampler_cache_values():
     storage = episode_storage([4, 4, 4], capacity=20)
     sampler = ours.SliceSampler(num_slices=2, traj_key="episode", cache_values=True)
@@ -670,33 +683,76 @@ def test_prioritized_slice_len_one():
     assert set(index.tolist()) == set(range(7))
 
 
+@pytest.mark.parametrize("cls", ["SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler"])
 @pytest.mark.parametrize("key", ["traj_key", "end_key"])
-@pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage", "TensorStorage"])
+@pytest.mark.parametrize("storage_cls", ["LazyTensorStorage", "LazyMemmapStorage", "TensorStorage", "ListStorage"])
 @pytest.mark.parametrize("ndim", [1, 2])
-def test_prioritized_slice_empty_storage(key, storage_cls, ndim):
-    # torchrl fails with "IndexError: index -1 is out of bounds for dimension 0 with size 0"
+@pytest.mark.usefixtures("torchrl_trees")
+def test_slice_empty_storage(cls, key, storage_cls, ndim):
+    # torchrl: "random_ expects 'from' to be less than 'to'" (SliceSampler on trajectory ids)
+    # or "IndexError: index -1 is out of bounds for dimension 0 with size 0" (an end signal,
+    # or PrioritizedSliceSampler) on an emptied storage, "Cannot get elements out of a
+    # non-initialized storage." on a fresh one, "Could not get a tensordict out of the
+    # storage" on a list storage; ours says the storage is empty, as its other samplers do,
+    # and draws nothing
     import torchrl_compat.storages as our_storages
 
+    if storage_cls == "ListStorage" and ndim == 2:
+        pytest.skip("list storages are 1-D")
     data = episode_data(episodes_from_lengths([3, 3]))
     if ndim == 2:
         data = torch.stack([data, data], 1)
     capacity = 6 * ndim
-    if storage_cls == "TensorStorage":
-        storage = our_storages.TensorStorage(data.clone().zero_(), ndim=ndim)
-    else:
-        storage = getattr(our_storages, storage_cls)(capacity, ndim=ndim)
-    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
-    sampler = ours.PrioritizedSliceSampler(capacity, 0.7, 0.5, num_slices=2, strict_length=False, **kwargs)
-    sampler._rng = generator(1)
-    for refill in range(2):
+    kwargs = dict(num_slices=2, strict_length=False)
+    kwargs.update({"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")})
+    if cls == "PrioritizedSliceSampler":
+        kwargs.update(max_capacity=capacity, alpha=0.7, beta=0.5)
+
+    def make(lib, fill):
+        if storage_cls == "TensorStorage":
+            storage = lib.TensorStorage(data.clone().zero_(), ndim=ndim)
+        elif storage_cls == "ListStorage":
+            storage = lib.ListStorage(capacity)
+        else:
+            storage = getattr(lib, storage_cls)(capacity, ndim=ndim)
+        if fill:
+            storage.set(torch.arange(6), data)
+        return storage
+
+    def fill_and_sample(sampler, storage):
         storage.set(torch.arange(6), data)
-        sampler.update_priority(torch.arange(capacity), torch.ones(capacity))
-        sampler.sample(storage, 4)
+        if cls == "PrioritizedSliceSampler":
+            sampler.update_priority(torch.arange(capacity), torch.ones(capacity))
+        # a preallocated 2-D storage filled along its first dim reports len 6 for its 12
+        # steps: both libraries' SliceSamplerWithoutReplacement then fail to view their
+        # permutation
+        if not (cls == "SliceSamplerWithoutReplacement" and storage_cls == "TensorStorage" and ndim == 2):
+            sampler.sample(storage, 4)
+
+    sampler = getattr(ours, cls)(**kwargs)
+    sampler._rng = generator(1)
+    if storage_cls != "TensorStorage":  # preallocated: never empty until emptied
+        with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage.$"):
+            sampler.sample(make(our_storages, fill=False), 4)
+    if storage_cls == "ListStorage":
+        return  # the slice samplers read trajectories out of tensor storages only
+    storage = make(our_storages, fill=False)
+    for refill in range(2):
+        fill_and_sample(sampler, storage)
         storage._empty()
         state = sampler._rng.get_state()
         with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage.$"):
             sampler.sample(storage, 4)
         assert torch.equal(sampler._rng.get_state(), state)  # nothing drawn
+    if cls != "SliceSamplerWithoutReplacement":  # torchrl's says the storage is empty too
+        import torchrl.data.replay_buffers.storages as their_storages
+
+        theirs, their_sampler = make(their_storages, fill=False), getattr(trl, cls)(**kwargs)
+        fill_and_sample(their_sampler, theirs)
+        theirs._empty()
+        with pytest.raises((RuntimeError, IndexError)) as torchrl_error:
+            their_sampler.sample(theirs, 4)
+        assert re.search(r"random_ expects|index -1 is out of bounds", str(torchrl_error.value))
 
 
 def test_prioritized_slice_state_and_left_span_warning(tmp_path):

@@ -136,11 +136,19 @@ def _sampling_cases():
 @pytest.mark.parametrize("buffer,sampler,storage,kind,ndim", list(_sampling_cases()))
 def test_sampling(tmp_path, buffer, sampler, storage, kind, ndim):
     torchrl_fails = {}
-    if sampler == "PrioritizedSliceSampler":
-        # torchrl: "IndexError: index -1 is out of bounds for dimension 0 with size 0", or
-        # (it reads no trajectory out of a tensorclass) "ValueError: Invalid indexing
-        # arguments: episode."; ours says the storage is empty first.
-        error = "IndexError" if kind == "tensordict" else "ValueError"
+    if "Slice" in sampler:
+        # An emptied storage. torchrl: "IndexError: index -1 is out of bounds for dimension 0
+        # with size 0" (PrioritizedSliceSampler, or an end signal), "RuntimeError: random_
+        # expects 'from' to be less than 'to'" (SliceSampler on trajectory ids), "Cannot
+        # sample from an empty storage." (SliceSamplerWithoutReplacement), or (it reads no
+        # trajectory out of a tensorclass) "ValueError: Invalid indexing arguments:
+        # episode."; ours says the storage is empty first.
+        if kind != "tensordict":
+            error = "ValueError"
+        elif sampler == "PrioritizedSliceSampler" or "end_key" in sampler:
+            error = "IndexError"
+        else:
+            error = "RuntimeError"
         torchrl_fails["sample, emptied"] = (error, raises_saying("Cannot sample from an empty storage"))
     check_same(sampling, tmp_path, torchrl_fails, buffer=buffer, sampler=sampler, storage=storage, kind=kind, ndim=ndim)
 

@@ -420,6 +420,21 @@ def test_max_value_dumps_cross(tmp_path):
     assert torch.equal(loaded.extend(more.clone()), ref_index)
 
 
+def test_max_value_loads_unknown_dtype(tmp_path):
+    # torchrl: a bare KeyError of the dtype's name
+    ours, ref = _max_value_pair(3, rank_key="key")
+    data = TensorDict({"key": torch.tensor([4.0, 2.0, 7.0])}, [3])
+    ours.extend(data.clone())
+    ours.dumps(tmp_path)
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    metadata["dtype"] = "torch.nonsense"
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    with pytest.raises(KeyError, match="torch.nonsense"):
+        ref.loads(tmp_path)
+    with pytest.raises(ValueError, match=r"metadata\.json names an unknown dtype 'torch\.nonsense'"):
+        _max_value_pair(3)[0].loads(tmp_path)
+
+
 def test_max_value_pickle():
     ours, _ = _max_value_pair(2, rank_key="key")
     ours.extend(TensorDict({"key": torch.tensor([1.0, 2.0, 3.0])}, [3]))

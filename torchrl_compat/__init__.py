@@ -16,107 +16,20 @@ Examples:
 """
 from __future__ import annotations
 
-from torchrl_compat.checkpointers import (
-    CompressedListStorageCheckpointer,
-    FlatStorageCheckpointer,
-    ListStorageCheckpointer,
-    NestedStorageCheckpointer,
-    StorageCheckpointerBase,
-    StorageEnsembleCheckpointer,
-    TensorStorageCheckpointer,
-)
-from torchrl_compat.storages import (
-    CompressedListStorage,
-    LazyMemmapStorage,
-    LazyStackStorage,
-    LazyTensorStorage,
-    ListStorage,
-    Storage,
-    StorageEnsemble,
-    TensorStorage,
-)
+from torchrl_compat import checkpointers, replay_buffers, samplers, storages, writers
+from torchrl_compat.checkpointers import *  # noqa: F401,F403
+from torchrl_compat.replay_buffers import *  # noqa: F401,F403
+from torchrl_compat.samplers import *  # noqa: F401,F403
+from torchrl_compat.storages import *  # noqa: F401,F403
+from torchrl_compat.writers import *  # noqa: F401,F403
 
 __all__ = [
-    # storages
-    "CompressedListStorage",
-    "LazyMemmapStorage",
-    "LazyStackStorage",
-    "LazyTensorStorage",
-    "ListStorage",
-    "Storage",
-    "StorageEnsemble",
-    "TensorStorage",
-    # checkpointers
-    "CompressedListStorageCheckpointer",
-    "FlatStorageCheckpointer",
-    "ListStorageCheckpointer",
-    "NestedStorageCheckpointer",
-    "StorageCheckpointerBase",
-    "StorageEnsembleCheckpointer",
-    "TensorStorageCheckpointer",
+    *storages.__all__,
+    *checkpointers.__all__,
+    *samplers.__all__,
+    *writers.__all__,
+    *replay_buffers.__all__,
 ]
-
-from torchrl_compat.samplers import (  # noqa: E402
-    PrioritizedSampler,
-    PrioritizedSliceSampler,
-    RandomSampler,
-    Sampler,
-    SamplerEnsemble,
-    SamplerWithoutReplacement,
-    SliceSampler,
-    SliceSamplerWithoutReplacement,
-)
-
-__all__ += [
-    "PrioritizedSampler",
-    "PrioritizedSliceSampler",
-    "RandomSampler",
-    "Sampler",
-    "SamplerEnsemble",
-    "SamplerWithoutReplacement",
-    "SliceSampler",
-    "SliceSamplerWithoutReplacement",
-]
-
-from torchrl_compat.writers import (  # noqa: E402
-    ImmutableDatasetWriter,
-    RoundRobinWriter,
-    TensorDictMaxValueWriter,
-    TensorDictRoundRobinWriter,
-    Writer,
-    WriterEnsemble,
-)
-from torchrl_compat.replay_buffers import (  # noqa: E402
-    InPlaceSampler,
-    PrioritizedReplayBuffer,
-    ReplayBuffer,
-    ReplayBufferEnsemble,
-    TensorDictPrioritizedReplayBuffer,
-    TensorDictReplayBuffer,
-)
-
-__all__ += [
-    "ImmutableDatasetWriter",
-    "RoundRobinWriter",
-    "TensorDictMaxValueWriter",
-    "TensorDictRoundRobinWriter",
-    "Writer",
-    "WriterEnsemble",
-    "InPlaceSampler",
-    "PrioritizedReplayBuffer",
-    "ReplayBuffer",
-    "ReplayBufferEnsemble",
-    "TensorDictPrioritizedReplayBuffer",
-    "TensorDictReplayBuffer",
-]
-
-# Only defined when h5py is installed, as in torchrl.
-try:
-    from torchrl_compat.checkpointers import H5StorageCheckpointer  # noqa: F401
-except ImportError:
-    pass
-else:
-    __all__.append("H5StorageCheckpointer")
 
 # Torch-free, so it also runs from the start-up hook before anything imports torchrl.
 from torchrl_compat_trees import install_segment_trees  # noqa: E402

@@ -20,24 +20,11 @@ from __future__ import annotations
 import torch
 from tensordict import MemoryMappedTensor, TensorDict
 
-from torchrl_compat._buffer_deps import torchrl_module
-from torchrl_compat.storages import LazyMemmapStorage, LazyTensorStorage, TensorStorage
+from torchrl_compat._sampler_storage import has_plain_get
 
 __all__ = ["array_of", "gather_rows", "info_tree", "plain_storage"]
 
 _LEAF_TYPES = (torch.Tensor, MemoryMappedTensor)
-
-
-def _plain_gets() -> frozenset:
-    """The ``get`` methods that read ``storage._storage[:len][index]``, ours and torchrl's."""
-    classes = [TensorStorage, LazyTensorStorage, LazyMemmapStorage]
-    theirs = torchrl_module("storages")
-    if theirs is not None:
-        classes += [getattr(theirs, cls.__name__) for cls in classes]
-    return frozenset(cls.get for cls in classes)
-
-
-_PLAIN_GETS = _plain_gets()
 
 
 def info_tree(info: dict, numel: int, device) -> dict | None:
@@ -71,7 +58,7 @@ def info_tree(info: dict, numel: int, device) -> dict | None:
 def plain_storage(storage) -> bool:
     """Whether ``storage`` is a 1-D tensor storage whose ``get`` reads
     ``storage._storage[:len][index]`` (ours or torchrl's), which :func:`gather_rows` reads."""
-    return type(storage).get in _PLAIN_GETS and storage.ndim == 1
+    return has_plain_get(storage) and storage.ndim == 1
 
 
 def gather_rows(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from torch import nn
 from torch.utils._pytree import tree_map
 
-from torchrl_compat._buffer_deps import torchrl_module
+from torchrl_compat._torchrl_lookup import torchrl_module
 
 __all__ = ["CallableTransform", "Compose", "InvertTransform", "Transform"]
 

@@ -10,35 +10,30 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_compat._torchrl_lookup import with_torchrl_namesakes
+from torchrl_compat.storages import LazyMemmapStorage, LazyTensorStorage, TensorStorage
+
 __all__ = [
     "flag_columns",
     "gather_fields",
+    "has_plain_get",
     "ravel",
     "snapshot",
     "storage_device",
 ]
 
 
-def _plain_tensor_storage_gets():
-    gets = set()
-    from torchrl_compat import storages as compat_storages
-
-    modules = [compat_storages]
-    try:
-        from torchrl.data.replay_buffers import storages as torchrl_storages
-
-        modules.append(torchrl_storages)
-    except ImportError:  # pragma: no cover - torchrl is a test requirement
-        pass
-    for module in modules:
-        for name in ("TensorStorage", "LazyTensorStorage", "LazyMemmapStorage"):
-            cls = getattr(module, name, None)
-            if cls is not None:
-                gets.add(cls.get)
-    return frozenset(gets)
+# The ``get`` methods that read ``storage._storage[:len][index]``: ours, and torchrl's when
+# importable.
+_PLAIN_GETS = frozenset(
+    cls.get for cls in with_torchrl_namesakes(TensorStorage, LazyTensorStorage, LazyMemmapStorage)
+)
 
 
-_PLAIN_TENSOR_STORAGE_GETS = _plain_tensor_storage_gets()
+def has_plain_get(storage) -> bool:
+    """Whether ``storage.get(index)`` is ``storage._storage[:len][index]`` (the ``get`` of a
+    tensor storage class of ours or torchrl's), so its data can be read directly."""
+    return type(storage).get in _PLAIN_GETS
 
 
 def _plain_tensordict(storage):
@@ -46,7 +41,7 @@ def _plain_tensordict(storage):
     fields can be read from directly; ``None`` for any other storage."""
     data = getattr(storage, "_storage", None)
     if (
-        type(storage).get in _PLAIN_TENSOR_STORAGE_GETS
+        type(storage).get in _PLAIN_GETS
         and getattr(storage, "initialized", False)
         and isinstance(data, TensorDictBase)
     ):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from torchrl_compat._storage_publish import partial_siblings
+from torchrl_compat._checkpoint_publish import partial_siblings
+from torchrl_compat.utils import _str2dtype
 
 __all__ = [
     "TENSORDICT_METADATA_FILE",
@@ -24,7 +25,6 @@ __all__ = [
     "leaf_specs",
     "missing_checkpoint_error",
     "read_json",
-    "str2dtype",
 ]
 
 # the metadata file ``TensorDict.memmap`` writes in each directory
@@ -61,18 +61,10 @@ def read_json(file: Path, what: str = "checkpoint file"):
 # -----------------------------------------------------------------------------
 # Checks of a memory-mapped layout
 # -----------------------------------------------------------------------------
-def str2dtype(name: str, file) -> torch.dtype:
-    """The dtype named ``name`` (``"torch.float32"``) in ``file``: a lookup, never ``eval``."""
-    dtype = getattr(torch, str(name).replace("torch.", ""), None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"The checkpoint file {file} names an unknown dtype {name!r}.")
-    return dtype
-
-
 def check_memmap_file(file: Path, shape, dtype: torch.dtype, meta_file) -> None:
     """Checks that ``file`` exists with the byte size that ``meta_file`` gives it."""
     numel = math.prod(int(s) for s in shape)
-    expected = numel * torch.empty((), dtype=dtype).element_size()
+    expected = numel * dtype.itemsize
     if expected == 0:
         return
     if not file.is_file():
@@ -120,7 +112,7 @@ def check_tensordict_layout(path: Path) -> None:
                         f"The memory-mapped file {file} listed in {meta_file} does not exist."
                     )
                 continue
-            check_memmap_file(file, entry["shape"], str2dtype(entry["dtype"], meta_file), meta_file)
+            check_memmap_file(file, entry["shape"], _str2dtype(entry["dtype"], meta_file), meta_file)
     # tensorclasses and lazy stacks keep their content in sub-directories listed implicitly.
     if "_tensordict" in os.listdir(path) and (path / "_tensordict").is_dir():
         check_tensordict_layout(path / "_tensordict")

@@ -21,7 +21,7 @@ import signal
 import threading
 import weakref
 
-from torchrl_compat.utils import _torchrl_replay_module
+from torchrl_compat._torchrl_lookup import torchrl_module
 
 __all__ = ["InitDirectoryCleanup", "register", "registry", "remove_tree"]
 
@@ -29,7 +29,7 @@ logger = logging.getLogger("torchrl_compat")
 
 
 def _torchrl_registry():
-    found = getattr(_torchrl_replay_module("storages"), "_MEMMAP_STORAGE_REGISTRY", None)
+    found = getattr(torchrl_module("storages"), "_MEMMAP_STORAGE_REGISTRY", None)
     return found if isinstance(found, weakref.WeakSet) else None
 
 

@@ -10,7 +10,7 @@ Two things differ from torchrl, on purpose:
   the target in one atomic rename once every file is written, so an interrupted ``dumps``
   (even killed) leaves the previous checkpoint, or nothing if there was none, never a
   half-written one. The partial directories of killed dumps are removed by the next ``dumps``
-  to the same path (see :mod:`torchrl_compat._storage_publish`).
+  to the same path (see :mod:`torchrl_compat._checkpoint_publish`).
 - ``loads`` checks the checkpoint before touching the storage: a missing directory or file raises
   :class:`FileNotFoundError`, an unreadable json file, a truncated memory-mapped file or a
   checkpoint that does not fit the storage raises :class:`ValueError`; each message names the file
@@ -32,6 +32,7 @@ from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDi
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves, tree_map
 
+from torchrl_compat._checkpoint_publish import publish_file, write_aside
 from torchrl_compat._storage_checkpoint_checks import (
     TENSORDICT_METADATA_FILE,
     check_memmap_file,
@@ -40,12 +41,10 @@ from torchrl_compat._storage_checkpoint_checks import (
     leaf_specs,
     missing_checkpoint_error,
     read_json,
-    str2dtype,
 )
-from torchrl_compat._storage_publish import publish_file, write_aside
 
 # the name torchrl gives the single leaf of a tensor-only storage
-from torchrl_compat.utils import _path2str, _save_pytree_common, SINGLE_TENSOR_BUFFER_NAME
+from torchrl_compat.utils import _path2str, _save_pytree_common, _str2dtype, SINGLE_TENSOR_BUFFER_NAME
 
 __all__ = [
     "StorageCheckpointerBase",
@@ -306,7 +305,7 @@ def _metadata_from_json(metadata, file):
             return torch.Size(value)
         if kind == "torch.dtype":
             # A lookup, not eval(): the file is data, never code.
-            return str2dtype(value, file)
+            return _str2dtype(value, file)
         if kind == "torch.device":
             return torch.device(value)
         if kind == "torch.Tensor":
@@ -577,7 +576,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 )
             file = path / (key.replace(".", "/") + ".memmap")
             shape = torch.Size(md["shape"])
-            dtype = str2dtype(md["dtype"], metadata_file)
+            dtype = _str2dtype(md["dtype"], metadata_file)
             check_memmap_file(file, shape, dtype, metadata_file)
             dest = _pytree_leaf(storage._storage, key, metadata_file)
             if not isinstance(dest, torch.Tensor):

@@ -49,13 +49,9 @@ from tensordict.utils import expand_as_right, expand_right
 from torch.utils._pytree import tree_map
 
 from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
-from torchrl_compat._buffer_deps import (
-    accepted_classes,
-    PRIORITIZED_SAMPLERS,
-    torchrl_module,
-    torchrl_twin,
-)
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
+from torchrl_compat._ensemble import INDEX_ERROR, pick, select_members
+from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy
 from torchrl_compat.samplers import (
     PrioritizedSampler,
@@ -69,8 +65,6 @@ from torchrl_compat.samplers import (
 )
 from torchrl_compat.storages import _stack_anything, ListStorage, StorageEnsemble
 from torchrl_compat.utils import (
-    _ENSEMBLE_INDEX_ERROR,
-    _ensemble_index,
     _is_int,
     _pin_memory,
     _reduce,
@@ -106,6 +100,8 @@ _NO_LOCK = contextlib.nullcontext()
 _COMPOSE_LEN = _transforms.Compose.__len__
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
+# The samplers the buffers give priorities to: ours, and torchrl's when importable.
+PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")
 
 
 def _identity_collates() -> frozenset:
@@ -160,7 +156,7 @@ def _default_collate(storage, is_tensordict: bool = False):
 
 def _component(value, base: type, module: str):
     """``value`` if it is a ``base`` (ours, or the class torchrl's ``module`` names so, see
-    :func:`~torchrl_compat._buffer_deps.accepted_classes`), else what calling it builds
+    :func:`~torchrl_compat._torchrl_lookup.accepted_classes`), else what calling it builds
     (checked too)."""
     kinds = accepted_classes(base, module)
     if isinstance(value, kinds):
@@ -1866,66 +1862,45 @@ class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "Replay
     def _collate_fn(self, value):
         self._collate_fn_val = value
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index: int | torch.Tensor | tuple | np.ndarray | list | slice | Any) -> Any:
-        if isinstance(index, tuple):
-            if index[0] is Ellipsis:
-                index = (slice(None), index[1:])
-            rb = self[index[0]]
-            if len(index) > 1:
-                if rb is self:
-                    # index[0] was an ellipsis / slice(None): index every storage
-                    sample = [(i, storage[index[1:]]) for i, storage in enumerate(self._storage._storages)]
-                    return self._collate_fn(sample)
-                if isinstance(rb, ReplayBufferEnsemble):
-                    return rb[(slice(None), *index[1:])]
-                return rb[index[1:]]
-            return rb
-        single, members = _ensemble_index(self, index)
-        if single is None and members is None:
-            return self
+        return select_members(
+            self,
+            index,
+            self._rbs,
+            self._selection,
+            kind="replay buffers",
+            index_each=self._index_each_storage,
+            ensemble_class=ReplayBufferEnsemble,
+        )
+
+    def _index_each_storage(self, rest):
+        # ``rb[:, *rest]``: every storage indexed with ``rest``, collated as a sample
+        return self._collate_fn([(i, storage[rest]) for i, storage in enumerate(self._storage._storages)])
+
+    def _selection(self, selection) -> ReplayBufferEnsemble:
+        """The ensemble of the members at ``selection`` (a list of positions or a slice; also a
+        position when the ensemble was made of components rather than of buffers)."""
         if self._rbs is not None:
-            if single is not None:
-                try:
-                    return self._rbs[single]
-                except IndexError:
-                    raise IndexError(self._INDEX_ERROR.format(type(single))) from None
-            if isinstance(members, list):
-                rbs = [self._rbs[i] for i in members]
-                collate_fns = [self._collate_fns[i] for i in members]
-            else:
-                rbs = self._rbs[members]
-                collate_fns = self._collate_fns[members]
-            return ReplayBufferEnsemble(
-                *rbs,
-                transform=self._transform,
-                batch_size=self._batch_size,
-                collate_fn=self._collate_fn_val,
-                collate_fns=collate_fns,
-                sample_from_all=self._sampler.sample_from_all,
-                num_buffer_sampled=self._sub_num_buffer_sampled(),
-                p=self._member_p(members if single is None else single),
-            )
-        selection = members if single is None else single
-        try:
-            samplers = self._sampler[selection]
-            writers = self._writer[selection]
-            storages = self._storage[selection]
-            if isinstance(selection, list):
-                collate_fns = [self._collate_fns[i] for i in selection]
-            else:
-                collate_fns = self._collate_fns[selection]
-        except IndexError:
-            raise IndexError(self._INDEX_ERROR.format(type(index))) from None
+            rbs, components = pick(self._rbs, selection), {}
+        else:
+            rbs = ()
+            try:
+                components = dict(
+                    samplers=self._sampler[selection],
+                    writers=self._writer[selection],
+                    storages=self._storage[selection],
+                )
+            except IndexError:
+                raise IndexError(self._INDEX_ERROR.format(type(selection))) from None
         return ReplayBufferEnsemble(
-            samplers=samplers,
-            writers=writers,
-            storages=storages,
+            *rbs,
+            **components,
             transform=self._transform,
             batch_size=self._batch_size,
             collate_fn=self._collate_fn_val,
-            collate_fns=collate_fns,
+            collate_fns=pick(self._collate_fns, selection),
             sample_from_all=self._sampler.sample_from_all,
             num_buffer_sampled=self._sub_num_buffer_sampled(),
             p=self._member_p(selection),
@@ -1938,9 +1913,7 @@ class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "Replay
 
     def _member_p(self, selection):
         p = self._sampler._p
-        if p is None:
-            return None
-        return p[torch.as_tensor(selection)] if isinstance(selection, list) else p[selection]
+        return None if p is None else p[selection]
 
     def __len__(self):
         return len(self._storage)

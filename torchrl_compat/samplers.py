@@ -29,24 +29,14 @@ from tensordict.utils import NestedKey
 import replay
 
 from . import _torch_slices
-from ._sampler_checkpoints import (
+from ._checkpoint_publish import write_aside
+from ._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from ._sampler_checkpoint_checks import (
     MetadataError,
-    publish_directory,
     read_float64_leaves,
     read_json_object,
     read_memmapped_state,
     real_number,
-)
-from ._sampler_deps import (
-    _auto_device,
-    _is_int,
-    _replace_last,
-    _torchrl_twin,
-    logger,
-    Storage,
-    StorageEnsemble,
-    TensorStorage,
-    unravel_index,
 )
 from ._sampler_priorities import (
     check_sampleable,
@@ -72,8 +62,11 @@ from ._sampler_trees import (
     trees_fit,
     write_leaves,
 )
+from ._storage_counters import compile_disable as _compile_disable
+from ._torchrl_lookup import accepted_classes, torchrl_twin, with_torchrl_namesakes
 from ._trajectory_ends import TrajectoryEnds
-from .utils import _ENSEMBLE_INDEX_ERROR, _ensemble_index
+from .storages import Storage, StorageEnsemble, TensorStorage, logger
+from .utils import _auto_device, _is_int, unravel_index
 
 __all__ = [
     "PrioritizedSampler",
@@ -89,6 +82,14 @@ __all__ = [
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 _CPU = torch.device("cpu")
 
+# The samplers take any storage that follows torchrl's storage API (duck typing, as torchrl's
+# samplers do); where they branch on a storage class, torchrl's own counts as ours.
+_TENSOR_STORAGES = accepted_classes(TensorStorage, "storages")
+_STORAGE_ENSEMBLES = accepted_classes(StorageEnsemble, "storages")
+# The ``TensorStorage._rand_given_ndim`` of ours and torchrl's (when importable): for a 1-D
+# storage, ``torch.randint(len(storage))`` behind dynamo-disabled wrappers.
+_PLAIN_RAND_GIVEN_NDIM = frozenset(cls._rand_given_ndim for cls in with_torchrl_namesakes(TensorStorage))
+
 # torchrl's module-level names of its segment trees: here ``replay``'s, which load on any torch.
 SumSegmentTreeFp32, MinSegmentTreeFp32 = replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32
 SumSegmentTreeFp64, MinSegmentTreeFp64 = replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64
@@ -97,6 +98,13 @@ try:
     from torch.compiler import is_compiling as _is_compiling
 except ImportError:  # pragma: no cover - torch < 2.3
     from torch._dynamo import is_compiling as _is_compiling
+
+
+def _replace_last(key, new_ending):
+    """``key`` with its last element replaced (a string key is replaced whole)."""
+    if isinstance(key, str):
+        return new_ending
+    return key[:-1] + (new_ending,)
 
 
 def _on_cpu(tensor) -> bool:
@@ -133,23 +141,6 @@ def _randperm(num: int, device, generator) -> torch.Tensor:
     return out.to(device) if device is not None else out
 
 
-def _plain_rand_given_ndim():
-    """The ``TensorStorage._rand_given_ndim`` of torchrl (when importable) and ours: for a 1-D
-    storage, ``torch.randint(len(storage))`` behind dynamo-disabled wrappers."""
-    from torchrl_compat import storages as compat_storages
-
-    found = {compat_storages.TensorStorage._rand_given_ndim}
-    try:
-        from torchrl.data.replay_buffers.storages import TensorStorage as TorchrlTensorStorage
-    except ImportError:  # pragma: no cover - torchrl is a test requirement
-        return frozenset(found)
-    found.add(TorchrlTensorStorage._rand_given_ndim)
-    return frozenset(found)
-
-
-_PLAIN_RAND_GIVEN_NDIM = _plain_rand_given_ndim()
-
-from torchrl_compat._storage_counters import compile_disable as _compile_disable  # noqa: E402
 
 
 @_compile_disable()
@@ -160,7 +151,7 @@ def _random_sample_outside_graph(storage, batch_size: int):
     return storage._rand_given_ndim(batch_size)
 
 
-class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
+class Sampler(*(torchrl_twin("samplers", "Sampler") or (ABC,))):
     """A generic sampler base class for composable Replay Buffers."""
 
     # Some samplers - mainly those without replacement -
@@ -252,7 +243,7 @@ class Sampler(*(_torchrl_twin("Sampler") or (ABC,))):
         return state
 
 
-class RandomSampler(Sampler, *_torchrl_twin("RandomSampler")):
+class RandomSampler(Sampler, *torchrl_twin("samplers", "RandomSampler")):
     """A uniformly random sampler for composable replay buffers.
 
     Indices are drawn by the storage (``storage._rand_given_ndim``), uniformly over its
@@ -303,7 +294,7 @@ class RandomSampler(Sampler, *_torchrl_twin("RandomSampler")):
         return
 
 
-class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplacement")):
+class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWithoutReplacement")):
     """A data-consuming sampler that ensures that the same sample is not present in consecutive batches.
 
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
@@ -363,7 +354,7 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         self.shuffle = shuffle
 
     def dumps(self, path):
-        publish_directory(path, self._write_checkpoint)
+        write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         TensorDict(self.state_dict()).memmap(directory)
@@ -601,14 +592,17 @@ class SamplerWithoutReplacement(Sampler, *_torchrl_twin("SamplerWithoutReplaceme
         self._ran_out = state_dict["_ran_out"]
 
     def __repr__(self):
-        if self._has_sample_list():
-            perc = self._remaining_in_epoch() / self.len_storage * 100
-        else:
-            perc = 0.0
-        return f"{self.__class__.__name__}({perc: 4.4f}% sampled)"
+        return f"{self.__class__.__name__}({self._percent_left(0.0): 4.4f}% sampled)"
+
+    def _percent_left(self, before_first_epoch):
+        """The share of the epoch not drawn yet, in percent (torchrl's ``repr`` calls it
+        "sampled"); ``before_first_epoch`` until an epoch starts."""
+        if not self._has_sample_list():
+            return before_first_epoch
+        return self._remaining_in_epoch() / self.len_storage * 100
 
 
-class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
+class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler")):
     r"""Prioritized sampler for replay buffer.
 
     This sampler implements Prioritized Experience Replay (PER) as presented in
@@ -1152,7 +1146,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         return trees
 
     def dumps(self, path):
-        publish_directory(path, self._write_checkpoint)
+        write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         directory = Path(directory)
@@ -1239,7 +1233,7 @@ class PrioritizedSampler(Sampler, *_torchrl_twin("PrioritizedSampler")):
         self._sum_tree, self._min_tree = state["trees"]
 
 
-class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
+class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     """Samples slices of data along the first dimension, given start and stop signals.
 
     This class samples sub-trajectories with replacement. For a version without
@@ -1313,6 +1307,11 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
     .. note:: With ``strict_length=False`` and an integer ``span``, torchrl fails
         ("Boolean value of Tensor with more than one value is ambiguous"); here the span is
         checked against the requested slice length and the slices are drawn.
+
+    .. note:: An empty (or emptied) storage raises ``RuntimeError: Cannot sample from an
+        empty storage.``, as the other samplers do, before anything is drawn from the
+        generator (torchrl fails with "random_ expects 'from' to be less than 'to'" on an
+        emptied storage, or with an error about a non-initialized one).
 
     Examples:
         >>> import torch
@@ -1496,6 +1495,29 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
             index = _torch_slices.slice_indices(start, seq_length, storage_length)
         return index if index.dtype == start.dtype else index.to(start.dtype)
 
+    def _trajectory_bounds(self, storage):
+        """``(start_idx, stop_idx, lengths)`` of the trajectories in ``storage``, where every
+        slice sampler's ``sample`` starts.
+
+        An empty storage is refused first, before any draw: the trajectory bookkeeping has
+        nothing to work on there, and torchrl fails in it ("random_ expects 'from' to be
+        less than 'to'", "IndexError: index -1 is out of bounds", or a complaint about a
+        non-initialized storage).
+        """
+        if len(storage) == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        return self._get_stop_and_length(storage)
+
+    @staticmethod
+    def _check_signal_ndim(start_idx: torch.Tensor, storage) -> None:
+        # The start / stop rows index the storage, so they need its number of dims.
+        if start_idx.shape[1] != storage.ndim:
+            raise RuntimeError(
+                f"Expected the end-of-trajectory signal to be "
+                f"{storage.ndim}-dimensional. Got a tensor with shape[1]={start_idx.shape[1]} "
+                "instead."
+            )
+
     def _get_stop_and_length(self, storage, fallback=True):
         if self.cache_values and "stop-and-length" in self._cache:
             return self._cache.get("stop-and-length")
@@ -1506,7 +1528,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
                 vals = self._tracked_bounds(storage, self._used_traj_key, from_ids=True)
                 if vals is not None:
                     return self._keep_bounds(vals)
-                if isinstance(storage, TensorStorage):
+                if isinstance(storage, _TENSOR_STORAGES):
                     trajectory = storage[:][self._used_traj_key]
                 else:
                     try:
@@ -1596,14 +1618,8 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
-        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
-        # The start / stop rows index the storage, so they need its number of dims.
-        if start_idx.shape[1] != storage.ndim:
-            raise RuntimeError(
-                f"Expected the end-of-trajectory signal to be "
-                f"{storage.ndim}-dimensional. Got a tensor with shape[1]={start_idx.shape[1]} "
-                "instead."
-            )
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
+        self._check_signal_ndim(start_idx, storage)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
         storage_length = storage.shape[0]
         return self._sample_slices(
@@ -1894,7 +1910,7 @@ class SliceSampler(Sampler, *_torchrl_twin("SliceSampler")):
         ...
 
 
-class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_torchrl_twin("SliceSamplerWithoutReplacement")):
+class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *torchrl_twin("samplers", "SliceSamplerWithoutReplacement")):
     """Samples slices of data along the first dimension, given start and stop signals, without replacement.
 
     In this context, ``without replacement`` means that the same element (NOT trajectory) will not be sampled twice
@@ -1938,6 +1954,10 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
         use_gpu (bool or torch.device): if ``True`` (or is a device is passed), an accelerator
             will be used to retrieve the indices of the trajectory starts.
             Defaults to ``False``.
+
+    .. note:: An empty (or uninitialized) storage raises ``RuntimeError: Cannot sample from
+        an empty storage.``, as an emptied one does in torchrl, before anything is drawn
+        from the generator (torchrl complains about a non-initialized storage).
 
     Examples:
         >>> import torch
@@ -1985,11 +2005,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
 
     def __repr__(self):
-        if self._has_sample_list():
-            perc = self._remaining_in_epoch() / self.len_storage * 100
-        else:
-            perc = 0
-        return f"{self._repr_head()},{perc}% sampled)"
+        return f"{self._repr_head()},{self._percent_left(0)}% sampled)"
 
     def _empty(self):
         self._cache = {}
@@ -2003,13 +2019,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
-        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
-        if start_idx.shape[1] != storage.ndim:
-            raise RuntimeError(
-                f"Expected the end-of-trajectory signal to be "
-                f"{storage.ndim}-dimensional. Got a {start_idx.shape[1]} tensor "
-                "instead."
-            )
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
+        self._check_signal_ndim(start_idx, storage)
         # The permutation runs over trajectories, not items.
         self._storage_len_buffer = len(start_idx)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
@@ -2040,7 +2051,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *_
         return SamplerWithoutReplacement.load_state_dict(self, state_dict)
 
 
-class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("PrioritizedSliceSampler")):
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("samplers", "PrioritizedSliceSampler")):
     r"""Samples slices of data along the first dimension, given start and stop signals, using prioritized sampling.
 
     Slice starts are drawn with :class:`PrioritizedSampler`'s rule among the positions
@@ -2262,11 +2273,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         return preceding_stop_idx
 
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
-        if len(storage) == 0:
-            # before the trajectory bookkeeping, which has nothing to work on (torchrl
-            # fails in it with "IndexError: index -1 is out of bounds")
-            raise RuntimeError(_EMPTY_STORAGE_ERROR)
-        start_idx, stop_idx, lengths = self._get_stop_and_length(storage)
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
 
         preceding_stop_idx = self._preceding_stop_idx(
@@ -2375,7 +2382,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *_torchrl_twin("
         return SliceSampler.extend(self, index)
 
 
-class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
+class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
     """An ensemble of samplers.
 
     This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
@@ -2427,15 +2434,7 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
         self.p = p
         self.num_buffer_sampled = num_buffer_sampled
 
-    @property
-    def _rng(self):
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value):
-        self._rng_private = value
-        for sampler in self._samplers:
-            sampler._rng = value
+    _rng = members_rng("_samplers")
 
     @property
     def p(self):
@@ -2466,7 +2465,7 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
                 f"The batch size must be divisible by the number of buffers sampled, got "
                 f"batch_size={batch_size} and num_buffer_sampled={self.num_buffer_sampled}."
             )
-        if not isinstance(storage, StorageEnsemble):
+        if not isinstance(storage, _STORAGE_ENSEMBLES):
             raise TypeError(
                 f"SamplerEnsemble samples from a StorageEnsemble, got a storage of type "
                 f"{type(storage).__name__}."
@@ -2527,7 +2526,7 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
     def dumps(self, path: Path):
         # Every member's files are written aside and published together: an interrupted
         # dumps leaves the previous ensemble checkpoint whole.
-        publish_directory(path, self._write_checkpoint)
+        write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         for i, sampler in enumerate(self._samplers):
@@ -2558,32 +2557,15 @@ class SamplerEnsemble(Sampler, *_torchrl_twin("SamplerEnsemble")):
     def _empty(self):
         raise NotImplementedError
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            if index[0] is Ellipsis:
-                index = (slice(None), index[1:])
-            result = self[index[0]]
-            if len(index) > 1:
-                raise IndexError(
-                    f"Tuple of length greater than 1 are not accepted to index samplers of type {type(self)}."
-                )
-            return result
-        single, members = _ensemble_index(self, index)
-        if single is None and members is None:
-            return self
-        if single is not None:
-            try:
-                return self._samplers[single]
-            except IndexError:
-                raise IndexError(self._INDEX_ERROR.format(type(single)))
-        index = members
-        samplers = [self._samplers[i] for i in index] if isinstance(index, list) else self._samplers[index]
-        p = self._p[index] if self._p is not None else None
+        return select_members(self, index, self._samplers, self._selection, kind="samplers")
+
+    def _selection(self, selection) -> SamplerEnsemble:
         return SamplerEnsemble(
-            *samplers,
-            p=p,
+            *pick(self._samplers, selection),
+            p=self._p[selection] if self._p is not None else None,
             sample_from_all=self.sample_from_all,
             num_buffer_sampled=self.num_buffer_sampled,
         )

@@ -45,6 +45,7 @@ from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torchrl_compat import _storage_cleanup
+from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from torchrl_compat._storage_counters import (
     compile_disable,
     is_compiling,
@@ -54,6 +55,7 @@ from torchrl_compat._storage_counters import (
 )
 from torchrl_compat._storage_index import filled_index, index_error
 from torchrl_compat._storage_journal import ALL_ITEMS, WriteJournal
+from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import (
     CompressedListStorageCheckpointer,
     ListStorageCheckpointer,
@@ -62,14 +64,9 @@ from torchrl_compat.checkpointers import (
     TensorStorageCheckpointer,
 )
 from torchrl_compat.utils import (
-    _ENSEMBLE_INDEX_ERROR,
-    _ensemble_index,
-    _ensemble_rng,
     _init_pytree,
     _is_int,
     _make_ordinal_device,
-    _split_tuple_index,
-    _torchrl_replay_module,
     INT_CLASSES,
     tree_iter,
 )
@@ -86,12 +83,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("torchrl_compat")
-
-
-def _torchrl_twin(name: str) -> tuple:
-    """Returns ``(torchrl's class of that name,)`` when torchrl is importable, else ``()``."""
-    twin = getattr(_torchrl_replay_module("storages"), name, None)
-    return (twin,) if isinstance(twin, type) else ()
 
 
 # The module-level names torchrl 0.11 has here, for code that reaches them.
@@ -118,7 +109,7 @@ def _rewrites_items(method):
     return wrapper
 
 
-class Storage(*_torchrl_twin("Storage")):
+class Storage(*torchrl_twin("storages", "Storage")):
     """A Storage is the container of a replay buffer.
 
     Every storage must have a set, get and __len__ methods implemented.
@@ -327,7 +318,7 @@ def _uniform_indices(storage, batch_size: int) -> torch.Tensor:
     )
 
 
-class ListStorage(Storage, *_torchrl_twin("ListStorage")):
+class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
     """A storage stored in a list.
 
     This class cannot be extended with PyTrees, the data provided during calls to
@@ -585,7 +576,7 @@ class ListStorage(Storage, *_torchrl_twin("ListStorage")):
         return 0 <= item < len(self._storage)
 
 
-class LazyStackStorage(ListStorage, *_torchrl_twin("LazyStackStorage")):
+class LazyStackStorage(ListStorage, *torchrl_twin("storages", "LazyStackStorage")):
     """A ListStorage that returns LazyStackTensorDict instances.
 
     This storage allows for heterougeneous structures to be indexed as a single `TensorDict` representation.
@@ -640,7 +631,7 @@ class LazyStackStorage(ListStorage, *_torchrl_twin("LazyStackStorage")):
         return out
 
 
-class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
+class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     """A storage for tensors and tensordicts.
 
     Args:
@@ -1360,7 +1351,7 @@ class TensorStorage(Storage, *_torchrl_twin("TensorStorage")):
         raise NotImplementedError(f"type {type(item)} is not supported yet.")
 
 
-class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
+class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStorage")):
     """A pre-allocated tensor storage for tensors and tensordicts.
 
     Args:
@@ -1579,7 +1570,7 @@ class LazyTensorStorage(TensorStorage, *_torchrl_twin("LazyTensorStorage")):
             pass
 
 
-class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
+class LazyMemmapStorage(LazyTensorStorage, *torchrl_twin("storages", "LazyMemmapStorage")):
     """A memory-mapped storage for tensors and tensordicts.
 
     Args:
@@ -1803,7 +1794,7 @@ class LazyMemmapStorage(LazyTensorStorage, *_torchrl_twin("LazyMemmapStorage")):
             self.cleanup()
 
 
-class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")):
+class CompressedListStorage(ListStorage, *torchrl_twin("storages", "CompressedListStorage")):
     """A storage that compresses and decompresses data.
 
     This storage compresses data when storing and decompresses when retrieving.
@@ -2056,7 +2047,7 @@ class CompressedListStorage(ListStorage, *_torchrl_twin("CompressedListStorage")
         return size
 
 
-class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
+class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
     """An ensemble of storages.
 
     This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
@@ -2100,7 +2091,7 @@ class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
         self._compilable = False
         self._attached_entities_list = []
 
-    _rng = _ensemble_rng("_storages")
+    _rng = members_rng("_storages")
 
     def extend(self, value):
         raise RuntimeError(
@@ -2148,45 +2139,22 @@ class StorageEnsemble(Storage, *_torchrl_twin("StorageEnsemble")):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         raise NotImplementedError
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index):
-        if isinstance(index, tuple):
-            first, rest = _split_tuple_index(index)
-            result = self[first]
-            if rest:
-                if result is self:
-                    # first was an ellipsis / slice(None)
-                    return [storage[rest] for storage in self._storages]
-                if isinstance(result, StorageEnsemble):
-                    return result[(slice(None), *rest)]
-                return result[rest]
-            return result
-        single, index = _ensemble_index(self, index)
-        if single is None and index is None:
-            return self
-        if single is not None:
-            try:
-                return self._storages[single]
-            except IndexError:
-                raise IndexError(
-                    self._INDEX_ERROR.format(type(single))
-                    + f" (index {single} for {len(self._storages)} storages)"
-                )
-        if isinstance(index, list):
-            storages = [self._storages[i] for i in index]
-            transforms = (
-                [self._transforms[i] for i in index]
-                if self._transforms is not None
-                else [None] * len(index)
-            )
-        else:
-            storages = self._storages[index]
-            transforms = (
-                self._transforms[index]
-                if self._transforms is not None
-                else [None] * len(storages)
-            )
+        return select_members(
+            self,
+            index,
+            self._storages,
+            self._selection,
+            kind="storages",
+            index_each=lambda rest: [storage[rest] for storage in self._storages],
+            ensemble_class=StorageEnsemble,
+        )
+
+    def _selection(self, selection) -> StorageEnsemble:
+        storages = pick(self._storages, selection)
+        transforms = pick(self._transforms, selection) if self._transforms is not None else [None] * len(storages)
         return StorageEnsemble(*storages, transforms=transforms)
 
     def __len__(self):

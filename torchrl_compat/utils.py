@@ -9,7 +9,6 @@ torchrl 0.11 so that checkpoints written by one can be read by the other.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import typing
@@ -45,17 +44,6 @@ SINGLE_TENSOR_BUFFER_NAME = os.environ.get(
 
 INT_CLASSES_TYPING = Union[int, np.integer]
 INT_CLASSES = typing.get_args(INT_CLASSES_TYPING)
-
-
-def _torchrl_replay_module(name: str):
-    """torchrl's ``torchrl.data.replay_buffers.<name>`` module; ``None`` when torchrl is not
-    importable (or broken here), or when ``TORCHRL_COMPAT_STANDALONE`` is ``"1"``."""
-    if os.environ.get("TORCHRL_COMPAT_STANDALONE", "0") == "1":
-        return None
-    try:
-        return importlib.import_module(f"torchrl.data.replay_buffers.{name}")
-    except Exception:  # torchrl absent, or broken in this environment
-        return None
 
 
 def _to_numpy(data: Tensor) -> np.ndarray:
@@ -143,6 +131,25 @@ def _is_int(index) -> bool:
     if isinstance(index, (np.ndarray, torch.Tensor)):
         return index.ndim == 0
     return False
+
+
+# -----------------------------------------------------------------------------
+# dtypes named in checkpoint metadata
+
+
+def _dtype_named(name) -> torch.dtype | None:
+    """The dtype a checkpoint names (``"torch.float32"``, as ``TensorDict.memmap`` and the
+    checkpointers write it): a lookup, never ``eval``; ``None`` when ``name`` names none."""
+    dtype = getattr(torch, str(name).replace("torch.", ""), None)
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
+def _str2dtype(name: str, file) -> torch.dtype:
+    """The dtype named ``name`` (``"torch.float32"``) in the checkpoint file ``file``."""
+    dtype = _dtype_named(name)
+    if dtype is None:
+        raise ValueError(f"The checkpoint file {file} names an unknown dtype {name!r}.")
+    return dtype
 
 
 # -----------------------------------------------------------------------------
@@ -288,63 +295,6 @@ def _init_pytree(scratch_dir, max_size_fn, data):
 # -----------------------------------------------------------------------------
 # indices
 
-
-_ENSEMBLE_INDEX_ERROR = (
-    "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
-)
-
-
-def _ensemble_rng(members: str) -> property:
-    """The ``_rng`` property of a storage or sampler ensemble: a generator set on the ensemble
-    is set on each of its members (the attribute named ``members``) too."""
-
-    def get(self):
-        return self._rng_private
-
-    def set(self, value):
-        self._rng_private = value
-        for member in getattr(self, members):
-            member._rng = value
-
-    return property(get, set)
-
-
-def _split_tuple_index(index: tuple) -> tuple:
-    """``(first, rest)`` of a tuple index into an ensemble, torchrl's way: a leading ellipsis
-    stands for every member, and the rest is then kept as one nested entry."""
-    if index[0] is Ellipsis:
-        index = (slice(None), index[1:])
-    return index[0], index[1:]
-
-
-def _ensemble_index(ensemble, index):
-    """Normalises an index into a storage or sampler ensemble, with torchrl's rules and errors.
-
-    Returns ``(None, None)`` for ``slice(None)`` (the whole ensemble), ``(int, None)`` for a
-    single member, or ``(None, members)`` where ``members`` is a list of ints or a slice.
-    Tuples are left to the caller, whose rules for the trailing entries differ.
-    """
-    if isinstance(index, slice) and index == slice(None):
-        return None, None
-    if isinstance(index, (list, range, np.ndarray)):
-        index = torch.as_tensor(index)
-    if isinstance(index, torch.Tensor):
-        if index.ndim > 1:
-            raise RuntimeError(
-                f"Cannot index a {type(ensemble)} with tensor indices that have more than one dimension."
-            )
-        if index.is_floating_point():
-            raise TypeError(
-                "A floating point index was received when an integer dtype was expected."
-            )
-    if isinstance(index, int) or (not isinstance(index, slice) and len(index) == 0):
-        try:
-            return int(index), None
-        except Exception:
-            raise IndexError(ensemble._INDEX_ERROR.format(type(index)))
-    if isinstance(index, torch.Tensor):
-        return None, index.tolist()
-    return None, index
 
 def _unravel_index(indices: Tensor, shape) -> tuple[Tensor, ...]:
     """Torch-op fallback of :func:`torch.unravel_index` (C order)."""

@@ -28,10 +28,10 @@ from tensordict import is_tensor_collection, MemoryMappedTensor, TensorDict, Ten
 from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_flatten
 
-from torchrl_compat._buffer_deps import torchrl_twin
-from torchrl_compat._buffer_ensemble import select_members
+from torchrl_compat._torchrl_lookup import torchrl_twin
+from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from torchrl_compat._writer_rows import shallow_copy, write_rows
-from torchrl_compat.utils import _ENSEMBLE_INDEX_ERROR, _is_int, _reduce
+from torchrl_compat.utils import _is_int, _reduce, _str2dtype
 
 try:
     from torch.compiler import disable as compile_disable, is_compiling
@@ -46,17 +46,6 @@ __all__ = [
     "Writer",
     "WriterEnsemble",
 ]
-
-# The dtypes torchrl writes in a TensorDictMaxValueWriter's dumps metadata.
-_STRDTYPE2DTYPE = {
-    str(dtype): dtype
-    for dtype in (
-        torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-        torch.float16, torch.bfloat16, torch.float32, torch.float64,
-        torch.complex64, torch.complex128,
-    )
-}
-
 
 def _notify(storage, index) -> None:
     """Tells the entities attached to ``storage`` that the items at ``index`` changed."""
@@ -476,7 +465,8 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
         writes the kept items with one storage call; torchrl iterates over the batch one
         tensordict at a time. A missing ``rank_key`` raises a ``KeyError`` naming it
         (torchrl fails on ``None.numel()``). Loading a dump gives the indices back as
-        ints (torchrl reads them back as floats).
+        ints (torchrl reads them back as floats); a dump whose metadata names an unknown
+        dtype raises a ``ValueError`` naming the file (torchrl: a bare ``KeyError``).
     """
 
     def __init__(self, rank_key=None, reduction: str = "sum", **kwargs) -> None:
@@ -662,7 +652,7 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
         self._rank_key = tuple(rank_key) if isinstance(rank_key, list) else rank_key
         values = MemoryMappedTensor.from_filename(
             filename=path / "current_top_values.memmap",
-            dtype=_STRDTYPE2DTYPE[metadata["dtype"]],
+            dtype=_str2dtype(metadata["dtype"], path / "metadata.json"),
             shape=torch.Size(metadata["shape"]),
         ).tolist()
         self._current_top_values = [(value, int(row)) for value, row in values]
@@ -701,15 +691,7 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
         self._rng_private = None
         self._writers = writers
 
-    @property
-    def _rng(self):
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value):
-        self._rng_private = value
-        for writer in self._writers:
-            writer._rng = value
+    _rng = members_rng("_writers")
 
     def _empty(self, empty_write_count: bool = True) -> None:
         raise NotImplementedError
@@ -730,10 +712,12 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
     def extend(self):
         raise NotImplementedError
 
-    _INDEX_ERROR = _ENSEMBLE_INDEX_ERROR
+    _INDEX_ERROR = INDEX_ERROR
 
     def __getitem__(self, index):
-        return select_members(self, index, self._writers, "writers", lambda writers: WriterEnsemble(*writers))
+        return select_members(
+            self, index, self._writers, lambda selection: WriterEnsemble(*pick(self._writers, selection)), kind="writers"
+        )
 
     def __len__(self):
         return len(self._writers)

@@ -1,20 +1,25 @@
-"""Writing a checkpoint aside and publishing it in one rename; removing what interrupted writes
-leave behind.
+"""Publishing a checkpoint whole: written aside, then put in place in one rename; removing
+what interrupted writes leave behind.
 
-A checkpoint ``path`` (a directory or a file) is written into a sibling directory
-``.<name>.partial-<id>`` and then published over ``path`` by one rename: an atomic exchange
-of the two directories (Linux ``renameat2(RENAME_EXCHANGE)``), or ``os.replace`` for a file.
-Whatever moment a dump is interrupted at, even by SIGKILL, ``path`` holds the previous
-checkpoint or the new one, complete.
+Every class with ``dumps`` (storages, checkpointers, samplers, their ensembles) writes through
+:func:`write_aside` (or :func:`publish_file` for a lone file). A checkpoint ``path`` (a
+directory or a file) is written into a sibling directory ``.<name>.partial-<id>`` and then
+published over ``path`` by one rename: an atomic exchange of the two directories (Linux
+``renameat2(RENAME_EXCHANGE)``), or ``os.replace`` for a file. Whatever moment a dump is
+interrupted at, even by SIGKILL, ``path`` holds the previous checkpoint or the new one,
+complete.
 
 Each writer holds an exclusive ``flock`` on its partial directory while it writes.
 Before writing, a dump removes the partial siblings of the same ``path`` that nobody holds:
-those of dumps that were killed. A live concurrent dump holds its lock, and is left alone.
+those of dumps that were killed. A live concurrent dump, in this process or another, holds
+its lock and is left alone.
 
 Where the exchange is not available (another kernel, a file system without it), the
 previous directory is first renamed to ``.<name>.old-<id>`` and the new one renamed onto
 ``path``: two renames. A dump killed between them leaves no ``path``; the next dump renames
 the previous checkpoint back before anything else.
+
+Nothing here runs at ``loads``: reading a checkpoint never writes to it.
 """
 from __future__ import annotations
 
@@ -248,11 +253,12 @@ def write_aside(path, write_fn) -> None:
     path = Path(path).absolute()
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(
-            f"Cannot write a storage checkpoint at {path}: the path exists and is not a directory."
+            f"Cannot write a checkpoint at {path}: it is not a directory (a checkpoint replaces "
+            "a directory only, and this path exists and is not a directory)."
         )
     if not path.parent.is_dir():
         raise FileNotFoundError(
-            f"Cannot write a storage checkpoint at {path}: the parent directory "
+            f"Cannot write a checkpoint at {path}: the parent directory "
             f"{path.parent} does not exist."
         )
     remove_abandoned(path)
