@@ -20,6 +20,9 @@ PYTHON ?= python
 ENV_READY := setup
 endif
 
+# make test's run against the newest tensordict has an environment of its own.
+LATEST_VENV = build/venv-tensordict-latest
+LATEST_PYTHON = $(LATEST_VENV)/bin/python
 SETUP_INPUTS = requirements-test.txt pyproject.toml setup.py $(wildcard *.pth)
 TORCHRL_PIN = $(shell grep '^torchrl==' requirements-dev.txt)
 
@@ -50,13 +53,16 @@ setup:
 build: $(ENV_READY)
 	$(PYTHON) setup.py -q build_ext --inplace
 
-# The suite, then the kernel tests against the debug build, then one line counting both.
+# The whole check, what CI runs: the suite, the kernel tests against the debug build, and the
+# suite again against the newest tensordict; then one line counting all three runs.
 JUNIT_DIR = build/junit
-test: build
+JUNIT_REPORTS = $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml $(JUNIT_DIR)/tensordict-latest.xml
+test: build $(LATEST_VENV)/.setup-done
 	@rm -rf $(JUNIT_DIR)
 	-$(PYTHON) -m pytest tests -q --junitxml=$(JUNIT_DIR)/suite.xml
 	-$(DEBUG_BUILD) && $(DEBUG_TESTS) --junitxml=$(JUNIT_DIR)/debug-build.xml
-	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml
+	-$(LATEST_TESTS) --junitxml=$(JUNIT_DIR)/tensordict-latest.xml
+	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_REPORTS)
 
 # The kernel tests again, against a build with Cython's bounds / wrap-around checks on
 # (REPLAY_CYTHON_DEBUG=1), built aside so the in-place release build stays as it is.
@@ -72,8 +78,6 @@ test-debug: $(ENV_READY)
 
 # The suite against the newest tensordict torch 2.13 installs with, in an environment of its
 # own (torchrl 0.11.0 with --no-deps: it asks for tensordict<0.12 but runs on it).
-LATEST_VENV = build/venv-tensordict-latest
-LATEST_PYTHON = $(LATEST_VENV)/bin/python
 $(LATEST_VENV)/.setup-done: requirements-tensordict-latest.txt $(SETUP_INPUTS) requirements-dev.txt
 	$(call make_venv,$(LATEST_VENV))
 	$(LATEST_PYTHON) -m pip install $(PIP_FLAGS) -r requirements-tensordict-latest.txt
@@ -81,9 +85,10 @@ $(LATEST_VENV)/.setup-done: requirements-tensordict-latest.txt $(SETUP_INPUTS) r
 	$(LATEST_PYTHON) -m pip install $(PIP_FLAGS) --no-deps $(PIP_EDITABLE)
 	@touch $@
 
+LATEST_TESTS = $(LATEST_PYTHON) -c "import tensordict, torch, torchrl; print(f'torch {torch.__version__}, tensordict {tensordict.__version__}, torchrl {torchrl.__version__}')" \
+	&& $(LATEST_PYTHON) -m pytest tests -q -p no:cacheprovider
 test-tensordict-latest: build $(LATEST_VENV)/.setup-done
-	$(LATEST_PYTHON) -c "import tensordict, torch, torchrl; print(f'torch {torch.__version__}, tensordict {tensordict.__version__}, torchrl {torchrl.__version__}')"
-	$(LATEST_PYTHON) -m pytest tests -q -p no:cacheprovider
+	$(LATEST_TESTS)
 
 demo: build
 	$(PYTHON) demo.py
