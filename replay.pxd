@@ -161,6 +161,15 @@ cdef extern from "ckernels/slices.h" nogil:
     int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit,
                                   int64_t length, const int64_t *forced, int64_t n_forced,
                                   int64_t *start, int64_t *stop, int64_t *lengths, int64_t *n_out)
+    int rp_slice_patch_ends_run(const int64_t *ends, int64_t n_ends, int64_t lo, int64_t hi,
+                                const uint8_t *flags, int64_t *out, int64_t *n_out,
+                                int *changed)
+    int rp_slice_bounds_summary(const int64_t *ends, int64_t n_ends, int64_t limit,
+                                int64_t length, const int64_t *forced, int64_t n_forced,
+                                int64_t *count, int64_t *shortest, int64_t *bad)
+    int rp_slice_bounds_at(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                           const int64_t *forced, int64_t n_forced, const int64_t *traj,
+                           int64_t n, int64_t *start, int64_t *lengths, int64_t *bad)
     int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bint keep_first,
                                  int64_t offset, int64_t total, int64_t *out, int64_t out_len,
                                  int64_t *n_out)

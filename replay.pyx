@@ -1600,15 +1600,7 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     cdef const int64_t *start_ptr = NULL
     cdef const int64_t *length_ptr = NULL
     cdef const int64_t *traj_ptr = NULL
-    cdef const int64_t *seq_ptr = NULL
-    cdef const float *u32 = NULL
-    cdef const double *u64 = NULL
-    cdef int64_t[:, ::1] out_view
-    cdef uint8_t[::1] trunc_view
-    cdef int64_t m, n, n_seq, numel, ndim, capacity, rows = 0, bad = 0, c_storage, left, right
-    cdef int64_t steps = 0
-    cdef bint uniform_length
-    cdef int rc
+    cdef int64_t m, n, numel, ndim
 
     # start: [num_traj, ndim] (a 1-D start is [num_traj, 1])
     shape = _shape_of(start)
@@ -1628,6 +1620,26 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
             f"lengths must have shape ({m},) to match start of shape {tuple(shape)}, "
             f"got {_shape_of(lengths)}")
     traj_owner = _int64_data(traj, "traj", &traj_ptr, &n)
+    return _slices_from_draws(start_ptr, length_ptr, m, ndim, traj_ptr, n, uniform, seq_length,
+                              storage_length, span, flags, start, shape)
+
+
+cdef object _slices_from_draws(const int64_t *start_ptr, const int64_t *length_ptr, int64_t m,
+                               int64_t ndim, const int64_t *traj_ptr, int64_t n, object uniform,
+                               object seq_length, object storage_length, object span,
+                               object flags, object like, object shape):
+    """:func:`sample_slice_index` once its trajectories and draws are read: checks the other
+    arguments, runs the kernel, and returns its result (tensors when ``like`` is one)."""
+    cdef const int64_t *seq_ptr = NULL
+    cdef const float *u32 = NULL
+    cdef const double *u64 = NULL
+    cdef int64_t[:, ::1] out_view
+    cdef uint8_t[::1] trunc_view
+    cdef int64_t n_seq, numel, capacity, rows = 0, bad = 0, c_storage, left, right
+    cdef int64_t steps = 0
+    cdef bint uniform_length
+    cdef int rc
+
     u_owner = _real_data(uniform, "uniform", &u32, &u64, &numel)
     if numel != n:
         raise ValueError(
@@ -1662,7 +1674,7 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     out = np.empty((capacity, ndim), dtype=np.int64)
     truncated = np.empty((capacity, 1), dtype=np.bool_)
     if n == 0:
-        return (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
+        return (_numpy_to_like(out, like), _numpy_to_like(truncated, like))
     if capacity == 0:
         raise ValueError(_EMPTY_SLICES)
     out_view = out
@@ -1681,7 +1693,7 @@ def sample_slice_index(start, lengths, traj, uniform, seq_length, storage_length
     if rows != capacity:
         out = out[:rows]
         truncated = truncated[:rows]
-    result = (_numpy_to_like(out, start), _numpy_to_like(truncated, start))
+    result = (_numpy_to_like(out, like), _numpy_to_like(truncated, like))
     if flags is None:
         return result
     if ndim != 1:
@@ -1803,16 +1815,10 @@ def bounds_from_ends(ends, limit, length, forced=()):
     cdef int64_t[:, ::1] start_view
     cdef int64_t[:, ::1] stop_view
     cdef int64_t[::1] length_view
-    cdef int64_t n_ends, n_forced = 0, n_out = 0, c_limit = limit, c_length = length
+    cdef int64_t n_ends, n_forced, n_out = 0, c_limit = limit, c_length = length
     cdef int rc
     ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
-    for row in forced:
-        if n_forced == RP_SLICE_MAX_FORCED:
-            raise ValueError(f"at most {RP_SLICE_MAX_FORCED} forced rows, got {len(forced)}")
-        forced_rows[n_forced] = row
-        n_forced += 1
-    if c_length < 1:
-        raise ValueError(f"length must be at least 1, got length={length}")
+    n_forced = _forced_rows(forced, length, forced_rows)
     start = np.empty((n_ends + n_forced + 1, 1), dtype=np.int64)
     stop = np.empty((n_ends + n_forced + 1, 1), dtype=np.int64)
     lengths = np.empty(n_ends + n_forced + 1, dtype=np.int64)
@@ -1824,8 +1830,191 @@ def bounds_from_ends(ends, limit, length, forced=()):
                                        &start_view[0, 0], &stop_view[0, 0], &length_view[0],
                                        &n_out)
     if rc != RP_OK:
-        raise ValueError(f"forced rows must lie in [-1, {length}), got {list(forced)}")
+        raise ValueError(_forced_message(forced, length))
     return start[:n_out], stop[:n_out], lengths[:n_out]
+
+
+cdef int64_t _forced_rows(object forced, object length, int64_t *rows) except -1:
+    """Copies the forced rows of :func:`bounds_from_ends` (at most RP_SLICE_MAX_FORCED) into
+    ``rows`` and returns how many; checks ``length`` too (their range is the kernel's check)."""
+    cdef int64_t n = 0
+    for row in forced:
+        if n == RP_SLICE_MAX_FORCED:
+            raise ValueError(f"at most {RP_SLICE_MAX_FORCED} forced rows, got {len(forced)}")
+        rows[n] = row
+        n += 1
+    if length < 1:
+        raise ValueError(f"length must be at least 1, got length={length}")
+    return n
+
+
+cdef str _forced_message(object forced, object length):
+    return f"forced rows must lie in [-1, {length}), got {list(forced)}"
+
+
+def patch_ends_run(ends, lo, hi, flags):
+    """Sorted end rows with one run of rows read again: :func:`patch_ends` for the rows
+    ``lo, lo + 1, ..., hi - 1`` (what a round-robin write touches), without listing them.
+
+    Args:
+        ends (np.ndarray): strictly increasing int64 end rows.
+        lo (int): the first row read again (``>= 0``).
+        hi (int): one past the last row read again (``>= lo``).
+        flags (np.ndarray): ``hi - lo`` bools (or bytes), true where row ``lo + j`` is an end
+            now: typically the end signal's own ``[lo:hi]`` view.
+
+    Returns:
+        the updated strictly increasing int64 ends: ``ends`` itself when nothing changed, a
+        new array otherwise.
+
+    Raises:
+        ValueError: for ``lo < 0``, ``hi < lo``, or a number of flags other than ``hi - lo``.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.patch_ends_run(np.array([2, 5, 9]), 4, 7, np.array([False, False, True])).tolist()
+        [2, 6, 9]
+    """
+    cdef const int64_t *ends_ptr = NULL
+    cdef const uint8_t[::1] flag_view
+    cdef int64_t[::1] out_view
+    cdef int64_t n_ends, c_lo = lo, c_hi = hi, n_out = 0
+    cdef int changed = 0
+    cdef int rc
+    ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
+    if c_lo < 0 or c_hi < c_lo:
+        raise ValueError(f"the rows read again must satisfy 0 <= lo <= hi, got lo={lo}, hi={hi}")
+    flag_arr = _flag_bytes(flags)
+    if flag_arr.shape[0] != c_hi - c_lo:
+        raise ValueError(
+            f"flags must hold one value per row, got {flag_arr.shape[0]} flags for rows "
+            f"[{lo}, {hi})")
+    if c_hi == c_lo:
+        return ends
+    flag_view = flag_arr
+    out = np.empty(n_ends + c_hi - c_lo, dtype=np.int64)
+    out_view = out
+    with nogil:
+        rc = rp_slice_patch_ends_run(ends_ptr, n_ends, c_lo, c_hi, &flag_view[0], &out_view[0],
+                                     &n_out, &changed)
+    if rc != RP_OK:  # the arguments were checked above
+        raise ValueError(f"patch_ends_run() got lo={lo}, hi={hi}")
+    return out[:n_out] if changed else ends
+
+
+cdef object _flag_bytes(object flags):
+    """``flags`` as a C-contiguous 1-D uint8 array, nonzero where true: bool arrays are viewed
+    as their bytes (not copied), other dtypes compared with 0."""
+    arr = _as_array(flags).reshape(-1)
+    if arr.dtype == np.bool_ or arr.dtype == np.uint8:
+        return np.ascontiguousarray(arr).view(np.uint8)
+    return (arr != 0).view(np.uint8)
+
+
+def bounds_summary(ends, limit, length, forced=()):
+    """How many trajectories :func:`bounds_from_ends` lists for these arguments, and the
+    length of the shortest, without listing them.
+
+    Args:
+        ends, limit, length, forced: as for :func:`bounds_from_ends`.
+
+    Returns:
+        ``(count, shortest)``, two ints.
+
+    Raises:
+        ValueError, TypeError: where :func:`bounds_from_ends` raises them.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.bounds_summary(np.array([1, 4]), 6, 6, [2])
+        (3, 1)
+    """
+    cdef const int64_t *ends_ptr = NULL
+    cdef int64_t forced_rows[RP_SLICE_MAX_FORCED]
+    cdef int64_t n_ends, n_forced, c_limit = limit, c_length = length, count = 0, shortest = 0
+    cdef int64_t bad = 0
+    cdef int rc
+    ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
+    n_forced = _forced_rows(forced, length, forced_rows)
+    with nogil:
+        rc = rp_slice_bounds_summary(ends_ptr, n_ends, c_limit, c_length, forced_rows, n_forced,
+                                     &count, &shortest, &bad)
+    if rc != RP_OK:
+        raise ValueError(_forced_message(forced, length))
+    return count, shortest
+
+
+def sample_slice_index_from_ends(ends, limit, length, forced, traj, uniform, seq_length,
+                                 storage_length, *, span=(False, False), flags=None):
+    """:func:`sample_slice_index` over the trajectories :func:`bounds_from_ends` lists for
+    ``(ends, limit, length, forced)``, reading the bounds of the drawn trajectories only.
+
+    The same result as ``sample_slice_index(start, lengths, traj, ...)`` with ``start, _,
+    lengths = bounds_from_ends(ends, limit, length, forced)``, in O(log(ends) + rows)
+    instead of O(ends): a slice sampler draws a few trajectories out of thousands.
+
+    Args:
+        ends, limit, length, forced: as for :func:`bounds_from_ends`.
+        traj, uniform, seq_length, storage_length: as for :func:`sample_slice_index`
+            (``traj`` indexes the trajectories listed).
+
+    Keyword Args:
+        span, flags: as for :func:`sample_slice_index`.
+
+    Returns:
+        what :func:`sample_slice_index` returns (torch tensors when ``traj`` is one).
+
+    Raises:
+        IndexError: for a ``traj`` entry outside ``[0, count)`` (see :func:`bounds_summary`).
+        ValueError, TypeError: where :func:`bounds_from_ends` or :func:`sample_slice_index`
+            raise them.
+
+    Examples:
+        >>> import torch, replay
+        >>> index, truncated = replay.sample_slice_index_from_ends(
+        ...     torch.tensor([4, 7]), 8, 8, [], torch.tensor([1, 0]), torch.tensor([0.0, 0.99]),
+        ...     2, 8)
+        >>> index.flatten().tolist(), truncated.flatten().tolist()
+        ([5, 6, 3, 4], [False, True, False, True])
+    """
+    cdef const int64_t *ends_ptr = NULL
+    cdef const int64_t *traj_ptr = NULL
+    cdef int64_t *start_ptr = NULL
+    cdef int64_t *length_ptr = NULL
+    cdef int64_t *identity_ptr = NULL
+    cdef int64_t forced_rows[RP_SLICE_MAX_FORCED]
+    cdef int64_t[::1] start_view
+    cdef int64_t[::1] length_view
+    cdef int64_t[::1] identity_view
+    cdef int64_t n_ends, n_forced, n, c_limit = limit, c_length = length, bad = 0
+    cdef int64_t count = 0, shortest = 0
+    cdef int rc
+    ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
+    n_forced = _forced_rows(forced, length, forced_rows)
+    traj_owner = _int64_data(traj, "traj", &traj_ptr, &n)
+    # the drawn trajectories' bounds, then the slices in them: trajectory k is slice k's
+    starts = np.empty((n, 1), dtype=np.int64)
+    lengths = np.empty(n, dtype=np.int64)
+    identity = np.arange(n, dtype=np.int64)
+    if n:
+        start_view = starts.reshape(-1)
+        length_view = lengths
+        identity_view = identity
+        start_ptr = &start_view[0]
+        length_ptr = &length_view[0]
+        identity_ptr = &identity_view[0]
+    with nogil:
+        rc = rp_slice_bounds_at(ends_ptr, n_ends, c_limit, c_length, forced_rows, n_forced,
+                                traj_ptr, n, start_ptr, length_ptr, &bad)
+    if rc == RP_ERR_INDEX:
+        rp_slice_bounds_summary(ends_ptr, n_ends, c_limit, c_length, forced_rows, n_forced,
+                                &count, &shortest, &bad)
+        raise IndexError(
+            f"traj value {traj_ptr[bad]} at position {bad} is out of range for {count} trajectories")
+    if rc != RP_OK:
+        raise ValueError(_forced_message(forced, length))
+    return _slices_from_draws(start_ptr, length_ptr, n, 1, identity_ptr, n, uniform, seq_length,
+                              storage_length, span, flags, traj, (n, 1))
 
 
 def excluded_starts(lengths, tail, *, keep_first=False, offset=0, total=None):

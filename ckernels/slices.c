@@ -411,21 +411,14 @@ int rp_slice_patch_ends(const int64_t *ends, int64_t n_ends, const int64_t *rows
     return RP_OK;
 }
 
-int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
-                              const int64_t *forced, int64_t n_forced, int64_t *start,
-                              int64_t *stop, int64_t *lengths, int64_t *n_out) {
-    if (length < 1 || n_forced > RP_SLICE_MAX_FORCED) {
-        *n_out = -1;
-        return RP_ERR_VALUE;
-    }
+/* The forced rows of rp_slice_bounds_from_ends, checked, sorted and without duplicates (-1
+ * entries dropped) into extra; returns how many, or -1 for bad arguments. O(n_forced^2). */
+static int64_t sorted_forced(int64_t length, const int64_t *forced, int64_t n_forced,
+                             int64_t extra[RP_SLICE_MAX_FORCED]) {
+    if (length < 1 || n_forced < 0 || n_forced > RP_SLICE_MAX_FORCED) return -1;
     for (int64_t f = 0; f < n_forced; ++f) {
-        if (forced[f] < -1 || forced[f] >= length) {
-            *n_out = -1;
-            return RP_ERR_VALUE;
-        }
+        if (forced[f] < -1 || forced[f] >= length) return -1;
     }
-    /* The forced rows, sorted and without duplicates (there are at most a few). */
-    int64_t extra[RP_SLICE_MAX_FORCED];
     int64_t n_extra = 0;
     for (int64_t f = 0; f < n_forced; ++f) {
         const int64_t r = forced[f];
@@ -436,6 +429,32 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
         for (int64_t q = n_extra; q > p; --q) extra[q] = extra[q - 1];
         extra[p] = r;
         ++n_extra;
+    }
+    return n_extra;
+}
+
+/* First position in the sorted values[0..n) holding a value >= key. O(log n). */
+static int64_t lower_bound(const int64_t *values, int64_t n, int64_t key) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (values[mid] < key) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                              const int64_t *forced, int64_t n_forced, int64_t *start,
+                              int64_t *stop, int64_t *lengths, int64_t *n_out) {
+    int64_t extra[RP_SLICE_MAX_FORCED];
+    const int64_t n_extra = sorted_forced(length, forced, n_forced, extra);
+    if (n_extra < 0) {
+        *n_out = -1;
+        return RP_ERR_VALUE;
     }
     /* Merge the ends below limit with the forced rows. */
     int64_t i = 0, e = 0, o = 0;
@@ -456,6 +475,143 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
         previous = stop[k];
     }
     *n_out = o;
+    return RP_OK;
+}
+
+int rp_slice_patch_ends_run(const int64_t *ends, int64_t n_ends, int64_t lo, int64_t hi,
+                            const uint8_t *flags, int64_t *out, int64_t *n_out, int *changed) {
+    if (lo < 0 || hi < lo) {
+        *n_out = -1;
+        return RP_ERR_VALUE;
+    }
+    /* ends[first..past) are the old ends in the run; the new ones are written at out + first,
+     * and the ends around the run are copied only when something changed. */
+    const int64_t first = lower_bound(ends, n_ends, lo);
+    const int64_t past = first + lower_bound(ends + first, n_ends - first, hi);
+    int64_t *mid = out + first;
+    int64_t o = 0;
+    const int64_t steps = hi - lo;
+    int64_t j = 0;
+    /* ends are sparse: skip 8 flag bytes at a time while they are all zero */
+    for (; j + 8 <= steps; j += 8) {
+        uint64_t word;
+        memcpy(&word, flags + j, sizeof word);
+        if (word == 0) continue;
+        for (int64_t b = 0; b < 8; ++b) {
+            if (flags[j + b]) mid[o++] = lo + j + b;
+        }
+    }
+    for (; j < steps; ++j) {
+        if (flags[j]) mid[o++] = lo + j;
+    }
+    const bool differs =
+        o != past - first || (o > 0 && memcmp(mid, ends + first, (size_t)o * sizeof *ends) != 0);
+    *changed = differs;
+    if (!differs) {
+        *n_out = n_ends;
+        return RP_OK;
+    }
+    memcpy(out, ends, (size_t)first * sizeof *ends);
+    memcpy(mid + o, ends + past, (size_t)(n_ends - past) * sizeof *ends);
+    *n_out = first + o + (n_ends - past);
+    return RP_OK;
+}
+
+/* The trajectories of rp_slice_bounds_from_ends, listed by stop row: the ends below limit
+ * merged with the forced rows that are not ends already. */
+typedef struct {
+    const int64_t *ends;
+    int64_t n_ends;                        /* ends below limit */
+    int64_t length;                        /* rows of the signal */
+    int64_t n_extra;                       /* forced rows that are not ends */
+    int64_t extra[RP_SLICE_MAX_FORCED];    /* those rows, increasing */
+    int64_t at[RP_SLICE_MAX_FORCED];       /* the position of each in the merged list */
+    int64_t count;                         /* trajectories (1 when there is no end at all) */
+} stop_list;
+
+static int stop_list_init(stop_list *s, const int64_t *ends, int64_t n_ends, int64_t limit,
+                          int64_t length, const int64_t *forced, int64_t n_forced) {
+    int64_t sorted[RP_SLICE_MAX_FORCED];
+    const int64_t n_sorted = sorted_forced(length, forced, n_forced, sorted);
+    if (n_sorted < 0) return RP_ERR_VALUE;
+    s->ends = ends;
+    s->n_ends = lower_bound(ends, n_ends, limit);
+    s->length = length;
+    s->n_extra = 0;
+    for (int64_t f = 0; f < n_sorted; ++f) {
+        const int64_t p = lower_bound(ends, s->n_ends, sorted[f]);
+        if (p < s->n_ends && ends[p] == sorted[f]) continue; /* an end already */
+        s->extra[s->n_extra] = sorted[f];
+        s->at[s->n_extra] = p + s->n_extra; /* p ends and the earlier extras come first */
+        ++s->n_extra;
+    }
+    s->count = s->n_ends + s->n_extra;
+    if (s->count == 0) s->count = 1;
+    return RP_OK;
+}
+
+/* The stop row of trajectory k < s->count. O(n_extra). */
+static inline int64_t stop_list_at(const stop_list *s, int64_t k) {
+    if (s->n_ends + s->n_extra == 0) return s->length - 1; /* no end: one trajectory */
+    int64_t j = 0;
+    while (j < s->n_extra && s->at[j] < k) ++j;
+    if (j < s->n_extra && s->at[j] == k) return s->extra[j];
+    return s->ends[k - j];
+}
+
+/* The length (and into *start_t the first row) of trajectory k < s->count. O(n_extra). */
+static inline int64_t stop_list_length(const stop_list *s, int64_t k, int64_t *start_t) {
+    const int64_t previous = stop_list_at(s, k == 0 ? s->count - 1 : k - 1);
+    return trajectory_after(previous, stop_list_at(s, k), s->length, start_t);
+}
+
+int rp_slice_bounds_summary(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                            const int64_t *forced, int64_t n_forced, int64_t *count,
+                            int64_t *shortest, int64_t *bad) {
+    stop_list s;
+    if (stop_list_init(&s, ends, n_ends, limit, length, forced, n_forced) != RP_OK) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    /* Every trajectory but the first that neither ends at nor follows a forced row runs
+     * between two consecutive ends. The gap between two ends with a forced row in between
+     * is longer than both trajectories it holds, so taking it into the minimum too is
+     * harmless, and the loop stays branch-free. */
+    int64_t low = INT64_MAX;
+    for (int64_t i = 1; i < s.n_ends; ++i) {
+        const int64_t gap = ends[i] - ends[i - 1];
+        low = gap < low ? gap : low;
+    }
+    int64_t start_t, k;
+    for (int64_t j = 0; j <= s.n_extra; ++j) {
+        /* the first trajectory, then those ending at and following each forced row */
+        for (int64_t side = 0; side < (j == 0 ? 1 : 2); ++side) {
+            k = j == 0 ? 0 : s.at[j - 1] + side;
+            if (k >= s.count) k = 0;
+            const int64_t steps = stop_list_length(&s, k, &start_t);
+            low = steps < low ? steps : low;
+        }
+    }
+    *count = s.count;
+    *shortest = low;
+    return RP_OK;
+}
+
+int rp_slice_bounds_at(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                       const int64_t *forced, int64_t n_forced, const int64_t *traj, int64_t n,
+                       int64_t *start, int64_t *lengths, int64_t *bad) {
+    stop_list s;
+    if (stop_list_init(&s, ends, n_ends, limit, length, forced, n_forced) != RP_OK) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    for (int64_t k = 0; k < n; ++k) {
+        if (traj[k] < 0 || traj[k] >= s.count) {
+            *bad = k;
+            return RP_ERR_INDEX;
+        }
+    }
+    for (int64_t k = 0; k < n; ++k) lengths[k] = stop_list_length(&s, traj[k], &start[k]);
     return RP_OK;
 }
 

@@ -139,6 +139,33 @@ int rp_slice_bounds_from_ends(const int64_t *ends, int64_t n_ends, int64_t limit
                               const int64_t *forced, int64_t n_forced, int64_t *start,
                               int64_t *stop, int64_t *lengths, int64_t *n_out);
 
+/* Replace the ends within rows [lo, hi) of the strictly increasing ends[0..n_ends) by the rows
+ * lo + j (j < hi - lo) with flags[j] != 0: the end signal read again over one run of rows (a
+ * round-robin write). out (room for n_ends + hi - lo) receives the updated strictly increasing
+ * ends and *n_out their count; *changed is set to 1 when they differ from ends, else 0 (out then
+ * need not be used). Returns RP_OK, or RP_ERR_VALUE (nothing written, *n_out = -1) when
+ * lo < 0 or hi < lo. O(log n_ends + (hi - lo)), plus O(n_ends) copied when changed. */
+int rp_slice_patch_ends_run(const int64_t *ends, int64_t n_ends, int64_t lo, int64_t hi,
+                            const uint8_t *flags, int64_t *out, int64_t *n_out, int *changed);
+
+/* The trajectories rp_slice_bounds_from_ends would list, read without listing them. Both
+ * functions below take its (ends, n_ends, limit, length, forced, n_forced) arguments and
+ * return RP_ERR_VALUE (*bad = -1, nothing written) where it does. */
+
+/* How many trajectories rp_slice_bounds_from_ends lists (*count) and the length of the
+ * shortest (*shortest). O(n_ends + n_forced^2). */
+int rp_slice_bounds_summary(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                            const int64_t *forced, int64_t n_forced, int64_t *count,
+                            int64_t *shortest, int64_t *bad);
+
+/* The first row start[k] and the length lengths[k] of trajectory traj[k] of those
+ * rp_slice_bounds_from_ends lists (its start[traj[k]] and lengths[traj[k]]), for k < n.
+ * Returns RP_OK; RP_ERR_INDEX with *bad = k (nothing written) when traj[k] is outside
+ * [0, count); RP_ERR_VALUE as above. O(n_forced^2 + log n_ends + n * n_forced). */
+int rp_slice_bounds_at(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                       const int64_t *forced, int64_t n_forced, const int64_t *traj, int64_t n,
+                       int64_t *start, int64_t *lengths, int64_t *bad);
+
 /* Gather one byte flag per row: out[i] = flags[rows[i]] != 0 for i < n, where flags holds
  * `length` rows of one byte (a bool column). Returns RP_OK, or RP_ERR_INDEX with *bad = i when
  * rows[i] is outside [0, length) (nothing written). O(n). */

@@ -421,6 +421,93 @@ def test_patch_ends_matches_a_rescan(size, seed, n_rows):
     assert (patched is ends) == np.array_equal(np.flatnonzero(end), ends)
 
 
+@SETTINGS
+@given(
+    size=st.integers(1, 80),
+    seed=st.integers(0, 2**32 - 1),
+    run=st.tuples(st.integers(0, 80), st.integers(0, 80)),
+    dtype=st.sampled_from([np.bool_, np.uint8, np.float32, np.int64]),
+)
+def test_patch_ends_run_matches_a_rescan(size, seed, run, dtype):
+    rng = np.random.default_rng(seed)
+    end = rng.random(size) < rng.random()
+    ends = np.flatnonzero(end).astype(np.int64)
+    lo = min(run) % (size + 1)
+    hi = max(lo, min(max(run), size))
+    flags = (rng.random(hi - lo) < rng.random()).astype(dtype)
+    before = ends.copy()
+    end[lo:hi] = flags != 0
+    patched = replay.patch_ends_run(ends, lo, hi, flags)
+    np.testing.assert_array_equal(patched, np.flatnonzero(end))
+    assert (patched is ends) == np.array_equal(np.flatnonzero(end), before)
+    np.testing.assert_array_equal(ends, before)  # the input is never written
+    # the same as listing the rows for patch_ends
+    np.testing.assert_array_equal(patched, replay.patch_ends(before, np.arange(lo, hi), flags != 0))
+
+
+def test_patch_ends_run_reads_any_nonzero_byte_as_an_end():
+    # uninitialized bool rows may hold bytes other than 0 and 1
+    flags = np.array([0, 2, 0, 0, 0, 0, 0, 0, 0, 255, 1], dtype=np.uint8)
+    assert replay.patch_ends_run(np.array([0, 20]), 3, 14, flags).tolist() == [0, 4, 12, 13, 20]
+    assert replay.patch_ends_run(np.array([0, 20]), 3, 14, flags.view(np.bool_)).tolist() == [0, 4, 12, 13, 20]
+
+
+@SETTINGS
+@given(
+    length=st.integers(1, 60),
+    density=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
+    forced=st.lists(st.integers(-1, 59), max_size=4),
+    limit_cut=st.integers(0, 2),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_bounds_summary_and_slices_from_ends_match_the_listed_bounds(length, density, forced, limit_cut, seed):
+    rng = np.random.default_rng(seed)
+    ends = np.flatnonzero(rng.random(length) < density).astype(np.int64)
+    forced = [r for r in forced if r < length]
+    limit = max(length - limit_cut, 0)
+    start, _, lengths = replay.bounds_from_ends(ends, limit, length, forced)
+    # the model: count and minimum of the listed lengths
+    assert replay.bounds_summary(ends, limit, length, forced) == (lengths.size, int(lengths.min()))
+    n = int(rng.integers(0, 6))
+    traj = torch.from_numpy(rng.integers(0, lengths.size, n))
+    uniform = torch.rand(n, generator=torch.Generator().manual_seed(seed % 1000), dtype=torch.float64 if seed % 2 else torch.float32)
+    seq_length = int(rng.integers(1, 5))
+    span = (bool(rng.integers(0, 2)) or int(rng.integers(0, 3)), bool(rng.integers(0, 2)))
+    flags = (torch.from_numpy(rng.random((length, 1)) < 0.5), None)
+    kwargs = dict(span=span, flags=flags)
+    expected = _outcome(lambda: replay.sample_slice_index(
+        torch.from_numpy(start), torch.from_numpy(lengths), traj, uniform, seq_length, length, **kwargs))
+    got = _outcome(lambda: replay.sample_slice_index_from_ends(
+        ends, limit, length, forced, traj, uniform, seq_length, length, **kwargs))
+    assert got[0] == expected[0]
+    if expected[0] == "error":
+        assert type(got[1]) is type(expected[1]) and str(got[1]) == str(expected[1])
+        return
+    assert len(got[1]) == len(expected[1])
+    mine, theirs = list(got[1][:2]), list(expected[1][:2])
+    if len(got[1]) == 3:  # the flag columns read at the rows (nothing drawn: not returned)
+        assert got[1][2][1] is None and expected[1][2][1] is None
+        mine.append(got[1][2][0])
+        theirs.append(expected[1][2][0])
+    for a, b in zip(mine, theirs):
+        assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_slices_from_ends_wrap_around_a_full_storage():
+    # ends at 3 and 7 of 10 rows, cursor row 8 forced: trajectories (4..7), (8..8), (9..3)
+    ends = np.array([3, 7])
+    assert replay.bounds_summary(ends, 10, 10, [8]) == (3, 1)
+    index, truncated = replay.sample_slice_index_from_ends(
+        ends, 10, 10, [8], torch.tensor([0, 2]), torch.tensor([0.99, 0.0]), 3, 10)
+    # the first slice wraps past row 9; the second runs on past its 1-step trajectory, as
+    # torchrl's does (strict_length filters such trajectories out before drawing)
+    assert index.flatten().tolist() == [1, 2, 3, 8, 9, 0]
+    assert index.flatten().tolist() == replay.sample_slice_index(
+        *[torch.from_numpy(a) for a in replay.bounds_from_ends(ends, 10, 10, [8])[::2]],
+        torch.tensor([0, 2]), torch.tensor([0.99, 0.0]), 3, 10)[0].flatten().tolist()
+    assert truncated.flatten().tolist() == [False, False, True, False, False, True]
+
+
 def test_sorted_end_kernels_reject_bad_input():
     with pytest.raises(ValueError, match="rows must be strictly increasing, got 3 at position 2"):
         replay.patch_ends(np.array([1, 5]), np.array([2, 4, 3]), np.array([True, False, True]))
@@ -434,6 +521,34 @@ def test_sorted_end_kernels_reject_bad_input():
         replay.bounds_from_ends(np.array([], dtype=np.int64), 0, 0)
     with pytest.raises(TypeError, match="ends must hold integers"):
         replay.bounds_from_ends(np.array([1.0]), 6, 6)
+    with pytest.raises(ValueError, match=r"0 <= lo <= hi, got lo=3, hi=2"):
+        replay.patch_ends_run(np.array([1, 5]), 3, 2, np.array([], dtype=bool))
+    with pytest.raises(ValueError, match=r"0 <= lo <= hi, got lo=-1, hi=2"):
+        replay.patch_ends_run(np.array([1, 5]), -1, 2, np.array([True, False, True]))
+    with pytest.raises(ValueError, match=r"got 2 flags for rows \[1, 4\)"):
+        replay.patch_ends_run(np.array([1, 5]), 1, 4, np.array([True, False]))
+    with pytest.raises(TypeError, match="ends must hold integers"):
+        replay.patch_ends_run(np.array([1.0]), 0, 1, np.array([True]))
+    for fn, args in ((replay.bounds_summary, ()), (replay.sample_slice_index_from_ends,
+                                                   (torch.tensor([0]), torch.tensor([0.5]), 1, 6))):
+        with pytest.raises(ValueError, match=r"forced rows must lie in \[-1, 6\), got \[7\]"):
+            fn(np.array([1]), 6, 6, [7], *args)
+        with pytest.raises(ValueError, match="at most 8 forced rows, got 9"):
+            fn(np.array([1]), 6, 6, [0] * 9, *args)
+        with pytest.raises(ValueError, match="length must be at least 1, got length=0"):
+            fn(np.array([], dtype=np.int64), 0, 0, [], *args)
+        with pytest.raises(TypeError, match="ends must hold integers"):
+            fn(np.array([1.0]), 6, 6, [], *args)
+    # ends 1 and 4 of 6 rows: two trajectories
+    with pytest.raises(IndexError, match="traj value 2 at position 1 is out of range for 2 trajectories"):
+        replay.sample_slice_index_from_ends(np.array([1, 4]), 6, 6, [], torch.tensor([0, 2]), torch.tensor([0.5, 0.5]), 1, 6)
+    with pytest.raises(IndexError, match="traj value -1 at position 0"):
+        replay.sample_slice_index_from_ends(np.array([1, 4]), 6, 6, [], torch.tensor([-1]), torch.tensor([0.5]), 1, 6)
+    with pytest.raises(ValueError, match="uniform must have shape"):
+        replay.sample_slice_index_from_ends(np.array([1, 4]), 6, 6, [], torch.tensor([0]), torch.tensor([0.5, 0.5]), 1, 6)
+    # nothing drawn: empty results
+    index, truncated = replay.sample_slice_index_from_ends(np.array([1, 4]), 6, 6, [], torch.tensor([], dtype=torch.long), torch.tensor([]), 2, 6)
+    assert index.shape == (0, 1) and truncated.shape == (0, 1)
 
 
 def _excluded_model(lengths, tail, keep_first, offset, total):
