@@ -18,7 +18,9 @@ import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat._trajectory_ends as te_module
 import torchrl_compat.storages as ours
+from torchrl_compat._storage_journal import RowRun
 from torchrl_compat._trajectory_ends import TrajectoryEnds
+from torchrl_compat._writer_rows import write_rows
 
 KEY = ("next", "done")
 JOIN_TIMEOUT = 60
@@ -78,6 +80,13 @@ class CountingEnds(TrajectoryEnds):
         self.read += rows.size
         return super()._read(signal, rows)
 
+    def _read_run(self, signal, lo, hi):
+        self.read += hi - lo
+        self.runs += 1
+        return super()._read_run(signal, lo, hi)
+
+    runs = 0  # runs of rows read as one block
+
 
 def make_storage(cls_name, capacity, **kwargs):
     return getattr(ours, cls_name)(capacity, **kwargs)
@@ -102,7 +111,7 @@ def filled(cls_name, capacity, done, **kwargs):
 # random write sequences against the full read
 # -----------------------------------------------------------------------------
 OPS = ["extend", "extend", "extend", "add", "slice", "range", "random", "setitem", "mask",
-       "fail", "empty", "load", "burst"]
+       "fail", "empty", "load", "burst", "rows", "rows", "edit_cursor"]
 
 
 def _draw_done(data, n, dtype):
@@ -120,6 +129,19 @@ def _apply(data, storage, op, capacity, state, td):
         cursor = torch.arange(state["cursor"], state["cursor"] + n) % capacity
         state["cursor"] = (state["cursor"] + n) % capacity
         storage.set(cursor, td(n))
+    elif op == "rows":  # our RoundRobinWriter.extend: rows copied, journaled as a RowRun
+        n = data.draw(st.integers(0 if storage.initialized else 1, capacity), label="n")
+        start = state["cursor"]
+        cursor = torch.arange(start, start + n) % capacity
+        batch = td(n)
+        if not write_rows(storage, start, cursor, batch):  # not initialized yet
+            storage.set(cursor, batch)
+        state["cursor"] = (start + n) % capacity
+        state["last"] = cursor
+    elif op == "edit_cursor":  # the caller edits the index extend returned (the last cursor)
+        cursor = state.get("last")
+        if cursor is not None and cursor.numel():
+            cursor[-1] = data.draw(st.integers(0, capacity - 1), label="row")
     elif op == "add":  # RoundRobinWriter.add
         storage.set(state["cursor"], td(1)[0])
         state["cursor"] = (state["cursor"] + 1) % capacity
@@ -221,6 +243,97 @@ def test_a_write_of_k_rows_reads_k_rows(cls_name):
     check(ends, storage)
     assert ends.read == before
     assert ends.scanned == capacity
+
+
+@pytest.mark.parametrize("from_ids", [False, True])
+def test_round_robin_runs_read_each_row_once(from_ids):
+    capacity = 1000
+    key = IDS_KEY if from_ids else KEY
+    rng = np.random.default_rng(1)
+    storage = make_storage("LazyTensorStorage", capacity)
+    episode = {"id": 0}
+
+    def batch(n):
+        done = torch.from_numpy(rng.random(n) < 0.05)
+        if not from_ids:
+            return make_td(done)
+        ids = episode["id"] + torch.cumsum(done.long(), 0)
+        episode["id"] = int(ids[-1]) if n else episode["id"]
+        return TensorDict({IDS_KEY: ids, "obs": torch.randn(n, 2)}, [n])
+
+    storage.set(torch.arange(capacity), batch(capacity))
+    ends = CountingEnds(key, from_ids=from_ids)
+    checker = check_ids if from_ids else check
+    checker(ends, storage)
+    assert ends.scanned == capacity and ends.read == 0
+    cursor = 0
+    for k in (1, 7, 300, 990, 1000):  # the 990 and 1000 rows wrap around the end
+        index = torch.arange(cursor, cursor + k) % capacity
+        assert write_rows(storage, cursor, index, batch(k))
+        assert storage._writes_since(ends._count)[1] == [RowRun(cursor, k)]
+        before, runs = ends.read, ends.runs
+        checker(ends, storage)
+        cursor = (cursor + k) % capacity
+        pieces = 1 + (index[-1] < index[0]).item() if k < capacity else 2 - (index[0] == 0).item()
+        assert ends.runs - runs == pieces
+        # ids: the pairs (t, t + 1) a run of rows touches, one more per piece (none before row 0)
+        assert ends.read - before <= k + (pieces if from_ids else 0)
+        assert ends.read - before >= k - (2 if from_ids else 0)
+    # several runs between two calls: each merged in turn
+    for k in (5, 6):
+        index = torch.arange(cursor, cursor + k) % capacity
+        assert write_rows(storage, cursor, index, batch(k))
+        cursor += k
+    runs = ends.runs
+    checker(ends, storage)
+    assert ends.runs - runs == 2
+    # more runs than are merged one by one: the rows are listed and merged at once
+    before, runs = ends.read, ends.runs
+    for _ in range(te_module._MAX_RUNS + 1):
+        index = torch.arange(cursor, cursor + 3) % capacity
+        assert write_rows(storage, cursor, index, batch(3))
+        cursor += 3
+    checker(ends, storage)
+    assert ends.runs == runs and ends.read > before
+    assert ends.scanned == capacity
+
+
+def test_last_cursor_row_is_read_from_the_write_unless_edited():
+    capacity = 20
+    storage = filled("LazyTensorStorage", capacity, torch.arange(capacity) % 6 == 5)
+    ends = TrajectoryEnds(KEY)
+    index = torch.arange(15, 25) % capacity
+    assert write_rows(storage, 15, index, make_td(torch.arange(10) % 4 == 0))
+    assert storage._last_cursor is index and storage._last_cursor_row(index) == 4
+    check(ends, storage)
+    assert ends.stops(storage)[3] == (4,)
+    index[-1] = 9  # edited in place: the row is read from the tensor, as the full read does
+    assert storage._last_cursor_row(index) is None
+    check(ends, storage)
+    assert ends.stops(storage)[3] == (9,)
+    # another cursor set by hand is read as it is
+    storage._last_cursor = torch.arange(15, 25) % capacity
+    assert storage._last_cursor_row(storage._last_cursor) is None
+    check(ends, storage)
+    # inference tensors have no version counter: nothing remembered
+    with torch.inference_mode():
+        index = torch.arange(0, 3)
+    assert write_rows(storage, 0, index, make_td(torch.tensor([False, True, False])))
+    assert storage._last_cursor_row(index) is None
+    check(ends, storage)
+
+
+def test_stops_give_the_bounds():
+    storage = filled("LazyTensorStorage", 30, torch.arange(30) % 7 == 3)
+    ends = TrajectoryEnds(KEY)
+    for step in range(5):
+        index = torch.arange(step * 9, step * 9 + 9) % 30
+        write_rows(storage, (step * 9) % 30, index, make_td(torch.arange(9) % (step + 2) == 0))
+        got = check(ends, storage)
+        stops = ends.stops(storage)
+        expected = replay.bounds_from_ends(*stops)
+        assert all(torch.equal(a, torch.from_numpy(b)) for a, b in zip(got, expected))
+        assert replay.bounds_summary(*stops) == (got[2].numel(), int(got[2].min()))
 
 
 def test_full_reads_happen_when_needed():
@@ -510,7 +623,7 @@ def test_docstring_examples_run():
 # trajectory ids
 # -----------------------------------------------------------------------------
 IDS_KEY = "episode"
-IDS_OPS = ["extend", "extend", "extend", "add", "slice", "random", "empty", "burst"]
+IDS_OPS = ["extend", "extend", "extend", "add", "slice", "random", "empty", "burst", "rows", "rows"]
 
 
 def reference_ids(storage):

@@ -7,16 +7,19 @@ keeps, local to the process, what the latest of those writes touched.
 
 An entry holds a snapshot of the index a write used, never the caller's object: a caller that
 edits its index tensor in place after the write (``index += n``, a reused buffer) does not
-change what the journal says was written.
+change what the journal says was written. A round-robin write, whose rows are one run modulo
+the capacity, is journaled as that run (:class:`RowRun`): two ints instead of a copy of its
+index, and readers re-read the run as one block instead of sorting and checking its rows.
 """
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["ALL_ITEMS", "JOURNAL_LENGTH", "WriteJournal"]
+__all__ = ["ALL_ITEMS", "JOURNAL_LENGTH", "RowRun", "WriteJournal"]
 
 # How many of its own writes a process remembers. A reader further behind reads the whole
 # storage again.
@@ -27,11 +30,32 @@ JOURNAL_LENGTH = 64
 ALL_ITEMS = object()
 
 
+class RowRun(NamedTuple):
+    """The rows ``(start + k) % capacity`` for ``k < numel`` of a storage of ``capacity`` rows
+    (``0 <= start < capacity``, ``0 <= numel <= capacity``): what a round-robin write of
+    ``numel`` items from row ``start`` touches.
+
+    Examples:
+        >>> RowRun(start=8, numel=4).pieces(10)
+        [(8, 10), (0, 2)]
+    """
+
+    start: int
+    numel: int
+
+    def pieces(self, capacity: int) -> list:
+        """The run as one or two ``(lo, hi)`` row ranges within ``[0, capacity)``, in order."""
+        stop = self.start + self.numel
+        if stop <= capacity:
+            return [(self.start, stop)]
+        return [(self.start, capacity), (0, stop - capacity)]
+
+
 def _snapshot(cursor):
     """What ``cursor`` indexes now, in an object the caller cannot change afterwards.
 
-    Ints, slices and ranges are immutable and kept as they are; index tensors, arrays and
-    lists are copied (1-D CPU tensors and lists become arrays: readers interpret them alike). Tuples (several
+    Ints, slices, ranges and row runs are immutable and kept as they are; index tensors,
+    arrays and lists are copied (1-D CPU tensors and lists become arrays: readers interpret them alike). Tuples (several
     dimensions) and other kinds are kept: readers do not interpret them and read everything.
     """
     if isinstance(cursor, torch.Tensor):
@@ -58,7 +82,7 @@ def _cursor_size(cursor) -> int:
         return cursor.numel()
     if isinstance(cursor, np.ndarray):
         return cursor.size
-    return 1  # ints, slices and ranges are O(1)
+    return 1  # ints, slices, ranges and row runs are O(1)
 
 
 class WriteJournal:

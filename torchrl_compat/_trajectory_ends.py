@@ -19,9 +19,15 @@ from tensordict import is_tensor_collection
 
 import replay
 
+from ._sampler_storage import entry
+from ._storage_journal import RowRun
+
 __all__ = ["TrajectoryEnds"]
 
 _NO_ENDS = np.empty(0, dtype=np.int64)
+# Up to this many runs of rows written since the last call are merged one by one (each merge
+# copies the ends); past it, the rows are listed and merged at once.
+_MAX_RUNS = 4
 
 
 class TrajectoryEnds:
@@ -94,6 +100,7 @@ class TrajectoryEnds:
         self._length = 0  # len(storage) at the last read
         # sorted rows (over the whole capacity) where end != 0; with ids, the rows t whose id
         # differs from row t + 1's
+        self._signal = None  # the numpy view of that tensor's rows
         self._ends = _NO_ENDS
         self._last_differs = False  # with ids: the last filled row's id differs from row 0's
         self._result = None  # (ends, what else the result depends on, the result)
@@ -136,6 +143,51 @@ class TrajectoryEnds:
         with self._lock:
             return self._update(storage) is not None
 
+    def stops(self, storage):
+        """What the trajectories of ``storage`` are derived from: the arguments of
+        ``replay.bounds_from_ends`` that give :meth:`bounds`.
+
+        Updates the ends (see :meth:`update`) without deriving anything from them, for a
+        caller that needs a few trajectories only (``replay.bounds_summary``,
+        ``replay.sample_slice_index_from_ends``).
+
+        Args:
+            storage (Storage): the storage to read.
+
+        Returns:
+            ``(ends, limit, length, forced)``: the sorted end rows (an int64 array, read only),
+            the row below which they count, the number of rows of the signal and a tuple of
+            rows forced to end a trajectory; ``None`` where :meth:`bounds` returns ``None``.
+
+        Raises:
+            KeyError: if the storage holds no ``end_key`` entry.
+        """
+        with self._lock:
+            length = self._update(storage)
+            ends = self._ends
+            last_differs = self._last_differs
+        if length is None:
+            return None
+        full = length == storage.max_size
+        # the filled rows (a length past the capacity, only set by hand, reads them all)
+        length = min(length, storage.max_size)
+        if length < 2:
+            return None
+        forced = ()
+        if full:
+            cursor = storage._last_cursor
+            if cursor is not None:
+                row = _last_row(storage, cursor, length)
+                if row is None:
+                    return None
+                forced = (row,)
+        # Rows past the length hold stale or uninitialized data: not part of the signal (with
+        # ids, the pair of rows length - 1 and length is not either).
+        if not full or (self.from_ids and last_differs):
+            forced += (length - 1,)
+        limit = length - 1 if self.from_ids else length
+        return ends, limit, length, forced
+
     def bounds(self, storage):
         """Start, stop and length of every trajectory in ``storage``.
 
@@ -160,35 +212,16 @@ class TrajectoryEnds:
         Raises:
             KeyError: if the storage holds no ``end_key`` entry.
         """
-        with self._lock:
-            length = self._update(storage)
-            ends = self._ends
-            last_differs = self._last_differs
-            cached = self._result
-        if length is None:
+        stops = self.stops(storage)
+        if stops is None:
             return None
-        full = length == storage.max_size
-        # the filled rows (a length past the capacity, only set by hand, reads them all)
-        length = min(length, storage.max_size)
-        if length < 2:
-            return None
-        row = None
-        if full:
-            cursor = storage._last_cursor
-            if cursor is not None:
-                row = _cursor_row(cursor, length)
-                if row is None:
-                    return None
+        ends, limit, length, forced = stops
         # Nothing written since the last call: the same tensors (as a cache would give).
-        depends_on = (length, full, row, last_differs)
+        depends_on = (limit, length, forced)
+        cached = self._result
         if cached is not None and cached[0] is ends and cached[1] == depends_on:
             return cached[2]
-        # Rows past the length hold stale or uninitialized data: not part of the signal (with
-        # ids, the pair of rows length - 1 and length is not either). One C pass over the ends.
-        forced = [row] if row is not None else []
-        if not full or (self.from_ids and last_differs):
-            forced.append(length - 1)
-        limit = length - 1 if self.from_ids else length
+        # One C pass over the ends.
         result = tuple(
             torch.from_numpy(array) for array in replay.bounds_from_ends(ends, limit, length, forced)
         )
@@ -207,27 +240,28 @@ class TrajectoryEnds:
         # The count is read before any item: a write finishing meanwhile is counted
         # after this call's count, so the next call reads its rows again.
         count, cursors = storage._writes_since(self._count if same_storage else None)
-        tensor = storage._storage[self.end_key]  # KeyError if missing, as storage[:]
-        signal = _signal_view(tensor, storage.max_size)
-        if self.from_ids and isinstance(tensor, torch.Tensor) and tensor.ndim != 1:
-            signal = None  # ids of shape [N, 1] read as a 2-D signal by the full path
+        tensor = entry(storage._storage, self.end_key)  # KeyError if missing, as storage[:]
+        layout = (tensor.data_ptr(), tuple(tensor.shape)) if isinstance(tensor, torch.Tensor) else None
+        same_signal = (
+            self._signal_ref is not None
+            and self._signal_ref() is tensor
+            and self._signal_layout == layout
+        )
+        if same_signal:
+            signal = self._signal  # the numpy view made from this very tensor
+        else:
+            signal = _signal_view(tensor, storage.max_size)
+            if self.from_ids and isinstance(tensor, torch.Tensor) and tensor.ndim != 1:
+                signal = None  # ids of shape [N, 1] read as a 2-D signal by the full path
         if signal is None:
             self._forget()
             return None
         length = len(storage)
-        layout = (tensor.data_ptr(), tuple(tensor.shape))
-        rows = None
-        if (
-            cursors is not None
-            and self._signal_ref is not None
-            and self._signal_ref() is tensor
-            and self._signal_layout == layout
-            and length >= self._length
-        ):
-            rows = _written_rows(cursors, signal.shape[0])
-            if rows is not None and self.from_ids:
-                rows = _pairs_touched(rows, signal.shape[0])
-        ends = self._scan(signal) if rows is None else self._patch(signal, rows)
+        ends = None
+        if cursors is not None and same_signal and length >= self._length:
+            ends = self._follow(signal, cursors)
+        if ends is None:
+            ends = self._scan(signal)
         if self.from_ids:
             last = min(length, signal.shape[0]) - 1
             self._last_differs = last > 0 and bool(signal[last] != signal[0])
@@ -235,10 +269,46 @@ class TrajectoryEnds:
             self._storage_ref = weakref.ref(storage)
         self._signal_ref = weakref.ref(tensor)
         self._signal_layout = layout
+        self._signal = signal
         self._count = count
         self._length = length
         self._ends = ends
         return length
+
+    def _follow(self, signal: np.ndarray, cursors: list) -> np.ndarray | None:
+        """The ends after the writes at ``cursors``, read at the rows they touched only;
+        ``None`` when they cannot be followed (the caller then reads everything).
+
+        Round-robin writes (:class:`~torchrl_compat._storage_journal.RowRun`) are read
+        again run by run, each merged in one C call (no row list, sort or gather); other
+        cursors (or more than a few runs) become one sorted list of the rows written."""
+        size = signal.shape[0]
+        if len(cursors) <= _MAX_RUNS and all(type(cursor) is RowRun for cursor in cursors):
+            ends = self._ends
+            for run in cursors:
+                if not (0 <= run.start < size and 0 <= run.numel <= size):
+                    return None
+                for lo, hi in run.pieces(size):
+                    if self.from_ids:
+                        # the pairs (t, t + 1) of rows a write of [lo, hi) may change
+                        lo, hi = max(lo - 1, 0), min(hi, size - 1)
+                    if lo < hi:
+                        ends = replay.patch_ends_run(ends, lo, hi, self._read_run(signal, lo, hi))
+            return ends
+        rows = _written_rows(cursors, size)
+        if rows is None:
+            return None
+        if self.from_ids:
+            rows = _pairs_touched(rows, size)
+        return self._patch(signal, rows)
+
+    def _read_run(self, signal: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Whether ``signal`` is nonzero (ids: differs from the next row) at rows ``lo`` to
+        ``hi - 1``: a view of the signal itself when it is a bool one. O(hi - lo)."""
+        if self.from_ids:
+            return signal[lo:hi] != signal[lo + 1 : hi + 1]
+        part = signal[lo:hi]
+        return part if part.dtype == np.uint8 else part != 0
 
     def _scan(self, signal: np.ndarray) -> np.ndarray:
         """All the rows where ``signal`` is nonzero (ids: differs from the next row). O(capacity).
@@ -265,6 +335,16 @@ class TrajectoryEnds:
         if not rows.size:
             return self._ends
         return replay.patch_ends(self._ends, rows, self._read(signal, rows))
+
+
+def _last_row(storage, cursor, length: int) -> int | None:
+    """:func:`_cursor_row` of ``cursor``, from what the storage remembers of its last
+    round-robin write when it can (no tensor read)."""
+    remembered = getattr(storage, "_last_cursor_row", None)
+    row = remembered(cursor) if remembered is not None else None
+    if row is not None and 0 <= row < length:
+        return row
+    return _cursor_row(cursor, length)
 
 
 def _signal_view(tensor, max_size: int) -> np.ndarray | None:
@@ -340,6 +420,10 @@ def _cursor_rows(cursor, size: int) -> np.ndarray | None:
     """The rows a write at ``cursor`` touches (repeats allowed): in ``[0, size)``, except
     for index arrays, whose rows are returned as given (possibly negative or out of range)
     for :func:`_written_rows` to check and wrap once sorted."""
+    if type(cursor) is RowRun:
+        if not (0 <= cursor.start < size and 0 <= cursor.numel <= size):
+            return None
+        return (np.arange(cursor.start, cursor.start + cursor.numel, dtype=np.int64)) % size
     if isinstance(cursor, bool):
         return None  # indexing with True adds a dimension
     if isinstance(cursor, (int, np.integer)):

@@ -82,7 +82,7 @@ def write_rows(
         return False
     if replay.copy_rows([leaf for leaf, _ in pairs], [value for _, value in pairs], start, numel):
         # every leaf a contiguous CPU tensor of its row shape: copied byte for byte
-        storage._note_rows_written(index, numel)
+        storage._note_rows_written(index, numel, first_row=start)
         return True
     copies = [_as_arrays(leaf, value, {} if arrays is None else arrays) for leaf, value in pairs]
     # every leaf holds numel rows (a tensordict's leaves start with its batch size)
@@ -101,7 +101,7 @@ def write_rows(
     except BaseException:
         storage._note_rows_written(index, numel, complete=False)
         raise
-    storage._note_rows_written(index, numel)
+    storage._note_rows_written(index, numel, first_row=start)
     return True
 
 

@@ -54,7 +54,7 @@ from torchrl_compat._storage_counters import (
     shared_counter,
 )
 from torchrl_compat._storage_index import filled_index, index_error
-from torchrl_compat._storage_journal import ALL_ITEMS, WriteJournal
+from torchrl_compat._storage_journal import ALL_ITEMS, RowRun, WriteJournal
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import (
     CompressedListStorageCheckpointer,
@@ -874,8 +874,10 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             when they are not all known here (``count`` is ``None``, writes made in
             another process, more writes than the journal holds, or a change that may
             have touched every item): the caller must then read the whole storage.
-            Cursors are ints, slices and ranges as passed to :meth:`set`, or copies of
-            the index tensors and arrays (lists become arrays) taken at the write.
+            Cursors are ints, slices and ranges as passed to :meth:`set`, copies of the
+            index tensors and arrays (lists become arrays) taken at the write, or
+            :class:`~torchrl_compat._storage_journal.RowRun` for the round-robin writes
+            booked by :meth:`_note_rows_written`.
             O(journal length).
         """
         d = self.__dict__
@@ -1015,6 +1017,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         state.pop("_writes_shared", None)
         # the journal lists this process's writes: a copy starts without any
         state.pop("_journal", None)
+        state.pop("_last_run", None)
         if get_spawning_popen() is None:
             # plain pickling: the length and the write count travel as numbers
             length = self._len
@@ -1197,7 +1200,9 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             raise
         self._note_write(cursor)
 
-    def _note_rows_written(self, cursor, numel: int, *, complete: bool = True) -> None:
+    def _note_rows_written(
+        self, cursor, numel: int, *, complete: bool = True, first_row: int | None = None
+    ) -> None:
         """Books a write made straight into this storage's tensors, as :meth:`set` does.
 
         A writer that copies a batch leaf by leaf into the rows ``cursor`` (a 1-D index
@@ -1205,13 +1210,37 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         grows by ``numel``, ``_last_cursor`` becomes ``cursor`` and the write is journaled.
         ``complete=False`` books a write that stopped part-way: the length stays, and
         readers following the writes learn that any item may have changed.
+
+        ``first_row`` says that ``cursor`` is ``(first_row + arange(numel)) % max_size`` (a
+        round-robin write to a 1-D storage, ``0 <= first_row < max_size``): the write is
+        then journaled as that :class:`~torchrl_compat._storage_journal.RowRun`, and the
+        last row of ``cursor`` is remembered beside it (see :meth:`_last_cursor_row`).
         """
         if not complete:
             self._note_write(ALL_ITEMS)
             return
         self._add_len(numel)
         self._last_cursor = cursor
-        self._note_write(cursor)
+        if first_row is None:
+            self._note_write(cursor)
+            return
+        if not numel or cursor.is_inference():
+            # no last row (an empty cursor), or no version counter to tell an edit by
+            self.__dict__.pop("_last_run", None)
+        else:
+            # the row is trusted for as long as the very tensor, unmodified, is the last cursor
+            last = (first_row + numel - 1) % self.max_size
+            self.__dict__["_last_run"] = (cursor, cursor._version, last)
+        self._note_write(RowRun(first_row, numel))
+
+    def _last_cursor_row(self, cursor) -> int | None:
+        """The last row of ``cursor`` when it is the index tensor of the last round-robin
+        write booked by :meth:`_note_rows_written` and was not modified since; ``None``
+        otherwise (the caller then reads ``cursor`` itself). O(1), no tensor op."""
+        run = self.__dict__.get("_last_run")
+        if run is not None and run[0] is cursor and cursor._version == run[1]:
+            return run[2]
+        return None
 
     def _wait_for_init(self):
         pass
