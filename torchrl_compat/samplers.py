@@ -1233,6 +1233,27 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         self._sum_tree, self._min_tree = state["trees"]
 
 
+# The methods SliceSampler.sample's general path goes through, which _sample_from_ends
+# replaces: a subclass (or an instance) overriding one of them takes the general path.
+_SLICE_SAMPLING_STEPS = frozenset({
+    "_get_stop_and_length", "_trajectory_bounds", "_tracked_bounds", "_find_start_stop_traj",
+    "_check_signal_ndim", "_sample_slices", "_has_shorter", "_get_index", "_kernel_slices",
+    "_slices_with_torch",
+})
+_PLAIN_SLICE_SAMPLING: dict = {}
+
+
+def _plain_slice_sampling(cls) -> bool:
+    """Whether ``cls`` samples as :class:`SliceSampler` does, step by step (worked out once
+    per class)."""
+    plain = _PLAIN_SLICE_SAMPLING.get(cls)
+    if plain is None:
+        plain = _PLAIN_SLICE_SAMPLING[cls] = all(
+            getattr(cls, name) is getattr(SliceSampler, name) for name in _SLICE_SAMPLING_STEPS
+        )
+    return plain
+
+
 class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     """Samples slices of data along the first dimension, given start and stop signals.
 
@@ -1586,14 +1607,18 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         reads the whole signal, which also raises its errors."""
         if not self._use_cpu_kernels or not TrajectoryEnds.supports(storage):
             return None
+        try:
+            return self._tracker(key, from_ids).bounds(storage)
+        except KeyError:
+            return None
+
+    def _tracker(self, key, from_ids: bool) -> TrajectoryEnds:
+        """The :class:`._trajectory_ends.TrajectoryEnds` following ``key`` (one per key)."""
         trackers = self.__dict__.setdefault("_trajectory_ends", {})
         tracker = trackers.get((key, from_ids))
         if tracker is None:
             tracker = trackers[(key, from_ids)] = TrajectoryEnds(key, from_ids=from_ids)
-        try:
-            return tracker.bounds(storage)
-        except KeyError:
-            return None
+        return tracker
 
     def _adjusted_batch_size(self, batch_size):
         if self.num_slices is not None:
@@ -1618,6 +1643,10 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
+        if _plain_slice_sampling(type(self)) and _SLICE_SAMPLING_STEPS.isdisjoint(self.__dict__):
+            sampled = self._sample_from_ends(storage, batch_size)
+            if sampled is not None:
+                return sampled
         start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
         self._check_signal_ndim(start_idx, storage)
         seq_length, num_slices = self._adjusted_batch_size(batch_size)
@@ -1631,6 +1660,75 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             storage_length=storage_length,
             storage=storage,
         )
+
+    def _sample_from_ends(self, storage, batch_size: int):
+        """:meth:`sample`'s result in the common case, read from the trajectory ends kept by a
+        :class:`._trajectory_ends.TrajectoryEnds`; ``None`` (nothing drawn) for any other case,
+        which the general path then handles.
+
+        The common case: a 1-D storage of ours followed through its write journal, CPU
+        kernels, no ``cache_values``, ``compile`` or ``use_gpu``, a span the kernel takes, and
+        every trajectory at least one slice long (so nothing is filtered out or shortened).
+        The same draws are made in the same order (the trajectories, then the starts), and
+        only the drawn trajectories' bounds are read (``replay.sample_slice_index_from_ends``),
+        where the general path lists the start, stop and length of every trajectory (three
+        arrays as long as the number of trajectories, at every write).
+        """
+        if (
+            self.cache_values
+            or self.compile
+            or self.use_gpu
+            or not self._use_cpu_kernels
+            or not len(storage)  # the general path raises the empty-storage error first
+            or not TrajectoryEnds.supports(storage)
+        ):
+            return None
+        if self._fetch_traj:
+            tracker = self._tracker(self._used_traj_key, True)
+        else:
+            tracker = self._tracker(self.end_key, False)
+        try:
+            stops = tracker.stops(storage)
+        except KeyError:
+            return None  # the general path falls back to the other key, or raises
+        if stops is None:
+            return None
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        if not num_slices or not self._kernel_span(seq_length):
+            return None
+        ends, limit, length, forced = stops
+        count, shortest = replay.bounds_summary(ends, limit, length, forced)
+        if shortest < seq_length:
+            return None  # trajectories to filter out (strict_length) or slices to shorten
+        traj_idx = _randint(count, num_slices, _CPU, self._rng)
+        uniform = _rand(num_slices, _CPU, self._rng)
+        flags = self._kernel_flags(storage)
+        storage_length = storage.shape[0]
+        try:
+            out = replay.sample_slice_index_from_ends(
+                ends, limit, length, forced, traj_idx, uniform, seq_length, storage_length,
+                span=self.span, flags=flags,
+            )
+        except ValueError:
+            # a degenerate span: the torch ops go on (or fail) as torchrl's do, same draws
+            start_idx, _, lengths = (
+                torch.from_numpy(array) for array in replay.bounds_from_ends(ends, limit, length, forced)
+            )
+            return self._index_with_torch(
+                lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
+            )
+        return self._index_and_info(storage, out[0], out[1], out[2] if flags is not None else None)
+
+    def _kernel_span(self, seq_length: int) -> bool:
+        """Whether ``span`` is one the index kernel takes and :meth:`_get_index` accepts for
+        slices of ``seq_length`` (no error to raise)."""
+        left, right = self.span
+        for span in (left, right):
+            if type(span) not in (bool, int) or span < 0:
+                return False
+            if span is not True and span and span >= seq_length:
+                return False
+        return True
 
     def _sample_slices(
         self,
@@ -1754,11 +1852,26 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 index, truncated = out[0], out[1]
                 gathered = out[2] if flags is not None else None
         if index is None:
-            index, seq_length = self._slices_with_torch(
-                lengths, start_idx, seq_length, storage_length, traj_idx, uniform
+            return self._index_with_torch(
+                lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
             )
-            if self.truncated_key is not None:
-                truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+        return self._index_and_info(storage, index, truncated, gathered)
+
+    def _index_with_torch(
+        self, lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
+    ):
+        """:meth:`_get_index`'s result computed with torch ops from its draws."""
+        index, seq_length = self._slices_with_torch(
+            lengths, start_idx, seq_length, storage_length, traj_idx, uniform
+        )
+        truncated = None
+        if self.truncated_key is not None:
+            truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+        return self._index_and_info(storage, index, truncated)
+
+    def _index_and_info(self, storage, index, truncated, gathered=None):
+        """``(index, info)`` as :meth:`sample` returns them, from the ``[rows, ndim]`` slice
+        indices and their truncation flags (and the done / terminated columns read there)."""
         index = _as_long(index).unbind(-1)
         if self.truncated_key is None:
             return index, {}
