@@ -62,14 +62,14 @@ def entry(data, key, default=_RAISE):
     if parts:
         for part in parts:
             if type(node) is not TensorDict or type(part) is not str:
-                node = None
-                break
+                break  # not a plain path: the generic lookup
             node = node._tensordict.get(part)
             if node is None:
-                break
-        if node is not None:
+                if default is _RAISE:
+                    break  # missing: the generic lookup raises its KeyError
+                return default
+        else:
             return node
-    # missing, or not a plain path: the generic lookup (and its KeyError)
     return data[key] if default is _RAISE else data.get(key, default)
 
 

@@ -259,7 +259,7 @@ class TrajectoryEnds:
         length = len(storage)
         ends = None
         if cursors is not None and same_signal and length >= self._length:
-            ends = self._follow(signal, cursors)
+            ends = self._follow(signal, cursors) if cursors else self._ends
         if ends is None:
             ends = self._scan(signal)
         if self.from_ids:
@@ -267,9 +267,10 @@ class TrajectoryEnds:
             self._last_differs = last > 0 and bool(signal[last] != signal[0])
         if not same_storage:
             self._storage_ref = weakref.ref(storage)
-        self._signal_ref = weakref.ref(tensor)
-        self._signal_layout = layout
-        self._signal = signal
+        if not same_signal:
+            self._signal_ref = weakref.ref(tensor)
+            self._signal_layout = layout
+            self._signal = signal
         self._count = count
         self._length = length
         self._ends = ends
