@@ -34,15 +34,19 @@ def info_tree(info: dict, numel: int, device) -> dict | None:
     key or a tuple of them."""
     if device is None:
         return None
+    on_cpu = device.type == "cpu"
     tree = {}
     for key, value in info.items():
-        if type(value) is not torch.Tensor or not value.ndim or value.shape[0] != numel or value.device != device:
+        if (
+            type(value) is not torch.Tensor
+            or not value.ndim
+            or value.shape[0] != numel
+            # is_cpu reads a flag, where comparing devices builds two objects
+            or not (value.is_cpu if on_cpu else value.device == device)
+        ):
             return None
-        if type(key) is str:
-            path = (key,)
-        elif type(key) is tuple and key and all(type(part) is str for part in key):
-            path = key
-        else:
+        path = _path_of(key)
+        if path is None:
             return None
         node = tree
         for part in path[:-1]:
@@ -53,6 +57,19 @@ def info_tree(info: dict, numel: int, device) -> dict | None:
             return None
         node[path[-1]] = value
     return tree
+
+
+def _path_of(key) -> tuple | None:
+    """``key`` as a tuple of strings (a string key is a path of one), or ``None`` for any
+    other key."""
+    if type(key) is str:
+        return (key,)
+    if type(key) is not tuple or not key:
+        return None
+    for part in key:
+        if type(part) is not str:
+            return None
+    return key
 
 
 def plain_storage(storage) -> bool:
