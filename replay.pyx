@@ -62,6 +62,14 @@ cdef object _int64_data(object x, str name, const int64_t **data, int64_t *n):
         n[0] = x.numel()
         data[0] = <const int64_t *><uintptr_t>x.data_ptr()
         return x
+    if type(x) is np.ndarray and x.ndim == 1 and x.dtype == np.int64 and x.flags.c_contiguous:
+        # already what _as_index_array makes (a 1-D int64 array): taken as it is
+        n[0] = x.shape[0]
+        data[0] = NULL
+        if n[0]:
+            view = x
+            data[0] = &view[0]
+        return x
     arr = _as_index_array(x, name)
     n[0] = arr.shape[0]
     data[0] = NULL
@@ -1944,6 +1952,11 @@ def bounds_summary(ends, limit, length, forced=()):
     return count, shortest
 
 
+# Slices whose trajectory bounds sample_slice_index_from_ends keeps on the stack.
+cdef enum:
+    _SMALL_DRAWS = 64
+
+
 def sample_slice_index_from_ends(ends, limit, length, forced, traj, uniform, seq_length,
                                  storage_length, *, span=(False, False), flags=None):
     """:func:`sample_slice_index` over the trajectories :func:`bounds_from_ends` lists for
@@ -1983,26 +1996,26 @@ def sample_slice_index_from_ends(ends, limit, length, forced, traj, uniform, seq
     cdef int64_t *length_ptr = NULL
     cdef int64_t *identity_ptr = NULL
     cdef int64_t forced_rows[RP_SLICE_MAX_FORCED]
-    cdef int64_t[::1] start_view
-    cdef int64_t[::1] length_view
-    cdef int64_t[::1] identity_view
-    cdef int64_t n_ends, n_forced, n, c_limit = limit, c_length = length, bad = 0
+    cdef int64_t small[3 * _SMALL_DRAWS]
+    cdef int64_t[::1] scratch_view
+    cdef int64_t n_ends, n_forced, n, k, c_limit = limit, c_length = length, bad = 0
     cdef int64_t count = 0, shortest = 0
     cdef int rc
     ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
     n_forced = _forced_rows(forced, length, forced_rows)
     traj_owner = _int64_data(traj, "traj", &traj_ptr, &n)
-    # the drawn trajectories' bounds, then the slices in them: trajectory k is slice k's
-    starts = np.empty((n, 1), dtype=np.int64)
-    lengths = np.empty(n, dtype=np.int64)
-    identity = np.arange(n, dtype=np.int64)
-    if n:
-        start_view = starts.reshape(-1)
-        length_view = lengths
-        identity_view = identity
-        start_ptr = &start_view[0]
-        length_ptr = &length_view[0]
-        identity_ptr = &identity_view[0]
+    # the drawn trajectories' bounds (start, length), then the slices in them: trajectory k
+    # is slice k's (identity); on the stack for a sampler's usual few slices
+    if n <= _SMALL_DRAWS:
+        start_ptr = small
+    else:
+        scratch = np.empty(3 * n, dtype=np.int64)
+        scratch_view = scratch
+        start_ptr = &scratch_view[0]
+    length_ptr = start_ptr + n
+    identity_ptr = start_ptr + 2 * n
+    for k in range(n):
+        identity_ptr[k] = k
     with nogil:
         rc = rp_slice_bounds_at(ends_ptr, n_ends, c_limit, c_length, forced_rows, n_forced,
                                 traj_ptr, n, start_ptr, length_ptr, &bad)

@@ -468,7 +468,7 @@ def test_bounds_summary_and_slices_from_ends_match_the_listed_bounds(length, den
     start, _, lengths = replay.bounds_from_ends(ends, limit, length, forced)
     # the model: count and minimum of the listed lengths
     assert replay.bounds_summary(ends, limit, length, forced) == (lengths.size, int(lengths.min()))
-    n = int(rng.integers(0, 6))
+    n = int(rng.integers(0, 6) if seed % 3 else rng.integers(60, 70))  # kept on the stack up to 64
     traj = torch.from_numpy(rng.integers(0, lengths.size, n))
     uniform = torch.rand(n, generator=torch.Generator().manual_seed(seed % 1000), dtype=torch.float64 if seed % 2 else torch.float32)
     seq_length = int(rng.integers(1, 5))
