@@ -302,6 +302,10 @@ def test_last_cursor_row_is_read_from_the_write_unless_edited():
     capacity = 20
     storage = filled("LazyTensorStorage", capacity, torch.arange(capacity) % 6 == 5)
     ends = TrajectoryEnds(KEY)
+    index = torch.arange(5, 8)
+    assert write_rows(storage, 5, index, make_td(torch.tensor([False, True, False])))
+    assert storage._last_cursor_row(index) is None  # nobody follows the writes yet
+    check(ends, storage)
     index = torch.arange(15, 25) % capacity
     assert write_rows(storage, 15, index, make_td(torch.arange(10) % 4 == 0))
     assert storage._last_cursor is index and storage._last_cursor_row(index) == 4

@@ -1221,8 +1221,9 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             return
         self._add_len(numel)
         self._last_cursor = cursor
-        if first_row is None:
-            self._note_write(cursor)
+        journal = self.__dict__.get("_journal")
+        if first_row is None or journal is None or not journal.followed:
+            self._note_write(cursor)  # counted; journaled only once a reader follows
             return
         if not numel or cursor.is_inference():
             # no last row (an empty cursor), or no version counter to tell an edit by
