@@ -1320,10 +1320,13 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         trajectory ids) at every call: O(capacity), milliseconds at a million steps. On
         ``torchrl_compat``'s tensor storages, which journal their writes, the trajectory
         ends are instead kept up to date by reading only the rows written since the last
-        call (O(trajectories + rows written)), with the same results; other storages, and
-        writes made in another process, are read whole as torchrl does, from a copy (the
-        scan reads twice, and another process may write in between). Editing the end
-        signal in place behind the storage's back is not seen until the next whole read.
+        call (O(trajectories + rows written)), with the same results, and while no
+        trajectory is shorter than a slice only the drawn trajectories' bounds are read
+        from them (the start, stop and length of every trajectory are not listed). Other
+        storages, and writes made in another process, are read whole as torchrl does, from
+        a copy (the scan reads twice, and another process may write in between). Editing
+        the end signal in place behind the storage's back is not seen until the next whole
+        read.
 
     .. note:: With ``strict_length=False`` and an integer ``span``, torchrl fails
         ("Boolean value of Tensor with more than one value is ambiguous"); here the span is
