@@ -336,6 +336,38 @@ def test_slice_samplers_match_torchrl(sampler, kwargs):
             ref.update_tensordict_priority(expected)
 
 
+@pytest.mark.parametrize("key", ["end_key", "traj_key"])
+@pytest.mark.parametrize("return_info", [False, True])
+def test_slice_sampler_loop_matches_torchrl(key, return_info):
+    """The loop of the slice benchmark, small: writes of 13 items wrapping around a full
+    storage of 60, episodes of 5 to 9 steps, a sample of 3 slices after each write (mostly
+    read from the trajectory ends, see SliceSampler._sample_from_ends)."""
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    ours, ref = buffers("TensorDictReplayBuffer", storage_args=(60,), sampler="SliceSampler",
+                        sampler_kwargs=dict(slice_len=4, **kwargs), seed=11)
+    lengths = np.random.default_rng(0).integers(5, 10, 400)
+    episode = torch.repeat_interleave(torch.arange(lengths.size), torch.as_tensor(lengths))
+    done = torch.ones_like(episode, dtype=torch.bool)
+    done[:-1] = episode[1:] != episode[:-1]
+    for step in range(30):
+        data = make_td(13, seed=step, start=13 * step)
+        data["episode"] = episode[13 * step : 13 * step + 13]
+        data["next", "done"] = done[13 * step : 13 * step + 13].unsqueeze(-1)
+        assert torch.equal(ours.extend(data), ref.extend(data.clone()))
+        if return_info:
+            got, info = ours.sample(12, return_info=True)
+            expected, ref_info = ref.sample(12, return_info=True)
+            assert_same_info(info, ref_info)
+            # the batch's index is a copy: editing it leaves the info's as it was
+            got["index"] += 1
+            assert torch.equal(info["index"][0], ref_info["index"][0])
+            got["index"] -= 1
+        else:
+            got, expected = ours.sample(12), ref.sample(12)
+        assert_same(got, expected)
+    assert len(ours) == len(ref) == 60
+
+
 @settings(max_examples=15)
 @given(
     filled=st.integers(8, 70),
