@@ -63,14 +63,9 @@ cdef object _int64_data(object x, str name, const int64_t **data, int64_t *n):
         data[0] = <const int64_t *><uintptr_t>x.data_ptr()
         return x
     if type(x) is np.ndarray and x.ndim == 1 and x.dtype == np.int64 and x.flags.c_contiguous:
-        # already what _as_index_array makes (a 1-D int64 array): taken as it is
-        n[0] = x.shape[0]
-        data[0] = NULL
-        if n[0]:
-            view = x
-            data[0] = &view[0]
-        return x
-    arr = _as_index_array(x, name)
+        arr = x  # already what _as_index_array makes: taken as it is
+    else:
+        arr = _as_index_array(x, name)
     n[0] = arr.shape[0]
     data[0] = NULL
     if n[0]:

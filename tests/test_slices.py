@@ -376,14 +376,19 @@ def test_slice_indices_errors(name):
 # --------------------------------------------------------------------------- sorted end rows
 
 
-@SETTINGS
-@given(
+# A signal of `length` rows, its end density, rows forced to end a trajectory, how many rows
+# at its end do not count (length - limit), a seed.
+SORTED_END_CASES = dict(
     length=st.integers(1, 60),
     density=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
-    forced=st.lists(st.integers(-1, 59), max_size=3),
+    forced=st.lists(st.integers(-1, 59), max_size=4),
     limit_cut=st.integers(0, 2),
     seed=st.integers(0, 2**32 - 1),
 )
+
+
+@SETTINGS
+@given(**SORTED_END_CASES)
 def test_bounds_from_ends_match_find_start_stop_traj(length, density, forced, limit_cut, seed):
     rng = np.random.default_rng(seed)
     end = rng.random(length) < density
@@ -453,13 +458,7 @@ def test_patch_ends_run_reads_any_nonzero_byte_as_an_end():
 
 
 @SETTINGS
-@given(
-    length=st.integers(1, 60),
-    density=st.sampled_from([0.0, 0.05, 0.3, 1.0]),
-    forced=st.lists(st.integers(-1, 59), max_size=4),
-    limit_cut=st.integers(0, 2),
-    seed=st.integers(0, 2**32 - 1),
-)
+@given(**SORTED_END_CASES)
 def test_bounds_summary_and_slices_from_ends_match_the_listed_bounds(length, density, forced, limit_cut, seed):
     rng = np.random.default_rng(seed)
     ends = np.flatnonzero(rng.random(length) < density).astype(np.int64)
