@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torchrl.data as TD
-import torchrl.data.replay_buffers.samplers as TS
 from tensordict import TensorDict
 
 import torchrl_compat as O
