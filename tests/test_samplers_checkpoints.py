@@ -329,6 +329,35 @@ def test_damaged_without_replacement_checkpoint_is_refused_whole(damage, tmp_pat
         assert _directory_state(tmp_path / "ckpt") == files
 
 
+def test_without_replacement_empty_sample_list_round_trip(tmp_path):
+    # TensorDict.memmap writes no file for an empty tensor: nothing to read, nothing missing
+    state = {"len_storage": 3, "_sample_list": torch.zeros(0, dtype=torch.long), "drop_last": True, "_ran_out": False}
+    source = ours.SamplerWithoutReplacement()
+    source.load_state_dict(state)
+    source.dumps(tmp_path / "ckpt")
+    target = ours.SamplerWithoutReplacement()
+    target.loads(tmp_path / "ckpt")
+    assert target._sample_list.shape == (0,) and target.len_storage == 3 and target.drop_last
+    with pytest.raises(KeyError, match="_sample_list"):  # torchrl's load_memmap skips the entry
+        trl.SamplerWithoutReplacement().loads(tmp_path / "ckpt")
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+def test_prioritized_loads_into_a_loaded_sampler(tmp_path):
+    for version in (1, 2):
+        source = ours.PrioritizedSampler(16, 0.7, 0.4)
+        source.update_priority(torch.arange(16), torch.arange(1.0, 17.0) * version)
+        source.dumps(tmp_path / str(version))
+    target = ours.PrioritizedSampler(16, 0.1, 0.1)
+    target.loads(tmp_path / "1")
+    target.loads(tmp_path / "2")  # torchrl's fails on float.copy_ (its max priority is a float now)
+    assert _prioritized_snapshot(target) == _prioritized_snapshot(source)
+    ref = trl.PrioritizedSampler(16, 0.1, 0.1)
+    ref.loads(tmp_path / "1")
+    with pytest.raises(AttributeError, match="copy_"):
+        ref.loads(tmp_path / "2")
+
+
 def test_ensemble_checks_every_member_before_any_changes(tmp_path):
     source = ours.SamplerEnsemble(ours.PrioritizedSampler(16, 0.7, 0.4), ours.SamplerWithoutReplacement())
     source[0].update_priority(torch.arange(16), torch.arange(1.0, 17.0))
