@@ -385,8 +385,44 @@ def test_ensemble_missing_sub_storage(tmp_path):
     src = ensemble("ours")
     ck.StorageEnsembleCheckpointer.dumps(src, tmp_path / "e")
     shutil.rmtree(tmp_path / "e" / "1")
+    dst = ensemble("ours", offset=-5.0)
     with pytest.raises(FileNotFoundError, match=r"No storage checkpoint found at .*e/1"):
-        ck.StorageEnsembleCheckpointer.loads(ensemble("ours"), tmp_path / "e")
+        ck.StorageEnsembleCheckpointer.loads(dst, tmp_path / "e")
+    # every sub-storage is checked before any is loaded: the first one is as it was
+    assert_same(dst[0][:], ensemble("ours", offset=-5.0)[0][:])
+
+
+def test_ensemble_transform_that_does_not_fit_changes_nothing(tmp_path):
+    torch.manual_seed(0)
+    src = ensemble("ours", transforms=[torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    ck.StorageEnsembleCheckpointer.dumps(src, tmp_path / "e")
+    torch.save({"weight": torch.zeros(2, 2)}, tmp_path / "e" / "1_transform.pt")  # no bias
+    fresh = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    before = [{k: v.clone() for k, v in t.state_dict().items()} for t in fresh]
+    dst = ensemble("ours", offset=-5.0, transforms=fresh)
+    with pytest.raises(RuntimeError, match=r"1_transform\.pt"):
+        ck.StorageEnsembleCheckpointer.loads(dst, tmp_path / "e")
+    for transform, state in zip(fresh, before):
+        assert all(torch.equal(transform.state_dict()[k], v) for k, v in state.items())
+    assert_same(dst[0][:], ensemble("ours", offset=-5.0)[0][:])
+
+
+def test_ensemble_sub_storage_living_in_the_checkpoint(tmp_path):
+    subs = [ours.LazyMemmapStorage(CAPACITY, scratch_dir=tmp_path / "e" / "0"), ours.LazyTensorStorage(CAPACITY)]
+    for i, sub in enumerate(subs):
+        sub.set(range(5), make_data("tensordict", 1, 5, offset=10.0 * i))
+    src = ours.StorageEnsemble(*subs)
+    live = pathlib.Path(subs[0]._storage.get("obs").filename)
+    ck.StorageEnsembleCheckpointer.dumps(src, tmp_path / "e")
+    subs[0].set(range(5, 7), make_data("tensordict", 1, 2, offset=99.0))
+    ck.StorageEnsembleCheckpointer.dumps(src, tmp_path / "e")
+    # the live files stay where they are, the only links to them
+    assert live.parent == tmp_path / "e" / "0" and live.stat().st_nlink == 1
+    dst = ours.StorageEnsemble(ours.LazyMemmapStorage(CAPACITY), ours.LazyTensorStorage(CAPACITY))
+    ck.StorageEnsembleCheckpointer.loads(dst, tmp_path / "e")
+    for got, expected in zip(dst._storages, subs):
+        assert len(got) == len(expected)
+        assert_same(got[:], expected[:])
 
 
 # -----------------------------------------------------------------------------

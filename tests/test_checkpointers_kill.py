@@ -181,7 +181,7 @@ def _load(case, path, lib=ours):
     return case.version(storage)
 
 
-def _kill_during(case, path, kill_after, version_to_kill):
+def kill_during(case, path, kill_after, version_to_kill):
     """Runs the child until it starts dumping ``version_to_kill``, waits ``kill_after``
     seconds, kills it; returns (last version started, last version done, pid)."""
     parent, child = FORK.Pipe()
@@ -215,7 +215,7 @@ def _kill_during(case, path, kill_after, version_to_kill):
     return started, done
 
 
-def _dump_duration(case, path):
+def dump_duration(case, path):
     """How long one dump takes in the child (the median of a few)."""
     parent, child = FORK.Pipe()
     process = FORK.Process(target=_dump_versions, args=(case, path, child), daemon=True)
@@ -235,17 +235,26 @@ def _dump_duration(case, path):
     return sorted(durations)[len(durations) // 2]
 
 
+def kill_spread(case, path, timing_path, trials, check):
+    """Kills a child dumping ``case`` to ``path`` ``trials`` times, at moments spread over a
+    dump and a little past it; ``check(trial, started, done)`` after each kill (the last
+    version started and the last one done)."""
+    duration = dump_duration(case, timing_path)
+    mid_dump = 0
+    for trial in range(trials):
+        kill_after = duration * 1.5 * (trial + 0.5) / trials
+        started, done = kill_during(case, path, kill_after, version_to_kill=2 + trial % 3)
+        mid_dump += done < started
+        check(trial, started, done)
+    assert mid_dump >= trials // 3, f"only {mid_dump} of {trials} kills landed during a dump"
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_killed_dumps_keep_a_complete_checkpoint(tmp_path, name):
     case = CASES[name]
     path = tmp_path / "ckpt"
-    duration = _dump_duration(case, tmp_path / "timing")
-    mid_dump = 0
-    for trial in range(TRIALS):
-        # spread over the dump and a little past it
-        kill_after = duration * 1.5 * (trial + 0.5) / TRIALS
-        started, done = _kill_during(case, path, kill_after, version_to_kill=2 + trial % 3)
-        mid_dump += done < started
+
+    def check(trial, started, done):
         for lib in (ours, trl) if name in TORCHRL_READS else (ours,):
             version = _load(case, path, lib)
             # the version dumped before the kill, or the one being dumped
@@ -253,15 +262,16 @@ def test_killed_dumps_keep_a_complete_checkpoint(tmp_path, name):
         if name == "memmap in place":
             # the next child's live files start over from version 1
             shutil.rmtree(path)
-    assert mid_dump >= TRIALS // 3, f"only {mid_dump} of {TRIALS} kills landed during a dump"
+
+    kill_spread(case, path, tmp_path / "timing", TRIALS, check)
 
 
 def test_killed_dumps_leave_nothing_once_dumped_again(tmp_path):
     case = CASES["tensordict"]
     path = tmp_path / "ckpt"
-    duration = _dump_duration(case, tmp_path / "timing")
+    duration = dump_duration(case, tmp_path / "timing")
     for trial in range(4):
-        _kill_during(case, path, duration * (trial + 0.5) / 4, version_to_kill=2)
+        kill_during(case, path, duration * (trial + 0.5) / 4, version_to_kill=2)
     storage = case.make(path)
     case.write(storage, 9)
     storage.dumps(path)
@@ -269,21 +279,26 @@ def test_killed_dumps_leave_nothing_once_dumped_again(tmp_path):
     assert _load(case, path) == 9
 
 
-def _dump_with_hook(path, conn, release):
-    """A dump that stops in its save hook (while writing its partial directory) until
-    ``release`` is set."""
+def dump_stopping_in_hook(make, path, conn, release):
+    """Dumps what ``make()`` builds to ``path``, stopping in its save hook (while writing its
+    partial directory, whose path it sends) until ``release`` is set."""
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
-    storage = ours.LazyTensorStorage(CAPACITY)
-    storage.set(range(4), version_td(4, 5))
+    dumped = make()
 
     def hook(data, path=None):
         conn.send(str(path))
         release.wait(TIMEOUT)
         return data
 
-    storage.register_save_hook(hook)
-    storage.dumps(path)
+    dumped.register_save_hook(hook)
+    dumped.dumps(path)
     conn.send("done")
+
+
+def _storage_of_version_5():
+    storage = ours.LazyTensorStorage(CAPACITY)
+    storage.set(range(4), version_td(4, 5))
+    return storage
 
 
 def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
@@ -291,13 +306,13 @@ def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
     parent, child = FORK.Pipe()
     # a live dump, stopped in the middle of writing
     release = FORK.Event()
-    live = FORK.Process(target=_dump_with_hook, args=(path, child, release), daemon=True)
+    live = FORK.Process(target=dump_stopping_in_hook, args=(_storage_of_version_5, path, child, release), daemon=True)
     live.start()
     assert parent.poll(TIMEOUT)
     live_partial = parent.recv()
     # a dump killed while it writes (it left the live one alone): its partial stays
     never = FORK.Event()
-    killed = FORK.Process(target=_dump_with_hook, args=(path, child, never), daemon=True)
+    killed = FORK.Process(target=dump_stopping_in_hook, args=(_storage_of_version_5, path, child, never), daemon=True)
     killed.start()
     assert parent.poll(TIMEOUT)
     dead_partial = parent.recv()

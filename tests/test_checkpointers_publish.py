@@ -4,6 +4,7 @@ The exchange path (Linux ``renameat2``) is what dumps use here; the two-rename f
 forced by hiding ``renameat2``. A forked child killed between the two renames shows the
 fallback's leftovers and their repair.
 """
+import errno
 import multiprocessing as mp
 import os
 import signal
@@ -123,3 +124,60 @@ def test_two_rename_publish_killed_between_its_renames(tmp_path):
     assert loaded(path) == [1.0] * 3 and os.listdir(tmp_path) == ["ckpt"]
     storage_of(3.0, n=2).dumps(path)
     assert loaded(path) == [3.0] * 2 and os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_published_path_inside_nested_writes(tmp_path, mode):
+    path = tmp_path / "ckpt"
+    seen = {}
+
+    def inner(directory):
+        seen["inner"] = publish.published_path(directory / "x")
+
+    def outer(directory):
+        seen["outer"] = publish.published_path(directory / "storage")
+        publish.write_aside(directory / "storage", inner)
+
+    publish.write_aside(path, outer)
+    assert seen == {"outer": path / "storage", "inner": path / "storage" / "x"}
+    assert publish.published_path(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+    assert (path / "storage").is_dir()
+
+
+def test_carry_over(tmp_path, monkeypatch):
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    (source / "sub").mkdir(parents=True)
+    for name in ("keep", "sub/deep", "own", "copied", "dropped"):
+        (source / name).write_text(name)
+    (source / ".own.partial-0123456789ab").mkdir()  # an interrupted write's leftover
+    (source / "sub" / ".deep.old-0123456789ab").write_text("old")
+    os.symlink("keep", source / "link")
+    dest.mkdir()
+    choices = {"copied": publish.COPY, "dropped": None}
+    publish.carry_over(source, dest, skip=("own",), how=lambda file: choices.get(file.name, publish.LINK))
+    found = sorted(str(p.relative_to(dest)) for p in dest.rglob("*"))
+    assert found == ["copied", "keep", "link", "sub", "sub/deep"]
+    assert os.path.samefile(dest / "keep", source / "keep") and os.path.samefile(dest / "sub" / "deep", source / "sub" / "deep")
+    assert not os.path.samefile(dest / "copied", source / "copied") and (dest / "copied").read_text() == "copied"
+    assert os.readlink(dest / "link") == "keep"
+    publish.carry_over(tmp_path / "missing", dest)  # nothing to carry
+
+    # a file system without hard links: a copy by default, an error naming the file for LINK
+    def no_link(src, dst):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(publish.os, "link", no_link)
+    other = tmp_path / "other"
+    other.mkdir()
+    publish.carry_over(source, other, skip=("own",))
+    assert (other / "keep").read_text() == "keep" and not os.path.samefile(other / "keep", source / "keep")
+    strict = tmp_path / "strict"
+    strict.mkdir()
+    with pytest.raises(OSError, match=r"Cannot link .*source/copied into the checkpoint"):
+        publish.carry_over(source, strict, how=lambda file: publish.LINK)
+
+
+def test_docstring_examples():
+    import doctest
+
+    result = doctest.testmod(publish, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0

@@ -26,6 +26,7 @@ from torchrl_matrix_support import (
     make_storage,
     max_size,
     raises_saying,
+    returns,
     run,
     assert_records_equal,
     torchrl_own_classes,
@@ -140,9 +141,9 @@ def ensemble(record, C, *, form, sample_from_all, peer=None):
     for k in range(3):
         record.call(f"sample {k}", rbe.sample, return_info=True)
     record.call_quietly("state_dict", rbe.state_dict)
-    dump = record.dir("dump")
-    if record.succeeds("dumps", rbe.dumps, dump):
-        record.files("dumps files", dump)
+    # torchrl 0.11 never gets past dumps here (see test_ensembles); our round trip is
+    # checked in test_replay_buffers_faults.py
+    record.call("dumps", rbe.dumps, record.dir("dump"))
     record.call("empty", rbe.empty)
     record("len, emptied", len(rbe))
 
@@ -151,6 +152,11 @@ def ensemble(record, C, *, form, sample_from_all, peer=None):
 @pytest.mark.parametrize("form", ["buffers", "components"])
 def test_ensembles(tmp_path, form, sample_from_all):
     torchrl_fails = {}
+    if form == "buffers":
+        # torchrl's StorageEnsembleCheckpointer writes into <path>/storage/0 without creating
+        # <path>/storage: "FileNotFoundError: [Errno 2] No such file or directory". Ours
+        # writes the whole ensemble checkpoint.
+        torchrl_fails["dumps"] = ("FileNotFoundError", returns)
     if form == "components":
         # torchrl's StorageEnsembleCheckpointer writes into <path>/storage/0 without
         # creating <path>/storage: "FileNotFoundError: [Errno 2] No such file or

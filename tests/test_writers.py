@@ -497,6 +497,118 @@ def test_writer_ensemble_indexing_and_rng(tmp_path):
     assert pickle.loads(pickle.dumps(ens))._rng is None
 
 
+# ----------------------------------------------------------------------------- checkpoints
+# dumps publishes whole; loads checks everything before the writer changes
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _round_robin(cursor):
+    writer = O.RoundRobinWriter()
+    writer.register_storage(OS.LazyTensorStorage(8))
+    writer.extend(torch.zeros(cursor, 2))
+    return writer
+
+
+def _max_value(version):
+    writer, _ = _max_value_pair(4, rank_key="key")
+    writer.extend(TensorDict({"key": torch.arange(3.0) + 10 * version}, [3]))
+    return writer
+
+
+def _ensemble(version):
+    return O.WriterEnsemble(_round_robin(version), _max_value(version))
+
+
+def _writer_state(writer):
+    if isinstance(writer, O.WriterEnsemble):
+        return [_writer_state(member) for member in writer._writers]
+    return writer._cursor, getattr(writer, "_rank_key", None), list(getattr(writer, "_current_top_values", []))
+
+
+WRITER_KINDS = {"RoundRobinWriter": _round_robin, "TensorDictMaxValueWriter": _max_value, "WriterEnsemble": _ensemble}
+
+
+def _files(path):
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", list(WRITER_KINDS))
+def test_interrupted_dumps_keeps_the_previous_checkpoint(tmp_path, kind, monkeypatch):
+    make = WRITER_KINDS[kind]
+    path = tmp_path / "writer"
+    make(1).dumps(path)
+    before = _files(path)
+
+    written = O._dump_json
+    # a metadata file is each writer's last (after the top values); the ensemble's second
+    # member is interrupted once the first one is written
+    calls = {"left": 2 if kind == "WriterEnsemble" else 1}
+
+    def broken(content, file):
+        calls["left"] -= 1
+        if calls["left"]:
+            return written(content, file)
+        with open(file, "w") as f:
+            f.write('{"curs')
+        raise Interrupted
+
+    monkeypatch.setattr(O, "_dump_json", broken)
+    with pytest.raises(Interrupted):
+        make(2).dumps(path)
+    assert _files(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["writer"]
+    monkeypatch.undo()
+    loaded = make(5)
+    loaded.loads(path)
+    assert _writer_state(loaded) == _writer_state(make(1))
+
+
+WRITER_DAMAGES = {
+    "metadata missing": ("RoundRobinWriter", "metadata.json", lambda f: f.unlink(), FileNotFoundError),
+    "metadata truncated": ("RoundRobinWriter", "metadata.json", lambda f: f.write_text('{"cur'), ValueError),
+    "cursor missing": ("RoundRobinWriter", "metadata.json", lambda f: f.write_text("{}"), ValueError),
+    "cursor a float": ("RoundRobinWriter", "metadata.json", lambda f: f.write_text('{"cursor": 1.5}'), ValueError),
+    "top values truncated": (
+        "TensorDictMaxValueWriter", "current_top_values.memmap", lambda f: f.write_bytes(f.read_bytes()[:5]), ValueError
+    ),
+    "top values missing": ("TensorDictMaxValueWriter", "current_top_values.memmap", lambda f: f.unlink(), FileNotFoundError),
+    "rank key not a key": (
+        "TensorDictMaxValueWriter",
+        "metadata.json",
+        lambda f: f.write_text(json.dumps({**json.loads(f.read_text()), "rank_key": 3})),
+        ValueError,
+    ),
+    "second member damaged": ("WriterEnsemble", "1/metadata.json", lambda f: f.write_text("[]"), ValueError),
+}
+
+
+@pytest.mark.parametrize("damage", list(WRITER_DAMAGES))
+def test_damaged_checkpoint_leaves_the_writer_as_it_was(tmp_path, damage):
+    kind, name, spoil, error = WRITER_DAMAGES[damage]
+    make = WRITER_KINDS[kind]
+    make(1).dumps(tmp_path)
+    spoil(tmp_path / name)
+    files = _files(tmp_path)
+    writer = make(2)
+    with pytest.raises(error, match=name.replace(".", r"\.")):
+        writer.loads(tmp_path)
+    assert _writer_state(writer) == _writer_state(make(2))
+    assert _files(tmp_path) == files
+
+
+def test_max_value_empty_dumps_loads(tmp_path):
+    writer, ref = _max_value_pair(2, rank_key="key")
+    writer.dumps(tmp_path / "ours")
+    ref.dumps(tmp_path / "ref")
+    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == sorted(p.name for p in (tmp_path / "ref").iterdir())
+    loaded = _max_value(3)
+    loaded.loads(tmp_path / "ref")
+    assert loaded._current_top_values == [] and loaded._cursor == 0
+
+
 def test_docstring_examples():
     import doctest
 

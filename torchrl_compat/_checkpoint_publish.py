@@ -19,10 +19,18 @@ previous directory is first renamed to ``.<name>.old-<id>`` and the new one rena
 ``path``: two renames. A dump killed between them leaves no ``path``; the next dump renames
 the previous checkpoint back before anything else.
 
+A checkpoint made of others (a replay buffer's: its storage's, sampler's, writer's) is
+written whole into one partial directory, each part dumped into it by its own ``dumps``, and
+published once. :func:`published_path` tells a part where its files will be once published:
+a storage whose memory-mapped files live there (a ``LazyMemmapStorage`` whose ``scratch_dir``
+is the checkpoint's) links them into the partial directory instead of copying them, and what
+the previous checkpoint holds besides its own entries is carried over (:func:`carry_over`).
+
 Nothing here runs at ``loads``: reading a checkpoint never writes to it.
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import errno
 import os
@@ -36,7 +44,15 @@ try:
 except ImportError:  # pragma: no cover - not on Windows
     fcntl = None
 
-__all__ = ["PARTIAL_TAG", "partial_siblings", "publish_file", "remove_abandoned", "write_aside"]
+__all__ = [
+    "PARTIAL_TAG",
+    "carry_over",
+    "partial_siblings",
+    "publish_file",
+    "published_path",
+    "remove_abandoned",
+    "write_aside",
+]
 
 PARTIAL_TAG = ".partial-"
 OLD_TAG = ".old-"
@@ -55,6 +71,11 @@ def partial_siblings(path: Path) -> list[Path]:
 
 def _sibling(path: Path, tag: str) -> Path:
     return path.parent / f".{path.name}{tag}{uuid.uuid4().hex[:12]}"
+
+
+def _is_leftover(name: str) -> bool:
+    """Whether ``name`` is the partial or old sibling of some entry."""
+    return name.startswith(".") and (PARTIAL_TAG in name or OLD_TAG in name)
 
 
 # -----------------------------------------------------------------------------
@@ -157,6 +178,112 @@ def remove_abandoned(path) -> list[Path]:
 
 
 # -----------------------------------------------------------------------------
+# Checkpoints written inside checkpoints
+# -----------------------------------------------------------------------------
+# The (partial directory, path it will be published as) pairs of the write_aside calls
+# running in this thread, outermost first.
+_WRITING_ASIDE = contextvars.ContextVar("_WRITING_ASIDE", default=())
+
+
+def published_path(path) -> Path:
+    """Where ``path`` will be once the partial directories it is being written in are
+    published: ``path`` itself outside :func:`write_aside`.
+
+    Args:
+        path (str or Path): a path, inside a partial directory or not.
+
+    Examples:
+        >>> import tempfile
+        >>> from pathlib import Path
+        >>> seen = []
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     write_aside(Path(root) / "ckpt", lambda tmp: seen.append(published_path(tmp / "storage")))
+        ...     seen == [Path(root) / "ckpt" / "storage"]
+        True
+    """
+    path = Path(path).absolute()
+    # innermost first; each target is already a published path
+    for aside, target in reversed(_WRITING_ASIDE.get()):
+        if path == aside or aside in path.parents:
+            return target / path.relative_to(aside)
+    return path
+
+
+LINK, COPY = "link", "copy"
+_LINK_OR_COPY = "link or copy"
+# what a file system that cannot make a hard link answers
+_NO_LINK_ERRORS = frozenset({errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+def _carry_file(source: Path, dest: Path, how: str) -> None:
+    if how == COPY:
+        shutil.copy2(source, dest)
+        return
+    try:
+        os.link(source, dest)
+    except OSError as err:
+        if how != LINK and err.errno in _NO_LINK_ERRORS:
+            shutil.copy2(source, dest)
+        elif how == LINK:
+            raise OSError(
+                err.errno,
+                f"Cannot link {source} into the checkpoint being written ({err.strerror}): it is "
+                "live data that must stay the same file once the checkpoint is published, so it "
+                "is not copied. Keep such files on a file system with hard links.",
+                str(dest),
+            ) from None
+        else:
+            raise
+
+
+def carry_over(source, dest, *, skip=(), how=None) -> None:
+    """Recreates in directory ``dest`` the tree under ``source``, so that ``dest`` published
+    in place of ``source`` keeps what it held.
+
+    Files become hard links (no data is copied, and a file that something still writes
+    through, such as a live memory map, stays the same file under the same name); a file
+    system that cannot make the link gets a copy. Directories are recreated and symbolic
+    links copied as links. The partial and old siblings of interrupted writes are left out,
+    and so are the top-level names in ``skip``. A missing ``source`` carries nothing, as does
+    an entry removed while it is being carried.
+
+    Args:
+        source (str or Path): the directory that will be replaced.
+        dest (str or Path): the directory written aside, to be published in its place.
+
+    Keyword Args:
+        skip (collection of str, optional): names in ``source`` to leave out (the entries
+            the new checkpoint writes itself). Defaults to none.
+        how (callable, optional): ``how(file)`` picks, for each file (a ``Path`` under
+            ``source``), :data:`LINK` (a hard link or an ``OSError``, never a copy),
+            :data:`COPY`, or ``None`` to leave it out. Defaults to a hard link, or a copy
+            where the file system has none.
+    """
+    source, dest = Path(source), Path(dest)
+    try:
+        entries = sorted(os.scandir(source), key=lambda entry: entry.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for entry in entries:
+        if entry.name in skip or _is_leftover(entry.name):
+            continue
+        target = dest / entry.name
+        try:
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), target)
+            elif entry.is_dir():
+                target.mkdir(exist_ok=True)
+                carry_over(entry.path, target, how=how)
+            else:
+                choice = how(Path(entry.path)) if how is not None else _LINK_OR_COPY
+                if choice is not None:
+                    _carry_file(Path(entry.path), target, choice)
+        except FileNotFoundError:
+            if os.path.lexists(entry.path):
+                raise
+
+
+# -----------------------------------------------------------------------------
 # Publishing
 # -----------------------------------------------------------------------------
 _RENAME_EXCHANGE = 2
@@ -240,7 +367,8 @@ def write_aside(path, write_fn) -> None:
 
     ``path`` is untouched until ``write_fn`` has returned, and the previous content is only
     removed once the new one is in place. Abandoned siblings of earlier interrupted writes
-    are removed first (:func:`remove_abandoned`).
+    are removed first (:func:`remove_abandoned`). While ``write_fn`` runs,
+    :func:`published_path` maps paths under the sibling directory to their place under ``path``.
 
     Args:
         path (str or Path): the checkpoint directory.
@@ -266,7 +394,11 @@ def write_aside(path, write_fn) -> None:
     tmp, fd = _make_locked(path, os.mkdir)
     try:
         try:
-            write_fn(tmp)
+            token = _WRITING_ASIDE.set(_WRITING_ASIDE.get() + ((tmp, published_path(path)),))
+            try:
+                write_fn(tmp)
+            finally:
+                _WRITING_ASIDE.reset(token)
             previous = _publish_directory(tmp, path)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -14,11 +14,14 @@ Two things differ from torchrl, on purpose:
 - ``loads`` checks the checkpoint before touching the storage: a missing directory or file raises
   :class:`FileNotFoundError`, an unreadable json file, a truncated memory-mapped file or a
   checkpoint that does not fit the storage raises :class:`ValueError`; each message names the file
-  and what is wrong with it.
+  and what is wrong with it. ``_read_checkpoint(storage, path)`` does the reading and checking
+  alone and returns the function that loads what it read, so that an ensemble (or a buffer)
+  checks every part of its checkpoint before any part changes.
 """
 from __future__ import annotations
 
 import abc
+import functools
 import json
 import math
 import os
@@ -32,7 +35,15 @@ from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDi
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten_with_path, tree_leaves, tree_map
 
-from torchrl_compat._checkpoint_publish import publish_file, write_aside
+from torchrl_compat._checkpoint_checks import load_module_states, read_for_loading, read_torch_file
+from torchrl_compat._checkpoint_publish import (
+    COPY,
+    LINK,
+    carry_over,
+    publish_file,
+    published_path,
+    write_aside,
+)
 from torchrl_compat._storage_checkpoint_checks import (
     TENSORDICT_METADATA_FILE,
     check_memmap_file,
@@ -103,6 +114,22 @@ def _lives_under(storage, path: Path) -> bool:
     return any(f.startswith(root) for f in _memmap_files(getattr(storage, "_storage", None)))
 
 
+def _link_live_files(storage, live: Path, directory: Path) -> None:
+    """Carries the files of a storage living in ``live`` into ``directory``, written aside to
+    replace ``live``: its memory-mapped files as hard links (the storage goes on writing
+    through them, under the same names once ``directory`` is published), the other files
+    (the ``meta.json`` describing them) as copies. Other memory-mapped files (the copy an
+    earlier dump made) and the storage metadata, which this dump writes, are left out."""
+    live_files = set(_memmap_files(storage._storage))
+
+    def how(file: Path):
+        if os.path.abspath(file) in live_files:
+            return LINK
+        return None if file.suffix == ".memmap" else COPY
+
+    carry_over(live, directory, skip=(STORAGE_METADATA_FILE,), how=how)
+
+
 # -----------------------------------------------------------------------------
 # Pytree leaves on disk (torchrl's naming: utils._path2str)
 # -----------------------------------------------------------------------------
@@ -154,12 +181,13 @@ def _pytree_leaf(storage_tree, key: str, file):
     return node
 
 
-def _save_pytree_leaves(tree, path: Path, metadata: dict) -> None:
+def _save_pytree_leaves(tree, path: Path, metadata: dict, live: Path) -> None:
     """Writes every leaf of ``tree`` to ``path / <key path>.memmap`` (``utils._save_pytree``'s
-    layout) and fills ``metadata``; a leaf already memory-mapped on its own file is left as
-    it is (a storage dumped into its own directory)."""
+    layout) and fills ``metadata``; a leaf already memory-mapped on that file in ``live`` is
+    left as it is (a storage dumped into its own directory, ``live``, or into a directory
+    replacing it, where the file is linked)."""
     for tensor_path, tensor in _pytree_leaf_paths(tree):
-        file = str((path / (tensor_path + ".memmap")).absolute())
+        file = os.path.abspath(live / (tensor_path + ".memmap"))
         if _memmap_files(tensor) != [file]:
             _save_pytree_common(tensor_path, path, tensor, metadata)
         else:
@@ -248,6 +276,12 @@ class StorageCheckpointerBase:
     @abc.abstractmethod
     def loads(self, storage, path):
         ...
+
+    def _read_checkpoint(self, storage, path):
+        """Reads and checks the checkpoint at ``path`` without changing ``storage``; returns
+        the function that loads it. Here nothing is read ahead: the function runs
+        :meth:`loads`, which checks as it goes."""
+        return functools.partial(self.loads, storage, path)
 
 
 class ListStorageCheckpointer(StorageCheckpointerBase):
@@ -380,6 +414,9 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
             storage (CompressedListStorage): the storage to fill.
             path (str or Path): the directory where the storage was saved.
         """
+        self._read_checkpoint(storage, path)()
+
+    def _read_checkpoint(self, storage, path):
         path = Path(path)
         if not path.is_dir():
             raise missing_checkpoint_error(path, "the directory does not exist")
@@ -432,8 +469,12 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
             if isinstance(mtdt, dict) and mtdt.get("type") == "tensor":
                 item = item["data"]
             compressed.append(item)
-        storage._storage = compressed
-        storage._metadata = metadata
+
+        def load():
+            storage._storage = compressed
+            storage._metadata = metadata
+
+        return load
 
 
 class TensorStorageCheckpointer(StorageCheckpointerBase):
@@ -456,7 +497,10 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         :class:`~torchrl_compat.LazyMemmapStorage` dumped into its own ``scratch_dir``: its
         files *are* the live storage, so only ``storage_metadata.json`` is rewritten, aside
         and renamed over the previous one: an interrupted dump leaves the previous metadata
-        in place, and the directory stays a complete checkpoint.
+        in place, and the directory stays a complete checkpoint. When that directory is part
+        of a larger checkpoint written aside (a replay buffer's ``storage/``), the live files
+        are hard-linked into the new checkpoint, which replaces the directory whole: they
+        stay the storage's files, under the same names.
 
     .. note::
         A pytree checkpoint written by torchrl 0.11 with ``ndim > 1`` has every leaf after the
@@ -475,25 +519,30 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
     """
 
     def dumps(self, storage, path):
-        path = Path(path)
+        path = Path(path).absolute()
         if not storage.initialized:
             raise RuntimeError("Cannot save a non-initialized storage.")
         self._set_hooks_shift_is_full(storage)
-        if _lives_under(storage, path):
-            return self._dumps_in_place(storage, path)
+        # where the checkpoint ends up: ``path`` itself, unless it is part of a larger
+        # checkpoint being written aside
+        live = published_path(path)
+        if _lives_under(storage, live):
+            return self._dumps_in_place(storage, path, live)
         write_aside(path, lambda tmp: self._write(storage, tmp))
 
-    def _write(self, storage, path: Path, in_place: bool = False):
+    def _write(self, storage, path: Path, live: Path | None = None):
+        """Writes the checkpoint into ``path``; the storage's files living in ``live`` (the
+        directory ``path`` is or will replace, where they are linked) are not written again."""
         metadata = {}
         _storage = storage._storage
         for hook in self._save_hooks:
             _storage = hook(_storage, path=path)
         if is_tensor_collection(_storage):
             if (
-                in_place
+                live is not None
                 and _storage.is_memmap()
                 and _storage.saved_path
-                and Path(_storage.saved_path).absolute() == path.absolute()
+                and Path(_storage.saved_path).absolute() == live
             ):
                 # The files are the live data, described by the meta.json files written
                 # when the storage was created. torchrl calls memmap_refresh_() here, which
@@ -503,16 +552,18 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 _storage.memmap(path, copy_existing=True)
             is_pytree = False
         else:
-            _save_pytree_leaves(_storage, path, metadata)
+            _save_pytree_leaves(_storage, path, metadata, path if live is None else live)
             is_pytree = True
         # Written last, in one rename: its presence marks the directory as a complete
         # checkpoint, and in place the previous one stays complete until it is replaced.
         content = {"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}
         publish_file(path / STORAGE_METADATA_FILE, lambda file: _dump_json(content, file))
 
-    def _dumps_in_place(self, storage, path: Path):
+    def _dumps_in_place(self, storage, path: Path, live: Path):
         path.mkdir(exist_ok=True)
-        self._write(storage, path, in_place=True)
+        if path != live:
+            _link_live_files(storage, live, path)
+        self._write(storage, path, live=live)
 
     @staticmethod
     def _read_storage_metadata(path: Path) -> dict:
@@ -553,17 +604,27 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             )
 
     def loads(self, storage, path):
+        self._read_checkpoint(storage, path)()
+
+    def _read_checkpoint(self, storage, path):
+        """Reads and checks the checkpoint at ``path`` (nothing changes); returns the function
+        that loads it into ``storage``."""
         path = Path(path)
         metadata = self._read_storage_metadata(path)
         metadata_file = path / STORAGE_METADATA_FILE
         _len = metadata["len"]
         if metadata["is_pytree"]:
-            self._loads_pytree(storage, path, metadata["metadata"], metadata_file, _len)
+            fill = self._read_pytree(storage, path, metadata["metadata"], metadata_file, _len)
         else:
-            self._loads_tensordict(storage, path, metadata_file, _len)
-        storage._len = _len
+            fill = self._read_tensordict(storage, path, metadata_file, _len)
 
-    def _loads_pytree(self, storage, path, entries, metadata_file, _len):
+        def load():
+            fill()
+            storage._len = _len
+
+        return load
+
+    def _read_pytree(self, storage, path, entries, metadata_file, _len):
         if self._load_hooks:
             raise RuntimeError("Loading hooks are not compatible with PyTree storages.")
         if not storage.initialized:
@@ -603,16 +664,23 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             plan.append((file, shape, dtype, dest, rows))
         if plan:
             self._check_len(storage, _len, plan[0][3].shape, metadata_file)
-        for file, shape, dtype, dest, rows in plan:
-            source = MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype)
-            dest.copy_(source if rows is None else source[:rows])
 
-    def _loads_tensordict(self, storage, path, metadata_file, _len):
+        def fill():
+            for file, shape, dtype, dest, rows in plan:
+                source = MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype)
+                dest.copy_(source if rows is None else source[:rows])
+
+        return fill
+
+    def _read_tensordict(self, storage, path, metadata_file, _len):
         check_tensordict_layout(path)
         _storage = TensorDict.load_memmap(path)
         if not self._load_hooks:
             self._check_len(storage, _len, _storage.batch_size, metadata_file)
             self._check_fits(storage, _storage, path)
+        return functools.partial(self._fill_tensordict, storage, path, _storage)
+
+    def _fill_tensordict(self, storage, path, _storage):
         dest = storage._storage if storage.initialized else None
         for hook in self._load_hooks:
             _storage = hook(_storage, out=dest)
@@ -812,6 +880,9 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
 
         publish_file(path, write)
 
+    # the H5 file is read as it is loaded
+    _read_checkpoint = StorageCheckpointerBase._read_checkpoint
+
     def loads(self, storage, path):
         from tensordict import PersistentTensorDict
 
@@ -856,8 +927,11 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
     .. note::
         torchrl 0.11's ``dumps`` saves the transforms of the last sub-storage instead of the
         ensemble's (and fails when that sub-storage has none); this one saves the ensemble's.
-        The whole directory is written aside and renamed onto ``path`` once complete, unless a
-        sub-storage keeps its memory-mapped files under ``path``.
+        The whole directory is written aside, each sub-storage dumped into it, and renamed
+        onto ``path`` once complete; what else ``path`` held is carried over (hard links),
+        and a sub-storage living in its checkpoint directory keeps its files there (see
+        :class:`TensorStorageCheckpointer`). :meth:`loads` reads and checks every
+        sub-storage's checkpoint and every transform file before anything changes.
     """
 
     @staticmethod
@@ -865,9 +939,13 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
         path = Path(path).absolute()
         storages = storage._storages
         transforms = storage._transforms
+        own = [str(i) for i in range(len(storages))]
+        if transforms is not None:
+            own += [f"{i}_transform.pt" for i in range(len(transforms))]
+        previous = published_path(path)
 
         def write(root):
-            root.mkdir(exist_ok=True)
+            carry_over(previous, root, skip=own)
             for i, sub in enumerate(storages):
                 sub.dumps(root / str(i))
             if transforms is not None:
@@ -875,18 +953,19 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
                     if transform is not None:
                         torch.save(transform.state_dict(), root / f"{i}_transform.pt")
 
-        if _lives_under(storage, path):
-            write(path)
-        else:
-            write_aside(path, write)
+        write_aside(path, write)
 
     @staticmethod
     def loads(storage, path: Path):
+        StorageEnsembleCheckpointer._read_checkpoint(storage, path)()
+
+    @staticmethod
+    def _read_checkpoint(storage, path: Path):
         path = Path(path).absolute()
         if not path.is_dir():
             raise missing_checkpoint_error(path, "the directory does not exist")
-        for i, sub in enumerate(storage._storages):
-            sub.loads(path / str(i))
+        loaders = [read_for_loading(sub, path / str(i)) for i, sub in enumerate(storage._storages)]
+        transform_states = []
         if storage._transforms is not None:
             for i, transform in enumerate(storage._transforms):
                 if transform is None:
@@ -894,4 +973,15 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
                 file = path / f"{i}_transform.pt"
                 if not file.is_file():
                     raise FileNotFoundError(f"The transform checkpoint {file} does not exist.")
-                transform.load_state_dict(torch.load(file))
+                transform_states.append((transform, read_torch_file(file), file))
+
+        def load():
+            restore = load_module_states(transform_states)
+            try:
+                for load_sub in loaders:
+                    load_sub()
+            except BaseException:
+                restore()
+                raise
+
+        return load

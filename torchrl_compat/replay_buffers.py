@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import multiprocessing
 import os
 import textwrap
@@ -31,7 +30,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial, wraps
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +47,7 @@ from tensordict.utils import expand_as_right, expand_right
 from torch.utils._pytree import tree_map
 
 from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
+from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
 from torchrl_compat._ensemble import INDEX_ERROR, pick, select_members
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
@@ -648,6 +647,19 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         by that component's ``dumps``), ``rng_state/`` when the buffer has a generator,
         ``transform.t`` when the transforms have a state, and ``buffer_metadata.json``.
 
+        .. note:: The whole checkpoint is written into a sibling directory
+            (``.<name>.partial-<id>``), every component dumping into it, and published over
+            ``path`` in one atomic rename (torchrl writes the parts one after the other
+            into ``path``). A dump interrupted at any moment, even killed, leaves the
+            previous checkpoint whole, never a new storage beside an old sampler or writer;
+            the next ``dumps`` to the same path removes what killed dumps left beside it,
+            never the directory of a dump still running. Entries of ``path`` that are not
+            part of the checkpoint are carried into the new directory (as hard links), so
+            don't let other programs create files in ``path`` while it is dumped. A
+            :class:`~torchrl_compat.LazyMemmapStorage` whose ``scratch_dir`` is
+            ``path / "storage"`` keeps its files: they are hard-linked into the new
+            checkpoint, and stay its live data under the same names.
+
         Args:
             path (Path or str): path where to save the replay buffer.
 
@@ -668,19 +680,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             >>> len(rb_load), bool((rb_load[:]["obs"] == rb[:]["obs"]).all())
             (20, True)
         """
-        path = Path(path).absolute()
-        path.mkdir(exist_ok=True)
-        self._storage.dumps(path / "storage")
-        self._sampler.dumps(path / "sampler")
-        self._writer.dumps(path / "writer")
-        if self._rng is not None:
-            rng_state = TensorDict(rng_state=self._rng.get_state().clone(), device=self._rng.device)
-            rng_state.memmap(path / "rng_state")
-        transform_sd = self._transform.state_dict()
-        if transform_sd:
-            torch.save(transform_sd, path / "transform.t")
-        with open(path / "buffer_metadata.json", "w") as file:
-            json.dump({"batch_size": self._batch_size}, file)
+        dump_buffer(self, path)
 
     @_maybe_delay_init
     def loads(self, path):
@@ -688,25 +688,22 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
 
         The buffer should have matching components and be saved using :meth:`dumps`.
 
+        .. note:: Every part of the checkpoint is read and checked before any part of the
+            buffer changes: the storage's, sampler's and writer's files (as their own
+            :meth:`loads` check them), the generator state, the transform state and
+            ``buffer_metadata.json``. A missing, truncated or otherwise damaged file raises
+            an error naming it and leaves the buffer as it was (torchrl loads the parts one
+            after the other, and a damaged sampler file found after the storage was loaded
+            leaves the buffer half old, half new). The checkpoint is only read, never
+            written. Components of torchrl's own are loaded as torchrl loads them, after
+            the checks.
+
         Args:
             path (Path or str): path where the replay buffer was saved.
 
         See :meth:`dumps` for more info.
         """
-        path = Path(path).absolute()
-        self._storage.loads(path / "storage")
-        self._sampler.loads(path / "sampler")
-        self._writer.loads(path / "writer")
-        if (path / "rng_state").exists():
-            rng_state = TensorDict.load_memmap(path / "rng_state")
-            rng = torch.Generator(device=rng_state.device)
-            rng.set_state(rng_state["rng_state"])
-            self.set_rng(rng)
-        if (path / "transform.t").exists():
-            self._transform.load_state_dict(torch.load(path / "transform.t"))
-        with open(path / "buffer_metadata.json") as file:
-            metadata = json.load(file)
-        self._batch_size = metadata["batch_size"]
+        load_buffer(self, path)
 
     @_maybe_delay_init
     def save(self, *args, **kwargs):
@@ -1771,6 +1768,11 @@ class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "Replay
     .. note:: A selection of the members (``rb[[0, 2]]``) of an ensemble that samples from
         all of them samples from all of its own (torchrl hands it the parent's member count,
         and its ``sample`` then fails).
+
+    .. note:: :meth:`dumps` writes torchrl's layout (``storage/<i>``, ``sampler/<i>``,
+        ``writer/<i>``, ...) and publishes it whole, as :meth:`ReplayBuffer.dumps` does;
+        torchrl 0.11's fails on the ``storage/`` directory it does not create. :meth:`loads`
+        checks every member's files before any member changes.
 
     Examples:
         >>> import torch

@@ -29,15 +29,15 @@ from tensordict.utils import NestedKey
 import replay
 
 from . import _torch_slices
-from ._checkpoint_publish import write_aside
-from ._ensemble import INDEX_ERROR, members_rng, pick, select_members
-from ._sampler_checkpoint_checks import (
+from ._checkpoint_checks import (
     MetadataError,
     read_float64_leaves,
     read_json_object,
     read_memmapped_state,
     real_number,
 )
+from ._checkpoint_publish import write_aside
+from ._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from ._sampler_priorities import (
     check_sampleable,
     check_update,
@@ -313,7 +313,9 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
         interrupted call leaves the previous checkpoint whole); :meth:`loads` reads them
         read-only and checks them before the sampler changes (torchrl's
         ``TensorDict.load_memmap`` extends a truncated file and skips a missing one). The
-        loaded values are plain ints, bools and a tensor, not memory-mapped tensors.
+        loaded values are plain ints, bools and a tensor, not memory-mapped tensors. An
+        empty ``_sample_list`` (saved without a file) loads back empty, where torchrl's
+        :meth:`loads` raises a ``KeyError``.
 
     Args:
         drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
@@ -658,7 +660,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         an interrupted call leaves the previous checkpoint whole (torchrl rewrites the files
         in place, one after the other). :meth:`loads` reads them read-only and checks them
         all (sizes, JSON keys and types, leaf values) before the sampler changes, and names
-        the damaged file.
+        the damaged file. A sampler loads any number of checkpoints (torchrl's second
+        :meth:`loads` into the same sampler fails on ``float.copy_``).
 
     Examples:
         >>> import torch
@@ -1222,14 +1225,12 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
 
     def _apply_checkpoint(self, state: dict) -> None:
         self._alpha, self._beta, self._eps = state["_alpha"], state["_beta"], state["_eps"]
-        current = tuple(self._max_priority)
-        if all(x is None for x in current):
-            self._max_priority = state["_max_priority"]
-        else:
-            # Existing tensors are updated in place, as torchrl does.
-            for dest, orig in zip(current, state["_max_priority"]):
-                if dest is not None and orig is not None:
-                    dest.copy_(torch.as_tensor(orig))
+        # Existing tensors are updated in place, as torchrl does; numbers (read by an earlier
+        # loads) are replaced, where torchrl's copy_ fails on them.
+        self._max_priority = tuple(
+            dest.copy_(torch.as_tensor(orig)) if isinstance(dest, torch.Tensor) and orig is not None else orig
+            for dest, orig in zip(tuple(self._max_priority), state["_max_priority"])
+        )
         self._sum_tree, self._min_tree = state["trees"]
 
 

@@ -198,7 +198,19 @@ class Storage(*torchrl_twin("storages", "Storage")):
 
     def loads(self, path):
         """Loads the storage content from ``path`` through its checkpointer."""
-        self.checkpointer.loads(self, path)
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    # ``loads`` in two steps, so that an ensemble or a buffer checks every part of its
+    # checkpoint before any part changes: the checkpointer reads and checks (changing
+    # nothing) and hands back the function that loads what it read.
+    def _read_checkpoint(self, path):
+        read = getattr(self.checkpointer, "_read_checkpoint", None)
+        if read is None:  # a checkpointer of torchrl's: it checks as it loads
+            return functools.partial(self.checkpointer.loads, self, path)
+        return read(self, path)
+
+    def _apply_checkpoint(self, load) -> None:
+        load()
 
     def attach(self, buffer: Any) -> None:
         """This function attaches a sampler to this storage.
@@ -1328,9 +1340,8 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         self._len = 0
 
     @_rewrites_items
-    def loads(self, path):
-        """Loads the storage content from ``path`` through its checkpointer."""
-        super().loads(path)
+    def _apply_checkpoint(self, load) -> None:
+        load()
 
     def _init(self):
         raise NotImplementedError(

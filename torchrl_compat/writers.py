@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import heapq
 import json
+import math
 import multiprocessing as mp
 import textwrap
 from abc import ABC, abstractmethod
@@ -24,12 +25,20 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import is_tensor_collection, MemoryMappedTensor, TensorDict, TensorDictBase
+from tensordict import is_tensor_collection, TensorDict, TensorDictBase
 from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_flatten
 
-from torchrl_compat._torchrl_lookup import torchrl_twin
+from torchrl_compat._checkpoint_checks import (
+    MetadataError,
+    read_count,
+    read_for_loading,
+    read_json_object,
+    read_tensor_file,
+)
+from torchrl_compat._checkpoint_publish import write_aside
 from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy, write_rows
 from torchrl_compat.utils import _is_int, _reduce, _str2dtype
 
@@ -103,6 +112,25 @@ class _Counter:
             shared.value = value
 
 
+WRITER_METADATA_FILE = "metadata.json"
+TOP_VALUES_FILE = "current_top_values.memmap"
+
+
+def _dump_json(content, file) -> None:
+    with open(file, "w") as f:
+        json.dump(content, f)
+
+
+def _read_metadata(path, keys) -> tuple[Path, dict]:
+    """A writer's ``metadata.json`` under ``path`` (read-only), with the entries ``keys``."""
+    file = Path(path).absolute() / WRITER_METADATA_FILE
+    metadata = read_json_object(file)
+    for key in keys:
+        if key not in metadata:
+            raise MetadataError(f"{file}: no {key!r} entry")
+    return file, metadata
+
+
 def _batch_len(data) -> int:
     """The number of items ``extend`` receives, by torchrl's rules."""
     if is_tensor_collection(data) or isinstance(data, (torch.Tensor, list)):
@@ -116,6 +144,13 @@ class Writer(*(torchrl_twin("writers", "Writer") or (ABC,))):
     Args:
         compilable (bool, optional): whether the writer is meant to run under
             :func:`torch.compile`. Defaults to ``False``.
+
+    .. note:: The ``dumps`` of every writer here writes torchrl's files aside and publishes
+        them in one rename (a :class:`WriterEnsemble`'s, all its members' at once), so that
+        a dump interrupted at any moment, even killed, leaves the previous checkpoint whole;
+        torchrl rewrites the files in place. ``loads`` reads every file without writing to
+        it and checks it all (JSON keys and types, file sizes) before the writer changes;
+        each error names the file.
     """
 
     _storage = None
@@ -327,16 +362,19 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
 
     # ----------------------------------------------------------- persistence
     def dumps(self, path):
-        path = Path(path).absolute()
-        path.mkdir(exist_ok=True)
-        with open(path / "metadata.json", "w") as file:
-            json.dump({"cursor": self._cursor}, file)
+        content = {"cursor": self._cursor}
+        write_aside(path, lambda directory: _dump_json(content, directory / WRITER_METADATA_FILE))
 
     def loads(self, path):
-        path = Path(path).absolute()
-        with open(path / "metadata.json") as file:
-            metadata = json.load(file)
-        self._cursor = metadata["cursor"]
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> int:
+        """The cursor saved at ``path``, read and checked without changing anything."""
+        file, metadata = _read_metadata(path, ("cursor",))
+        return read_count(file, "cursor", metadata["cursor"])
+
+    def _apply_checkpoint(self, cursor: int) -> None:
+        self._cursor = cursor
 
     def state_dict(self) -> dict[str, Any]:
         return {"_cursor": self._cursor}
@@ -621,41 +659,51 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
         self.__dict__.update(state)
 
     def dumps(self, path):
-        path = Path(path).absolute()
-        path.mkdir(exist_ok=True)
         values = torch.as_tensor(self._current_top_values)
-        filename = path / "current_top_values.memmap"
-        try:
-            MemoryMappedTensor.from_filename(
-                filename=filename, shape=values.shape, dtype=values.dtype
-            ).copy_(values)
-        except FileNotFoundError:
-            MemoryMappedTensor.from_tensor(values, filename=filename)
-        with open(path / "metadata.json", "w") as file:
-            json.dump(
-                {
-                    "cursor": self._cursor,
-                    "rank_key": self._rank_key,
-                    "dtype": str(values.dtype),
-                    "shape": list(values.shape),
-                },
-                file,
-            )
+        content = {
+            "cursor": self._cursor,
+            "rank_key": self._rank_key,
+            "dtype": str(values.dtype),
+            "shape": list(values.shape),
+        }
+
+        def write(directory):
+            if values.numel():  # MemoryMappedTensor writes no file for an empty tensor
+                values.numpy().tofile(directory / TOP_VALUES_FILE)
+            _dump_json(content, directory / WRITER_METADATA_FILE)
+
+        write_aside(path, write)
 
     def loads(self, path):
-        path = Path(path).absolute()
-        with open(path / "metadata.json") as file:
-            metadata = json.load(file)
-        self._cursor = metadata["cursor"]
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> dict:
+        """Everything :meth:`loads` takes from ``path``, read and checked (nothing changes)."""
+        file, metadata = _read_metadata(path, ("cursor", "rank_key", "dtype", "shape"))
+        cursor = read_count(file, "cursor", metadata["cursor"])
         rank_key = metadata["rank_key"]
         # json turns a nested key's tuple into a list
-        self._rank_key = tuple(rank_key) if isinstance(rank_key, list) else rank_key
-        values = MemoryMappedTensor.from_filename(
-            filename=path / "current_top_values.memmap",
-            dtype=_str2dtype(metadata["dtype"], path / "metadata.json"),
-            shape=torch.Size(metadata["shape"]),
-        ).tolist()
-        self._current_top_values = [(value, int(row)) for value, row in values]
+        if isinstance(rank_key, list) and rank_key and all(isinstance(part, str) for part in rank_key):
+            rank_key = tuple(rank_key)
+        elif not isinstance(rank_key, str):
+            raise MetadataError(f"{file}: rank_key must be a key (a string or a list of strings), got {rank_key!r}")
+        dtype = _str2dtype(metadata["dtype"], file)
+        shape = metadata["shape"]
+        if not isinstance(shape, list) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
+        ) or (math.prod(shape) and (len(shape) != 2 or shape[1] != 2)):
+            raise MetadataError(f"{file}: shape must be [number of items, 2] (or empty), got {shape!r}")
+        values = read_tensor_file(Path(path).absolute() / TOP_VALUES_FILE, dtype, shape)
+        return {
+            "cursor": cursor,
+            "rank_key": rank_key,
+            "top_values": [(value, int(row)) for value, row in values.reshape(-1, 2).tolist()],
+        }
+
+    def _apply_checkpoint(self, state: dict) -> None:
+        self._cursor = state["cursor"]
+        self._rank_key = state["rank_key"]
+        self._current_top_values = state["top_values"]
 
     def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -697,14 +745,24 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
         raise NotImplementedError
 
     def dumps(self, path: Path):
-        path = Path(path).absolute()
-        for i, writer in enumerate(self._writers):
-            writer.dumps(path / str(i))
+        # every member's files are written aside and published together
+        def write(directory):
+            for i, writer in enumerate(self._writers):
+                writer.dumps(directory / str(i))
+
+        write_aside(path, write)
 
     def loads(self, path: Path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> list:
+        # every member's checkpoint is read and checked before any member changes
         path = Path(path).absolute()
-        for i, writer in enumerate(self._writers):
-            writer.loads(path / str(i))
+        return [read_for_loading(writer, path / str(i)) for i, writer in enumerate(self._writers)]
+
+    def _apply_checkpoint(self, loaders: list) -> None:
+        for load in loaders:
+            load()
 
     def add(self):
         raise NotImplementedError

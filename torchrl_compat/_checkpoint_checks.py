@@ -1,18 +1,27 @@
-"""Sampler checkpoints read back, checked before the sampler changes.
+"""Checkpoints of samplers, writers and buffers read back, checked before anything changes.
 
 The files are torchrl 0.11's (``PrioritizedSampler``: ``sumtree.memmap``, ``mintree.memmap``
 and ``sampler_metadata.json``; ``SamplerWithoutReplacement``: its state dict saved by
-``TensorDict.memmap``), so a checkpoint written by one library loads in the other. Unlike
-torchrl, ``loads`` reads every file read-only and checks all of it (present, of the right
-size, of the right types, with storable values) before the sampler changes; each error
-names the file and what is wrong with it. (``dumps`` publishes a checkpoint whole, see
-:mod:`torchrl_compat._checkpoint_publish`.)
+``TensorDict.memmap``; a writer's ``metadata.json``; a buffer's ``rng_state/``,
+``transform.t`` and ``buffer_metadata.json``), so a checkpoint written by one library loads
+in the other. Unlike torchrl, ``loads`` reads every file read-only and checks all of it
+(present, of the right size, of the right types, with storable values) before anything
+changes; each error names the file and what is wrong with it. (``dumps`` publishes a
+checkpoint whole, see :mod:`torchrl_compat._checkpoint_publish`.)
+
+Components load in two steps, so that a checkpoint made of several (an ensemble's, a
+buffer's) is checked whole before any part changes: ``_read_checkpoint(path)`` reads and
+checks, changing nothing, and ``_apply_checkpoint(state)`` takes what was read
+(:func:`read_for_loading`).
 """
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +31,14 @@ from torchrl_compat.utils import _dtype_named
 
 __all__ = [
     "MetadataError",
+    "load_module_states",
+    "read_count",
     "read_float64_leaves",
+    "read_for_loading",
     "read_json_object",
     "read_memmapped_state",
+    "read_tensor_file",
+    "read_torch_file",
     "real_number",
 ]
 
@@ -41,7 +55,7 @@ _READABLE_DTYPES = frozenset({
 
 
 def _missing(file: Path, what: str) -> FileNotFoundError:
-    return FileNotFoundError(f"{file}: {what} (no sampler checkpoint there, or an incomplete one)")
+    return FileNotFoundError(f"{file}: {what} (no checkpoint there, or an incomplete one)")
 
 
 def _size_of(file: Path) -> int:
@@ -87,6 +101,30 @@ def real_number(file: Path, key: str, value, *, allow_none: bool = False, at_lea
     return value
 
 
+def read_count(file: Path, key: str, value) -> int:
+    """``value`` (entry ``key`` of ``file``) as an integer >= 0, MetadataError naming it
+    otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MetadataError(f"{file}: {key} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def read_tensor_file(file: Path, dtype: torch.dtype, shape) -> torch.Tensor:
+    """The tensor of ``dtype`` and ``shape`` whose raw bytes ``file`` holds (a file of
+    ``MemoryMappedTensor``), read without writing to it: the size is checked first. An empty
+    tensor needs no file (``MemoryMappedTensor`` writes none for it)."""
+    numel = math.prod(shape)
+    if numel == 0 and not os.path.exists(file):
+        return torch.empty(shape, dtype=dtype)
+    size = _size_of(file)
+    if size != numel * dtype.itemsize:
+        raise MetadataError(
+            f"{file}: holds {size} bytes, a {dtype} tensor of shape {list(shape)} needs {numel * dtype.itemsize}"
+        )
+    raw = np.fromfile(file, dtype=np.uint8, count=size)
+    return torch.from_numpy(raw).view(dtype).reshape(shape).clone()
+
+
 def _memmapped_entry(path: Path, key: str, entry):
     """One entry of a tensordict saved by ``TensorDict.memmap``: a tensor read from
     ``<key>.memmap``, or ``None`` for a non-tensor ``None``."""
@@ -104,14 +142,7 @@ def _memmapped_entry(path: Path, key: str, entry):
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
     ):
         raise MetadataError(f"{meta}: the entry of {key!r} is not a tensor description: {entry!r}")
-    file = path / f"{key}.memmap"
-    itemsize = dtype.itemsize
-    numel = math.prod(shape)
-    size = _size_of(file)
-    if size != numel * itemsize:
-        raise MetadataError(f"{file}: holds {size} bytes, a {dtype} tensor of shape {shape} needs {numel * itemsize}")
-    raw = np.fromfile(file, dtype=np.uint8, count=size)
-    return torch.from_numpy(raw).view(dtype).reshape(shape).clone()
+    return read_tensor_file(path / f"{key}.memmap", dtype, shape)
 
 
 def read_memmapped_state(path: Path, keys) -> dict:
@@ -127,3 +158,53 @@ def read_memmapped_state(path: Path, keys) -> dict:
             raise MetadataError(f"{path / 'meta.json'}: no entry for {key!r}")
         out[key] = _memmapped_entry(path, key, meta[key])
     return out
+
+
+def read_for_loading(component, path) -> Callable[[], None]:
+    """Reads and checks the checkpoint of ``component`` (a storage, sampler or writer) at
+    ``path`` without changing anything; returns the function that loads what was read.
+
+    A component without the two steps (torchrl's own) is loaded, unchecked, only when the
+    function is called.
+    """
+    read = getattr(component, "_read_checkpoint", None)
+    if read is None:
+        return functools.partial(component.loads, path)
+    return functools.partial(component._apply_checkpoint, read(path))
+
+
+def read_torch_file(file: Path):
+    """What ``torch.load`` reads from ``file``, with an error naming the file when it cannot."""
+    try:
+        return torch.load(file)
+    except FileNotFoundError:
+        raise _missing(file, "the file is missing") from None
+    except Exception as err:
+        raise MetadataError(f"{file}: torch.load cannot read it ({type(err).__name__}: {err})") from None
+
+
+def load_module_states(loads) -> Callable[[], None]:
+    """Runs ``module.load_state_dict(state)`` for each ``(module, state, file)`` of ``loads``,
+    all or none; returns the function that puts the previous states back.
+
+    ``load_state_dict`` copies the entries that fit before it raises for those that do not,
+    so on failure every module loaded so far gets its previous state back, and the error
+    names the ``file`` the refused state was read from.
+    """
+    previous = []
+
+    def restore():
+        for module, state in reversed(previous):
+            module.load_state_dict(state)
+
+    try:
+        for module, state, file in loads:
+            previous.append((module, copy.deepcopy(module.state_dict())))
+            try:
+                module.load_state_dict(state)
+            except Exception as err:
+                raise RuntimeError(f"{file}: the state it holds does not fit {type(module).__name__}: {err}") from None
+    except BaseException:
+        restore()
+        raise
+    return restore
