@@ -839,13 +839,47 @@ def test_docstring_examples():
 
 
 @needs_cuda
-@pytest.mark.parametrize("name", ["TensorDictReplayBuffer", "TensorDictPrioritizedReplayBuffer"])
-def test_cuda_storage_matches_cpu(name):
-    kwargs = {"alpha": 0.7, "beta": 0.5} if "Prioritized" in name else {}
-    made = []
-    for device in ("cuda", "cpu"):
-        made.append(getattr(O, name)(storage=O.LazyTensorStorage(32, device=device), batch_size=8,
-                                     generator=torch.Generator().manual_seed(0), **kwargs))
+def test_cuda_storage_draws_what_torchrl_draws():
+    """Uniform sampling from a CUDA storage: the draws of torchrl's buffer, on the device."""
+    made = [
+        lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(32, device="cuda"), batch_size=8,
+                                   generator=torch.Generator("cuda").manual_seed(0))
+        for lib in (O, TD)
+    ]
+    ours, reference = made
+    for step in range(3):
+        data = make_td(12, seed=step).to("cuda")
+        assert torch.equal(ours.extend(data), reference.extend(data))
+        got, info = ours.sample(return_info=True)
+        expected, ref_info = reference.sample(return_info=True)
+        assert got.device.type == "cuda" and info["index"].device.type == "cuda"
+        assert_same(got.cpu(), expected.cpu())
+
+
+@needs_cuda
+def test_cuda_storage_with_a_cpu_generator_fails_as_torchrl():
+    # torch.randint cannot fill a CUDA tensor from a CPU generator: torchrl's storage raises
+    errors = []
+    for lib in (O, TD):
+        rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(32, device="cuda"), batch_size=8,
+                                        generator=torch.Generator().manual_seed(0))
+        rb.extend(make_td(12).to("cuda"))
+        with pytest.raises(RuntimeError, match="generator") as error:
+            rb.sample()
+        errors.append(str(error.value))
+        assert len(rb) == 12
+    assert errors[0] == errors[1]
+
+
+@needs_cuda
+def test_cuda_prioritized_matches_cpu():
+    """Prioritized sampling from a CUDA storage (trees of torch ops on the device) against
+    the CPU kernels: the same indices; the weights to the device's rounding of pow."""
+    made = [
+        O.TensorDictPrioritizedReplayBuffer(storage=O.LazyTensorStorage(32, device=device), batch_size=8,
+                                            generator=torch.Generator().manual_seed(0), alpha=0.7, beta=0.5)
+        for device in ("cuda", "cpu")
+    ]
     cuda, cpu = made
     for step in range(3):
         data = make_td(12, seed=step)
@@ -853,10 +887,14 @@ def test_cuda_storage_matches_cpu(name):
         got, info = cuda.sample(return_info=True)
         expected, ref_info = cpu.sample(return_info=True)
         assert got.device.type == "cuda" and info["index"].device.type == "cuda"
-        assert_same(got.cpu(), expected)
-        got["td_error"] = torch.rand(8, device="cuda")
-        expected["td_error"] = got["td_error"].cpu()
-        cuda.update_tensordict_priority(got)
+        got = got.cpu()
+        torch.testing.assert_close(got.pop("priority_weight"), expected.pop("priority_weight"))
+        torch.testing.assert_close(info.pop("priority_weight").cpu(), ref_info.pop("priority_weight"))
+        assert_same(got, expected)
+        assert_same_info({k: v.cpu() for k, v in info.items()}, ref_info)
+        got["td_error"] = torch.rand(8, generator=torch.Generator().manual_seed(step))
+        expected["td_error"] = got["td_error"].clone()
+        cuda.update_tensordict_priority(got.to("cuda"))
         cpu.update_tensordict_priority(expected)
 
 

@@ -81,7 +81,7 @@ def _tensor_storage_past_max_capacity(samplers, dtype=torch.float32, device="cpu
         batch_size=10,
         generator=torch.Generator().manual_seed(1),
     )
-    index = rb.extend(torch.arange(8.0))
+    index = rb.extend(torch.arange(8.0, device=device))
     rb.update_priority(index, torch.tensor([1.0, 0.0, 2.0, 3.0, 0.5, 1.0, 9.0, 4.0], dtype=dtype))
     record = {"draws": []}
     for _ in range(2):
@@ -209,7 +209,12 @@ def test_cuda_storage_draws_what_torchrl_draws():
     import torchrl_compat.samplers as ours
 
     got = _tensor_storage_past_max_capacity(ours, device="cuda")
-    _assert_same(got, _golden()["tensor_storage_past_max_capacity"])
+    expected = _golden()["tensor_storage_past_max_capacity"]
+    # the same draws; the weights to the device's rounding of pow
+    for a, b in zip(got["draws"], expected["draws"], strict=True):
+        assert a["index"] == b["index"]
+        assert a["weight"] == pytest.approx(b["weight"], rel=1e-6)
+    assert got["state"] == expected["state"]
 
 
 def test_smaller_sampler_is_reported_once(caplog):

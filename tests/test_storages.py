@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import is_tensor_collection, tensorclass, TensorDict
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 import torchrl.data as trl_data
 import torchrl.data.replay_buffers.storages as T
@@ -968,12 +968,18 @@ def test_signatures_match_torchrl(name):
 # CUDA
 
 
-def _to_cpu(x):
+def _to_device(x, device):
     if is_tensor_collection(x) or isinstance(x, torch.Tensor):
-        return x.cpu()
-    from torch.utils._pytree import tree_map
+        return x.to(device)
+    return tree_map(lambda leaf: leaf.to(device), x)
 
-    return tree_map(lambda leaf: leaf.cpu(), x)
+
+def _to_cpu(x):
+    return _to_device(x, "cpu")
+
+
+def _to_cuda(x):
+    return _to_device(x, "cuda")
 
 
 @needs_cuda
@@ -983,8 +989,13 @@ def test_cuda_storage_matches_cpu_path(kind):
     ref = T.LazyTensorStorage(8, device="cuda")
     assert cuda.device == ref.device == torch.device("cuda", torch.cuda.current_device())
     data = make_batch(kind, 5, 1, seed=0)
+    if kind != "tensordict":
+        # plain tensors are stored as given: CPU ones into CUDA storage fail as in torchrl
+        for store in (O.LazyTensorStorage(8, device="cuda"), T.LazyTensorStorage(8, device="cuda")):
+            with pytest.raises(RuntimeError, match="same device"):
+                store.set(torch.arange(5), data)
     for store in (cuda, cpu, ref):
-        store.set(torch.arange(5), data)
+        store.set(torch.arange(5), data if store is cpu else _to_cuda(data))
     for index in [1, -1, slice(1, 4), torch.tensor([4, 0, -1]), torch.tensor([4, 0], device="cuda")]:
         got = cuda[index]
         leaves = tree_flatten(got.to_dict() if is_tensor_collection(got) else got)[0]

@@ -640,7 +640,9 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         kernel's stream is seeded from torch's global RNG. When the sampler meets a storage
         on an accelerator, the priorities move to trees made of torch ops on that device,
         and sampling and updates then run there; each sample and each update synchronises
-        with the host once (to check the priorities and indices).
+        with the host once (to check the priorities and indices). There the device's ``pow``
+        computes the stored priorities and the weights, which can differ from torchrl's (whose
+        trees stay on CPU) in the last bit.
 
     .. note:: As torchrl's, the trees hold ``capacity`` leaves, the next power of two above
         ``max_capacity``: a storage longer than the sampler gets priorities and draws up to
