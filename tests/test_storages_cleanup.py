@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent(
 
     def make(prefix):
         storages = {{}}
-        for name in order.split(","):
+        for name in order.split(",") if order else ():
             path = os.path.join(tmp, prefix + name)
             storages[name] = libs[name].LazyMemmapStorage(4, scratch_dir=path, auto_cleanup=True)
             storages[name].set(range(2), data)
@@ -100,6 +100,18 @@ SCENARIOS = {
     "standalone, exit": ("ours", "exit", None, True),
     "standalone, sigterm": ("ours", "signal", signal.SIGTERM, True),
 }
+# The same libraries imported, no storage made (no cleanup handler chained): how this
+# interpreter ends on SIGINT by itself, which the scenarios must not change.
+BASELINE = "no storage, sigint"
+RUNS = {**SCENARIOS, BASELINE: ("", "signal", signal.SIGINT, False)}
+
+
+def _expected_code(outcomes, sig):
+    if sig is None:
+        return 0
+    if sig == signal.SIGINT:
+        return outcomes[BASELINE][1]  # -SIGINT: Python re-raises an uncaught KeyboardInterrupt
+    return -sig
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +120,7 @@ def outcomes(tmp_path_factory):
     functions left, stderr)."""
     script = SCRIPT.format(root=ROOT)
     processes = {}
-    for name, (order, stop, _, standalone) in SCENARIOS.items():
+    for name, (order, stop, _, standalone) in RUNS.items():
         env = dict(os.environ, TORCHRL_COMPAT_STANDALONE="1" if standalone else "0")
         tmp = tmp_path_factory.mktemp("cleanup")
         stderr = open(tmp / "stderr", "w+")
@@ -130,7 +142,7 @@ def outcomes(tmp_path_factory):
                 if line.startswith("REPORT "):
                     report = json.loads(line[len("REPORT ") :])
                     break
-            sig = SCENARIOS[name][2]
+            sig = RUNS[name][2]
             if sig is not None and report is not None:
                 process.send_signal(sig)
             after = [line[len("AFTER ") :] for line in process.stdout if line.startswith("AFTER ")]
@@ -152,12 +164,17 @@ def _exists(report):
     return {name: os.path.exists(path) for name, path in report["dirs"].items()}
 
 
+def test_baseline_ends_as_python_does_on_sigint(outcomes):
+    report, code, _, err = outcomes[BASELINE]
+    assert report["registered"] == {} and code in (-signal.SIGINT, 1), err
+    assert "KeyboardInterrupt" in err
+
+
 @pytest.mark.parametrize("name", [n for n, s in SCENARIOS.items() if not s[3]])
 def test_one_registry_for_both_libraries(outcomes, name):
     report, code, after, err = outcomes[name]
     assert report["shared_registry"] and report["registered"] == {"ours": True, "torchrl": True}
-    sig = SCENARIOS[name][2]
-    assert code == (-sig if sig is not None else 0), err
+    assert code == _expected_code(outcomes, SCENARIOS[name][2]), err
     if SCENARIOS[name][1] == "functions":
         # one library's function removed the files of both libraries' storages
         assert after == [{"ours": False, "torchrl": False}] * 2
@@ -173,8 +190,7 @@ def test_one_registry_for_both_libraries(outcomes, name):
 def test_standalone_keeps_its_own_registry(outcomes, name):
     report, code, last, err = outcomes[name]
     assert not report["shared_registry"] and report["registered"] == {"ours": True}
-    sig = SCENARIOS[name][2]
-    assert code == (-sig if sig is not None else 0), err
+    assert code == _expected_code(outcomes, SCENARIOS[name][2]), err
     assert _exists(report) == {"ours": False}
 
 
