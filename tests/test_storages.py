@@ -17,6 +17,8 @@ import torchrl.data.replay_buffers.storages as T
 import torchrl_compat
 import torchrl_compat.storages as O
 
+from twin_checks import assert_no_torchrl_code
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -526,19 +528,9 @@ def test_torchrl_tensordict_replay_buffer_and_default_collate():
         O._get_default_collate(object())
 
 
-def test_no_torchrl_method_runs_on_our_storages():
-    # the torchrl twins only answer isinstance checks: every attribute torchrl's classes
-    # define resolves to one of ours
-    for name in O.__all__:
-        cls = getattr(O, name)
-        for twin in cls.__mro__:
-            if not twin.__module__.startswith("torchrl.data"):
-                continue
-            for attr in twin.__dict__:
-                if attr in ("__dict__", "__weakref__", "__module__", "__doc__", "__annotations__", "__qualname__", "__firstlineno__", "__static_attributes__"):
-                    continue
-                owner = next(c for c in cls.__mro__ if attr in c.__dict__)
-                assert owner.__module__ == "torchrl_compat.storages", (name, attr, owner)
+@pytest.mark.parametrize("name", O.__all__)
+def test_no_torchrl_method_runs_on_our_storages(name):
+    assert_no_torchrl_code(getattr(O, name), owner_module="torchrl_compat.storages")
 
 
 # --------------------------------------------------------------------------

@@ -7,7 +7,6 @@ compared after every call. The row-slice writes of :func:`write_rows` are checke
 """
 from __future__ import annotations
 
-import inspect
 import json
 import pickle
 
@@ -24,6 +23,8 @@ import torchrl_compat.storages as OS
 import torchrl_compat.writers as O
 from torchrl_compat._storage_journal import RowRun
 from torchrl_compat._writer_rows import write_rows
+
+from twin_checks import assert_api_matches, assert_no_torchrl_code
 
 CLASSES = O.__all__
 
@@ -78,47 +79,14 @@ def pair(writer_name, storage_name, *args, writer_kwargs=None, **kwargs):
 # ----------------------------------------------------------------------------- API
 
 
-def params(fn):
-    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
-
-
-def assert_api_matches(ours, ref):
-    """Same constructor and public members (kinds, property setters, parameter names, kinds
-    and defaults) as torchrl's class; our own bases in torchrl's order, its twin after."""
-    assert params(ours) == params(ref)
-    public = {m for m in dir(ref) if not m.startswith("_")}
-    public |= {"__init__", "__len__", "__getitem__", "__setitem__", "__iter__"}
-    for member in sorted(public):
-        if not hasattr(ref, member):
-            continue
-        assert hasattr(ours, member), member
-        ref_attr, our_attr = inspect.getattr_static(ref, member), inspect.getattr_static(ours, member)
-        assert isinstance(our_attr, property) == isinstance(ref_attr, property), member
-        if isinstance(ref_attr, property):
-            assert (our_attr.fset is None) == (ref_attr.fset is None), member
-        elif callable(ref_attr):
-            expected = params(getattr(ref, member))
-            if [kind for _, kind, _ in expected[1:]] == [inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD]:
-                continue  # a torchrl decorator without functools.wraps hides the signature
-            assert params(getattr(ours, member)) == expected, member
-    assert issubclass(ours, ref)
-    own = [b.__name__ for b in ours.__mro__[1:-1] if not b.__module__.startswith("torchrl.")]
-    assert own == [b.__name__ for b in ref.__mro__[1:-1]]
-
-
 @pytest.mark.parametrize("name", CLASSES)
 def test_signatures_match_torchrl(name):
     assert_api_matches(getattr(O, name), getattr(T, name))
 
 
-def test_no_torchrl_code_runs_on_our_writers():
-    # every attribute torchrl's classes define resolves to our code
-    for name in CLASSES:
-        ours, ref = getattr(O, name), getattr(T, name)
-        for member, value in vars(ref).items():
-            if callable(value) or isinstance(value, property):
-                owner = next(c for c in ours.__mro__ if member in vars(c))
-                assert not owner.__module__.startswith("torchrl."), (name, member)
+@pytest.mark.parametrize("name", CLASSES)
+def test_no_torchrl_code_runs_on_our_writers(name):
+    assert_no_torchrl_code(getattr(O, name))
 
 
 def test_exported_from_package():
