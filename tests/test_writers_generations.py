@@ -415,8 +415,11 @@ def test_samples_carry_generations_as_torchrl(cls, writer, track):
     versions=st.lists(st.integers(0, 12), min_size=8, max_size=8),
     use_version=st.sampled_from([None, "scalar", "tensor"]),
     require_newer=st.booleans(),
+    as_tensordict=st.booleans(),
 )
-def test_update_if_present_matches_torchrl(capacity, first, later, picks, versions, use_version, require_newer):
+def test_update_if_present_matches_torchrl(
+    capacity, first, later, picks, versions, use_version, require_newer, as_tensordict
+):
     ours, ref = buffer_pair(capacity=capacity)
     for rb in (ours, ref):
         rb.extend(records(first))
@@ -428,13 +431,15 @@ def test_update_if_present_matches_torchrl(capacity, first, later, picks, versio
             rb.extend(records(later, start=100))  # some handles go stale
     n = index.numel()
     patch = {"obs": torch.arange(n * 3.0).reshape(n, 3) + 0.5, ("nested", "x"): -torch.arange(float(n))}
+    if as_tensordict:
+        patch = TensorDict(patch, [n])
     kwargs = {"require_newer": require_newer}
     if use_version == "scalar":
         kwargs.update(version_key="v", version=versions[0])
     elif use_version == "tensor":
         kwargs.update(version_key="v", version=torch.tensor(versions[:n]))
-    got = ours.update_if_present(index=index, generation=generation, patch=dict(patch), **kwargs)
-    expected = ref.update_if_present(index=index, generation=generation, patch=dict(patch), **kwargs)
+    got = ours.update_if_present(index=index, generation=generation, patch=patch, **kwargs)
+    expected = ref.update_if_present(index=index, generation=generation, patch=patch, **kwargs)
     assert type(got).__name__ == "ConditionalUpdateResult"
     assert_same(got.updated, expected.updated)
     assert (got.version_rejected is None) == (expected.version_rejected is None)
@@ -611,3 +616,35 @@ def test_in_place_writes_reach_slice_readers():
     rb.set_at_("traj", torch.zeros(8, dtype=torch.long), np.arange(8))
     torch.manual_seed(0)
     assert rb.sample().shape == (4,)
+
+
+@needs_generations
+def test_buffer_checkpoints_carry_generations_both_ways(tmp_path):
+    """A tracking buffer's state_dict and dumps, ours loaded by torchrl 0.14.1 and back."""
+    ours, ref = buffer_pair(capacity=6)
+    for rb in (ours, ref):
+        rb.extend(records(9))
+        rb.writer.write_at(torch.tensor([0, 4]), records(2, start=40))
+    ours.dumps(tmp_path / "ours")
+    ref.dumps(tmp_path / "ref")
+    for source, lib, storage_lib, writer_lib in (("ref", O, O, O), ("ours", T, TS, TW)):
+        fresh = lib.TensorDictReplayBuffer(
+            storage=storage_lib.LazyTensorStorage(6), writer=writer_lib.TensorDictRoundRobinWriter(track_generations=True)
+        )
+        fresh.loads(tmp_path / source)
+        assert_same(fresh.writer.generations_of(torch.arange(6)), ref.writer.generations_of(torch.arange(6)))
+        assert fresh.write_count == 11
+        assert_same(fresh[:], ref[:])
+    state = ours.state_dict()
+    assert_same(state["_writer"], ref.state_dict()["_writer"])
+    fresh = T.TensorDictReplayBuffer(
+        storage=TS.LazyTensorStorage(6), writer=TW.TensorDictRoundRobinWriter(track_generations=True)
+    )
+    fresh.load_state_dict(state)
+    assert_same(fresh.writer.generations_of(torch.arange(6)), ours.writer.generations_of(torch.arange(6)))
+    back = O.TensorDictReplayBuffer(storage=O.LazyTensorStorage(6), writer=O.TensorDictRoundRobinWriter(track_generations=True))
+    back.load_state_dict(fresh.state_dict())
+    assert_same(back.writer.state_dict(), ours.writer.state_dict())
+    # emptying advances every written slot: old handles go stale
+    back.empty()
+    assert (back.writer.generations_of(torch.arange(6)) == ours.writer.generations_of(torch.arange(6)) + 1).all()

@@ -101,13 +101,19 @@ def _ensure_generation(self, capacity: int, min_size: int, device: torch.device)
     self._generation = grown
 
 
-def _bump_generation(self, index, data: Any) -> None:
+def _bump_generation(self, index, data: Any, *, run: tuple | None = None) -> None:
     """Advances the counter of each slot of ``index`` once per write to it (a slot written
-    twice by one wrapping ``extend`` advances twice)."""
+    twice by one wrapping ``extend`` advances twice).
+
+    ``run=(first_row, capacity)`` says that ``index`` is ``(first_row + arange(n)) % capacity``
+    (a round-robin write): the counters then advance by one or two slices, not a scatter.
+    """
     storage = self._storage
     # a writer not tracking generations still keeps counters another writer put on the
     # storage, but creates none
     if not self._track_generations and getattr(storage, _SLOT_GENERATIONS_ATTR, None) is None:
+        return
+    if run is not None and _bump_run(self, *run, index):
         return
     device = self._generation_device(index)
     if _is_int(index):
@@ -123,6 +129,24 @@ def _bump_generation(self, index, data: Any) -> None:
     min_size = capacity if capacity <= _GENERATION_EAGER_ALLOC_LIMIT else int(index.max()) + 1
     self._ensure_generation(capacity, min_size, device)
     self._generation.index_put_((index.to(device),), torch.ones_like(index), accumulate=True)
+
+
+def _bump_run(self, first_row: int, capacity: int, index: torch.Tensor) -> bool:
+    """The slice form of :func:`_bump_generation` for a round-robin write from row
+    ``first_row`` of ``capacity``, when the counters already cover every slot on the right
+    device and the write does not wrap more than once; ``False`` (nothing done) otherwise."""
+    generation = self._generation
+    numel = index.numel()
+    if generation is None or index.device != generation.device:
+        return False
+    size = generation.numel()
+    if size != capacity or numel > size or first_row >= size:
+        return False
+    stop = first_row + numel
+    generation[first_row : min(stop, size)] += 1
+    if stop > size:
+        generation[: stop - size] += 1
+    return True
 
 
 def _empty_generation(self) -> None:

@@ -140,7 +140,7 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
                 data = shallow_copy(data)
                 self._before_write(data, index)
             self._storage.set(index, data)
-        self._bump_generation(index, data)
+        self._bump_generation(index, data, run=(start, capacity))
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
