@@ -440,7 +440,7 @@ def test_update_if_present_matches_torchrl(
         kwargs.update(version_key="v", version=torch.tensor(versions[:n]))
     got = ours.update_if_present(index=index, generation=generation, patch=patch, **kwargs)
     expected = ref.update_if_present(index=index, generation=generation, patch=patch, **kwargs)
-    assert type(got).__name__ == "ConditionalUpdateResult"
+    assert isinstance(got, type(expected)) and isinstance(got, O.ConditionalUpdateResult)
     assert_same(got.updated, expected.updated)
     assert (got.version_rejected is None) == (expected.version_rejected is None)
     if expected.version_rejected is not None:

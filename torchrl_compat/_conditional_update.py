@@ -23,11 +23,13 @@ import torch
 from tensordict import TensorClass, TensorDictBase, unravel_key
 
 from torchrl_compat._storage_journal import ALL_ITEMS
+from torchrl_compat._torchrl_lookup import torchrl_twin
 
 __all__ = ["ConditionalUpdateResult", "UpdateQueue", "storage_changed", "update_if_present"]
 
 
-class ConditionalUpdateResult(TensorClass["nocast"]):
+# torchrl's class, when it has one, is the base: results pass its isinstance checks
+class ConditionalUpdateResult(*(torchrl_twin("replay_buffers", "ConditionalUpdateResult") or (TensorClass["nocast"],))):
     """Result of :meth:`~torchrl_compat.ReplayBuffer.update_if_present`.
 
     Attributes:

@@ -20,9 +20,9 @@ from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from torch.utils._pytree import tree_map
 
 from torchrl_compat import _buffer_transforms as _transforms, _conditional_update as _conditional, storages as _storages
-from torchrl_compat._releases import since
 from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
+from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat.samplers import (
     PrioritizedSampler,
