@@ -648,3 +648,23 @@ def test_buffer_checkpoints_carry_generations_both_ways(tmp_path):
     # emptying advances every written slot: old handles go stale
     back.empty()
     assert (back.writer.generations_of(torch.arange(6)) == ours.writer.generations_of(torch.arange(6)) + 1).all()
+
+
+@needs_generations
+def test_docstring_examples():
+    import doctest
+
+    import torchrl_compat._conditional_update as conditional
+
+    finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
+    for obj in (
+        O.ReplayBuffer.update_if_present,
+        O.ReplayBuffer.submit_update_if_present,
+        O.ConditionalUpdateResult,
+        O.RoundRobinWriter,
+        O.TensorDictRoundRobinWriter,
+    ):
+        for test in finder.find(obj, globs=dict(vars(O)) | dict(vars(conditional))):
+            runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.attempted >= 20 and result.failed == 0
