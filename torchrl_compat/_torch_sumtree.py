@@ -74,7 +74,7 @@ def _capacity_for(size: int) -> int:
 FANOUT = 16  # children per node
 _SHIFT = 4  # log2(FANOUT)
 # Status codes of the non-blocking calls (see DeferredChecks).
-_BAD_INDEX, _BAD_VALUE, _NOTHING_TO_DRAW = 1, 2, 3
+_BAD_INDEX, _BAD_VALUE, _NOTHING_TO_DRAW, _ZERO_MINIMUM = 1, 2, 3, 4
 
 
 def _padded(count: int) -> int:
@@ -208,17 +208,37 @@ class _TorchSegmentTree:
         ``accept`` (a 0-d bool tensor, optional) masks the whole batch on the device, in which
         case ``index`` may hold bad entries (they are clamped, and nothing is written).
         No host synchronisation. O(k log k + k log capacity)."""
-        if not index.numel():
-            return
-        keys = index if accept is None else index.clamp(0, self._capacity - 1)
+        if index.numel():
+            self._apply(self._plan(index, accept), values)
+
+    def _plan(self, index: torch.Tensor, accept=None, keep=None):
+        """``(keys, order, target)`` of a write at ``index`` (see :meth:`_write`): the sorted
+        clamped leaves, the sort's permutation and where each sorted value goes (its leaf for
+        the last write of each leaf, the scratch slot for the others). ``keep`` (a bool tensor
+        like ``index``, optional) drops entries one by one. Trees of one capacity share plans."""
+        keys = index if accept is None and keep is None else index.clamp(0, self._capacity - 1)
         keys, order = torch.sort(keys, stable=True)
-        values = values[order]
         winner = torch.ones_like(keys, dtype=torch.bool)
-        winner[:-1] = keys[1:] != keys[:-1]
+        if keep is None:
+            winner[:-1] = keys[1:] != keys[:-1]
+        else:
+            # the last kept write of each leaf: a dropped entry never hides an earlier one
+            kept = keep[order]
+            position = torch.where(kept, torch.arange(keys.numel(), device=keys.device), -1)
+            # runs of equal keys are contiguous: the largest kept position of each run
+            run_start = torch.ones_like(winner)
+            run_start[1:] = keys[1:] != keys[:-1]
+            run_id = run_start.long().cumsum(0) - 1
+            last_kept = torch.full_like(position, -1).scatter_reduce_(0, run_id, position, "amax")
+            winner = kept & (position == last_kept[run_id])
         if accept is not None:
             winner &= accept
         # Losers and masked writes all go to the scratch slot, outside every row.
-        self._leaf_store.index_put_((torch.where(winner, keys, self._scratch),), values)
+        return keys, order, torch.where(winner, keys, self._scratch)
+
+    def _apply(self, plan, values: torch.Tensor) -> None:
+        keys, order, target = plan
+        self._leaf_store.index_put_((target,), values[order].to(self._dtype))
         self._refresh(keys)
         self._invalidate()
 
@@ -424,8 +444,8 @@ class _TorchSegmentTree:
         bad = torch.where(any_index, bad_index, bad_value)
         position = bad.to(torch.uint8).argmax()
         code = torch.where(any_index, _BAD_INDEX, torch.where(any_value, _BAD_VALUE, 0))
-        culprit = torch.where(any_index, idx[position].double(), values[position].double())
-        status = torch.stack([code.double(), position.double(), culprit])
+        culprit = torch.where(any_index, idx[position.reshape(1)].double(), values[position.reshape(1)].double())
+        status = torch.cat([code.double().reshape(1), position.double().reshape(1), culprit])
         self._checks.record(status, self._deferred_error)
         return ~(any_index | any_value)
 
@@ -438,6 +458,11 @@ class _TorchSegmentTree:
             limit = "finite and non-negative" if self._is_sum else "not NaN"
             return ValueError(
                 f"value {value} at position {position} is invalid: values must be {limit}{later}"
+            )
+        if code == _ZERO_MINIMUM:
+            return RuntimeError(
+                f"non-positive p_min: the smallest priority of the {position} sampleable items "
+                f"was {value} at an earlier non-blocking draw (its weights were meaningless)"
             )
         return RuntimeError(
             "non-positive p_sum: an earlier non-blocking draw found no positive leaf among "
