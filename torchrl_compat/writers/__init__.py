@@ -2,7 +2,7 @@
 
 A writer decides where each new item goes in the storage, writes it there and tells the
 entities attached to the storage (the buffers, hence their samplers) which indices
-changed. The classes have torchrl 0.11's names, signatures, defaults, ``state_dict`` /
+changed. The classes have the followed torchrl release's names, signatures, defaults, ``state_dict`` /
 ``dumps`` / ``loads`` formats and errors, and work with our storages and torchrl's.
 
 .. note:: When torchrl is importable (and ``TORCHRL_COMPAT_STANDALONE`` is not ``"1"``)
