@@ -31,7 +31,27 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # ---- prioritized samplers
     # ---- slice samplers
     # ---- random samplers, storages
+    # ``Sampler(replacement=False)`` dispatches to the without-replacement variant
+    "sampler_replacement_argument": (0, 13),
+    # a storage's / sampler's load_state_dict copies the tensors it is given
+    "load_state_dict_clones": (0, 13),
+    # storages count their mutations (``_mutation_revision``) and expose the last written
+    # time coordinate (``_last_cursor_index``); samplers answer ``can_sample``
+    "storage_mutation_revision": (0, 14),
+    "sampler_can_sample": (0, 14),
     # ---- replay buffers
+    # constructor: sample_unit, consume_after_n_samples, service_backend(_options),
+    # transport(_options); the direct service API (start, client, shutdown, synchronize...)
+    "buffer_service_arguments": (0, 14),
+    # stats(), can_sample(), query()
+    "buffer_stats_query": (0, 14),
+    # the prefetch queue is kept full after each sample and saved by state_dict, dumps and
+    # pickling (``_prefetch_state``, ``prefetch.pkl``)
+    "buffer_prefetch_state": (0, 14),
+    # transforms of a shared buffer share their state (``share_memory_``)
+    "buffer_shared_transforms": (0, 14),
+    # ReplayBufferEnsemble: p="sampleable", routing_key, end_streams, stats
+    "ensemble_sampleable_routing": (0, 14),
 }
 
 
