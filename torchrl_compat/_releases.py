@@ -30,6 +30,24 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # ---- writers
     # ---- prioritized samplers
     # ---- slice samplers
+    # without traj_key / end_key, the trajectory key is looked up in the storage at the
+    # first sample: ("collector", "traj_ids"), then "episode", else the end key
+    "slice_traj_key_auto": (0, 13),
+    # the first step of every slice is marked in the stored is_init entry, when there is one
+    "slice_init_marker": (0, 13),
+    # pad_output=True pads short slices to the requested length, with a ("collector", "mask")
+    "slice_pad_output": (0, 13),
+    # SliceSamplerWithoutReplacement.dumps / loads write and read its permutation state
+    "slice_without_replacement_dumps": (0, 13),
+    # end_keys (OR-ed end signals), init_key, fragmented / step_key, can_sample
+    # (_sampleable_count), mark_update / _end_stream, the wider repr
+    "slice_end_keys_fragmented": (0, 14),
+    # the trajectory bounds read from a storage are cached by its _mutation_revision, and
+    # the cursor is read from _last_cursor_index
+    "slice_mutation_revision": (0, 14),
+    # torchrl.data.replay_buffers.utils.find_start_stop_traj: a public function (one-step
+    # trajectory-id signals hold one trajectory; an empty signal or cursor raises)
+    "find_start_stop_traj_public": (0, 14),
     # ---- random samplers, storages
     # ``Sampler(replacement=False)`` dispatches to the without-replacement variant
     "sampler_replacement_argument": (0, 13),
