@@ -290,6 +290,29 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
     def _device(self) -> torch.device:
         return tree_device(self._sum_tree)
 
+    def _tree_device_from_storage(self, storage: Storage | None) -> torch.device | None:
+        """The device the trees are asked to be on: ``device=`` when given, else that of a
+        CUDA storage; ``None`` (stay) otherwise."""
+        requested = self.__dict__.get("_requested_device")
+        if requested is not None:
+            return requested
+        device = storage_device(storage) if storage is not None else None
+        return device if device is not None and device.type == "cuda" else None
+
+    def _maybe_init_from_storage(self, storage: Storage | None) -> None:
+        """Puts the trees where :meth:`_tree_device_from_storage` says; unlike torchrl's (which
+        starts empty trees there), the priorities move with them."""
+        device = self._tree_device_from_storage(storage)
+        if device is not None and not trees_fit(self._sum_tree, device, self._use_cpu_kernels):
+            self._sum_tree, self._min_tree = moved_trees(
+                self._sum_tree, self._min_tree, tree_dtype(self.dtype), device,
+                cpu_kernels=self._use_cpu_kernels,
+            )
+
+    def _tree_argmax(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(value, index)`` of the largest stored value, in the trees' dtype."""
+        return largest_leaf(self._sum_tree, dtype=tree_dtype(self.dtype))
+
     def _note_storage_length(self, length: int) -> None:
         """Says once, through the library's logger, that the storage is longer than the sampler."""
         if not self.__dict__.get("_said_smaller"):
@@ -539,7 +562,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         if not raw:
             self._max_priority = largest_leaf(self._sum_tree)
             return
-        value, position = largest_leaf(self._sum_tree, dtype=tree_dtype(self.dtype))
+        value, position = self._tree_argmax()
         self._max_priority = ((value ** (1.0 / self._alpha) - self._eps).clamp_min(0), position)
 
     def _recompute_max_priority_from_tree(self) -> None:
@@ -547,7 +570,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         torchrl kept it raw); kept as loaded when ``alpha`` is 0, ``None`` for empty trees."""
         if self._alpha == 0:
             return
-        value, position = largest_leaf(self._sum_tree, dtype=tree_dtype(self.dtype))
+        value, position = self._tree_argmax()
         if not value > 0:
             self._max_priority = None
             return
