@@ -29,6 +29,30 @@ NEWEST = (0, 14)
 BEHAVIOURS: dict[str, tuple[int, int]] = {
     # ---- writers
     # ---- prioritized samplers
+    # PrioritizedSampler(device=...) and its ``device`` property: the trees follow a CUDA
+    # storage (or the given device); the prioritized buffers take ``sampler_device`` and
+    # ``sync``. The ``alpha`` setter refuses a negative value.
+    "prioritized_device_argument": (0, 13),
+    # ``default_priority`` is the raw largest priority (1.0 without one): new items get
+    # ``(max_p + eps) ** alpha``, where 0.11-0.12 applied alpha twice.
+    "prioritized_raw_default_priority": (0, 13),
+    # With ``max_priority_within_buffer``, the largest priority rebuilt from the trees is
+    # turned back into a raw priority (not kept as ``p ** alpha``); with alpha == 0 it is kept.
+    "prioritized_raw_max_within_buffer": (0, 13),
+    # ``load_state_dict`` copies the trees and the largest priority (0.11-0.12 alias them).
+    "prioritized_load_state_dict_copies": (0, 13),
+    # Setting ``alpha`` on a within-buffer sampler holding priorities warns, once (0.13 only:
+    # replaced by the re-transform below).
+    "prioritized_alpha_change_warns": (0, 13),
+    # Setting ``alpha`` re-transforms the stored ``(p + eps) ** alpha`` to the new exponent.
+    "prioritized_alpha_retransforms": (0, 14),
+    # state_dict / dumps carry ``_schema_version`` (1); an older checkpoint of a within-buffer
+    # sampler gets its largest priority rebuilt from the trees on load.
+    "prioritized_state_schema": (0, 14),
+    # PrioritizedSliceSampler.load_state_dict loads the priorities (0.11-0.12: a no-op).
+    "prioritized_slice_loads_state_dict": (0, 13),
+    # The prioritized buffers take ``sample_unit``, ``transport`` and ``transport_options``.
+    "prioritized_buffer_transport": (0, 14),
     # ---- slice samplers
     # without traj_key / end_key, the trajectory key is looked up in the storage at the
     # first sample: ("collector", "traj_ids"), then "episode", else the end key
