@@ -15,11 +15,13 @@ Examples:
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 from importlib import metadata
 
-__all__ = ["BEHAVIOURS", "FOLLOWED", "OLDEST", "NEWEST", "followed_release", "since"]
+__all__ = ["BEHAVIOURS", "FOLLOWED", "OLDEST", "NEWEST", "followed_release", "keywords_since", "since"]
 
 OLDEST = (0, 11)
 NEWEST = (0, 14)
@@ -140,3 +142,52 @@ FOLLOWED = followed_release()
 def since(behaviour: str) -> bool:
     """Whether ``behaviour`` (a key of :data:`BEHAVIOURS`) applies to the followed release."""
     return FOLLOWED >= BEHAVIOURS[behaviour]
+
+
+def keywords_since(function, keywords: dict[str, str] | None = None, *, name: str | None = None,
+                   **behaviour_of_keyword: str):
+    """``function`` with the signature of the followed release: a function written once with
+    every release's keywords loses those whose behaviour (a key of :data:`BEHAVIOURS`) does
+    not apply. ``inspect.signature`` then shows the release's signature, and passing one of
+    the dropped keywords raises the ``TypeError`` Python raises for an unknown keyword, as
+    that release's torchrl does.
+
+    Args:
+        function (callable): the full function (every release's keywords).
+        keywords (dict, optional): keyword -> behaviour; may also be given as keyword
+            arguments (``keywords_since(f, device="prioritized_device_argument")``).
+
+    Keyword Args:
+        name (str, optional): the name the returned function takes (``"__init__"`` for a
+            constructor written as a private method). Defaults to ``function``'s.
+
+    Examples:
+        >>> def make(size, *, device=None):
+        ...     return size, device
+        >>> make = keywords_since(make, device="prioritized_device_argument")
+        >>> make(3)
+        (3, None)
+    """
+    behaviours = {**(keywords or {}), **behaviour_of_keyword}
+    signature = inspect.signature(function)
+    unknown = set(behaviours) - set(signature.parameters)
+    if unknown:
+        raise ValueError(f"{function.__qualname__} has no parameter(s) {sorted(unknown)}")
+    missing = frozenset(keyword for keyword, behaviour in behaviours.items() if not since(behaviour))
+
+    @functools.wraps(function)
+    def with_release_keywords(*args, **kwargs):
+        refused = missing.intersection(kwargs)
+        if refused:
+            raise TypeError(f"{qualname}() got an unexpected keyword argument {min(refused)!r}")
+        return function(*args, **kwargs)
+
+    if name is not None:
+        with_release_keywords.__name__ = name
+        owner, _, _ = function.__qualname__.rpartition(".")
+        with_release_keywords.__qualname__ = f"{owner}.{name}" if owner else name
+    qualname = with_release_keywords.__qualname__
+    with_release_keywords.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in missing]
+    )
+    return with_release_keywords

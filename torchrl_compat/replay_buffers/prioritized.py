@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torchrl_compat._release_signatures import keywords_since
+from torchrl_compat._releases import keywords_since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.storages import ListStorage

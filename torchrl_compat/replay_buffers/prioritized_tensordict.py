@@ -9,7 +9,7 @@ import torch
 from tensordict import is_tensor_collection, TensorDictBase
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 
-from torchrl_compat._release_signatures import keywords_since
+from torchrl_compat._releases import keywords_since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.utils import _reduce

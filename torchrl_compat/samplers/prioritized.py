@@ -14,7 +14,7 @@ import torch
 import replay
 from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_object, real_number
 from .._checkpoint_publish import write_aside
-from .._release_signatures import keywords_since
+from .._releases import keywords_since
 from .._releases import since
 from .._sampler_priorities import (
     check_sampleable,
