@@ -533,6 +533,10 @@ def test_submitted_updates_run_in_order_before_later_samples():
         failing.result()
     with pytest.raises(KeyError):
         ours.sample()  # the next sample reports the failed update, as torchrl's does
+    with pytest.raises(KeyError):
+        ours.synchronize()  # and so does synchronize, once: it settles the updates
+    ours.synchronize()
+    assert ours.sample().shape == (4,)  # sampling works again
     copy = __import__("pickle").loads(__import__("pickle").dumps(ours))
     assert "_update_queue" in copy.__dict__ and copy.__dict__["_update_queue"].sample_dependency() is None
 

@@ -1,8 +1,8 @@
 """Replay buffers (stand-in for ``torchrl.data.replay_buffers.replay_buffers``).
 
 A replay buffer composes a storage (where items live), a writer (where new items go), a
-sampler (which items a batch holds) and a transform chain. The classes have torchrl
-0.11's names, signatures, defaults, ``state_dict`` / ``dumps`` / ``loads`` layouts,
+sampler (which items a batch holds) and a transform chain. The classes have the
+followed torchrl release's names, signatures, defaults, ``state_dict`` / ``dumps`` / ``loads`` layouts,
 return values and errors, and work with our storages, samplers and writers as with
 torchrl's; checkpoints cross between torchrl's buffers and ours in both directions.
 

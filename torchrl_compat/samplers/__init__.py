@@ -1,6 +1,6 @@
 """Samplers for composable replay buffers: a drop-in for ``torchrl.data.replay_buffers.samplers``.
 
-The classes have torchrl 0.11's names, signatures, defaults, properties, info dictionaries,
+The classes have the followed torchrl release's names, signatures, defaults, properties, info dictionaries,
 ``state_dict`` / ``dumps`` / ``loads`` formats and error messages, and work with any
 storage that follows torchrl's storage API (duck typing, as torchrl's samplers do).
 
@@ -55,6 +55,12 @@ from .prioritized_slice import (
 from .ensemble import (
     SamplerEnsemble,
 )
+from .base import _REPLACEMENT_DISPATCH, _SamplerMeta as _SamplerMeta
+
+_REPLACEMENT_DISPATCH.update({
+    RandomSampler: SamplerWithoutReplacement,
+    SliceSampler: SliceSamplerWithoutReplacement,
+})
 
 __all__ = [
     "PrioritizedSampler",

@@ -1,7 +1,7 @@
 """Replay-buffer storages (stand-in for ``torchrl.data.replay_buffers.storages``).
 
 Same class names, constructor signatures, attributes, ``state_dict`` keys and error
-types as torchrl 0.11, so that torchrl's replay buffers, writers, samplers and
+types as the followed torchrl release (:mod:`torchrl_compat._releases`), so that torchrl's replay buffers, writers, samplers and
 checkpointers can drive these storages unchanged.
 
 .. note:: When torchrl is importable (and the ``TORCHRL_COMPAT_STANDALONE`` environment

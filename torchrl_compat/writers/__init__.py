@@ -2,7 +2,7 @@
 
 A writer decides where each new item goes in the storage, writes it there and tells the
 entities attached to the storage (the buffers, hence their samplers) which indices
-changed. The classes have the installed torchrl release's names, signatures, defaults,
+changed. The classes have the followed torchrl release's names, signatures, defaults,
 ``state_dict`` / ``dumps`` / ``loads`` formats and errors (see :mod:`torchrl_compat._releases`:
 from torchrl 0.14 on, round-robin writers save their write count and can track slot
 generations), and work with our storages and torchrl's.
