@@ -11,7 +11,7 @@ from tensordict.utils import expand_as_right, is_tensorclass
 
 from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_tensor_file
 from torchrl_compat._checkpoint_publish import write_aside
-from torchrl_compat._releases import since
+from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy, write_rows
 from torchrl_compat.utils import _is_int, _str2dtype
@@ -70,7 +70,7 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         (1, 5)
     """
 
-    def _setup(self, compilable: bool, track_generations: bool) -> None:
+    def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
         super().__init__(compilable=compilable)
         self._cursor = 0
         self._write_count = 0
@@ -78,15 +78,8 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         # counters loaded before a storage is registered wait here
         self._pending_generation = None
 
-    if since("writer_slot_generations"):
-
-        def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
-            self._setup(compilable, track_generations)
-
-    else:
-
-        def __init__(self, compilable: bool = False) -> None:
-            self._setup(compilable, False)
+    # releases before 0.14 take no track_generations
+    __init__ = keywords_since(__init__, track_generations="writer_slot_generations")
 
     # writers pickled before generations existed
     _track_generations = False
