@@ -151,6 +151,11 @@ class ShardTotals:
         self.incarnation = [None] * num_shards
         self.known = np.zeros(num_shards, dtype=bool)
 
+    def __setstate__(self, state: dict) -> None:
+        # arrays unpickled by Ray are read-only views of its object store
+        self.__dict__.update({k: np.array(v) if isinstance(v, np.ndarray) else list(v) if isinstance(v, list) else v
+                              for k, v in state.items()})
+
     def update(self, shard: int, totals: tuple) -> None:
         count, psum, pmin, pmax, rows_written, remaining, incarnation = totals
         self.count[shard] = count

@@ -164,9 +164,10 @@ class ReplayShard:
         self._journal_record(("update", index, priority))
         self._buffer.update_priority(torch.from_numpy(index), torch.from_numpy(priority))
 
-    def extend(self, packed: tuple, max_priority=None, updates=None):
-        """Writes a packed batch; ``(local index, totals)``."""
-        self._apply_updates(updates)
+    def extend(self, max_priority, header: tuple, *pieces):
+        """Writes a batch (:func:`._ray_wire.to_arguments`'s header and pieces); ``(local index,
+        totals)``."""
+        packed = wire.from_arguments(header, *pieces)
         self._journal_record(("extend", packed, max_priority))
         index = self._apply_extend(packed, max_priority)
         return index, self.totals()
@@ -237,7 +238,8 @@ class ReplayShard:
     def get(self, index: np.ndarray):
         return self._gather(index), self.totals()
 
-    def set(self, index: np.ndarray, packed: tuple):
+    def set(self, index: np.ndarray, header: tuple, *pieces):
+        packed = wire.from_arguments(header, *pieces)
         self._journal_record(("set", index, packed))
         self._buffer[torch.from_numpy(index)] = wire.unpack(packed)
         return self.totals()
@@ -392,6 +394,26 @@ class ReplayShard:
                     self._rows_written = int(record[1]["rows_written"])
                 replayed += 1
         return replayed
+
+    def time_parts(self, packed: tuple, fraction: np.ndarray, rounds: int) -> dict:
+        """Median seconds of the shard's own work per call (for the benchmarks): unpacking and
+        writing a batch, drawing and gathering one. Writes ``rounds`` batches."""
+        import time
+
+        def median(fn):
+            times = []
+            for _ in range(rounds):
+                start = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - start)
+            return float(np.median(times)) * 1e6
+
+        return {
+            "shard_unpack_us": median(lambda: wire.unpack(packed)),
+            "shard_extend_us": median(lambda: self._apply_extend(packed, None)),
+            "shard_sample_us": median(lambda: self.sample_prioritized(fraction)),
+            "shard_totals_us": median(self.totals),
+        }
 
     def close(self) -> None:
         if self._journal is not None:

@@ -154,10 +154,11 @@ class RayReplayBuffer(ReplayBuffer):
         waits for the replies of the client's own updates.
 
     .. note:: Priority updates are checked on the client (indices held by a shard, finite and
-        non-negative priorities) and sent at once without waiting for the shards. The next
-        :meth:`sample` waits for their replies, so that its split includes them (calls from one
-        client reach a shard in order); a sample kept in flight by ``prefetch`` was split, as in
-        torchrl's prefetching, before the updates made after it was sent.
+        non-negative priorities). Without ``prefetch`` they are sent at once, without waiting,
+        and the next :meth:`sample` waits for their replies so that its split includes them
+        (calls from one client reach a shard in order). With ``prefetch``, samples are drawn
+        ahead, as in torchrl, before the updates of the batches just returned: the updates then
+        travel with the next sample's calls to each shard (one call per shard and step).
 
     .. note:: Faults. A shard actor that dies is restarted by Ray (``max_restarts``) and reloads
         its part of the last checkpoint (:meth:`dumps` or :meth:`loads`), then replays its journal
@@ -298,6 +299,7 @@ class RayReplayBuffer(ReplayBuffer):
         self._seq = [0] * self._num_shards  # calls submitted to each shard
         self._seen = [0] * self._num_shards  # the latest call whose totals are in self._totals
         self._update_calls = []
+        self._pending_updates = [[] for _ in range(self._num_shards)]
         self._prefetch_queue = collections.deque()
         for shard, description in enumerate(descriptions):
             self._totals.update(shard, description["totals"])
@@ -324,6 +326,7 @@ class RayReplayBuffer(ReplayBuffer):
         kept = 0 if restored is None else int(restored["rows_written"])
         lost = max(0, previous_rows - kept)
         self._totals.update(shard, description["totals"])
+        self._pending_updates[shard] = []  # they name rows of the shard as it was
         if restored is None:
             origin = "empty (it had no checkpoint)"
         else:
@@ -375,6 +378,23 @@ class RayReplayBuffer(ReplayBuffer):
                 errors.append(err)
         return replies, errors
 
+    def _take_updates(self, shard: int):
+        """The priority updates waiting for ``shard`` (prefetching clients send them with the
+        next sample), as one ``(index, priority)`` pair, or ``None``."""
+        pending = self._pending_updates[shard]
+        if not pending:
+            return None
+        self._pending_updates[shard] = []
+        if len(pending) == 1:
+            return pending[0]
+        return np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending])
+
+    def _send_updates(self) -> None:
+        for k in range(self._num_shards):
+            update = self._take_updates(k)
+            if update is not None:
+                self._update_calls.append(self._submit(k, "update_priority", *update))
+
     def _drain_update_calls(self):
         calls, self._update_calls = self._update_calls, []
         return calls
@@ -393,6 +413,7 @@ class RayReplayBuffer(ReplayBuffer):
 
     def _wait_for_updates(self) -> None:
         """Waits for the priority updates in flight: the totals then include them."""
+        self._send_updates()
         if self._update_calls:
             self._finish(self._drain_update_calls())
 
@@ -404,7 +425,7 @@ class RayReplayBuffer(ReplayBuffer):
 
     def _refresh_totals(self) -> None:
         """Asks every shard for its totals (carrying the pending priority updates)."""
-        calls = [self._submit(k, "ping") for k in range(self._num_shards)]
+        calls = [self._submit(k, "ping", self._take_updates(k)) for k in range(self._num_shards)]
         self._finish(calls + self._drain_update_calls())
 
     def _global_index(self, shard: int, local) -> np.ndarray:
@@ -430,7 +451,7 @@ class RayReplayBuffer(ReplayBuffer):
         max_priority = self._totals.global_max_priority() if self._kind == "prioritized" else None
         calls, spans = [], {}
         for shard, start, stop in plan:
-            call = self._submit(shard, "extend", wire.rows(packed, start, stop), max_priority)
+            call = self._submit(shard, "extend", max_priority, *wire.to_arguments(wire.rows(packed, start, stop)))
             calls.append(call)
             spans[call[2]] = (shard, start, stop)
         index = np.full(num_rows, -1, dtype=np.int64)
@@ -491,10 +512,13 @@ class RayReplayBuffer(ReplayBuffer):
             )
         shard, local = routing.route_global_index(index, self._stride, self._capacities)
         for k, where in enumerate(routing.groups(shard, self._num_shards)):
-            if where.size:
-                self._update_calls.append(
-                    self._submit(k, "update_priority", local[where], np.ascontiguousarray(priority[where]))
-                )
+            if not where.size:
+                continue
+            update = (local[where], np.ascontiguousarray(priority[where]))
+            if self._prefetch_cap:
+                self._pending_updates[k].append(update)  # sent with the next sample's calls
+            else:
+                self._update_calls.append(self._submit(k, "update_priority", *update))
         self._harvest_updates()
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
@@ -521,7 +545,7 @@ class RayReplayBuffer(ReplayBuffer):
             positions = routing.groups(shard, n)
             for k, where in enumerate(positions):
                 if where.size:
-                    calls.append(self._submit(k, "sample_prioritized", fraction[where]))
+                    calls.append(self._submit(k, "sample_prioritized", fraction[where], self._take_updates(k)))
         elif kind == "uniform":
             if not totals.count.sum():
                 self._refresh_totals()
@@ -529,7 +553,7 @@ class RayReplayBuffer(ReplayBuffer):
             positions = routing.groups(shard, n)
             for k, where in enumerate(positions):
                 if where.size:
-                    calls.append(self._submit(k, "sample_uniform", fraction[where]))
+                    calls.append(self._submit(k, "sample_uniform", fraction[where], self._take_updates(k)))
         else:
             if not totals.count.sum():
                 self._refresh_totals()
@@ -546,7 +570,9 @@ class RayReplayBuffer(ReplayBuffer):
             for k in range(n):
                 if take[k]:
                     seed = int(torch.randint(0, 2**62, (), generator=self._generator))
-                    calls.append(self._submit(k, "sample_sampler", int(take[k]), seed, slice_len))
+                    calls.append(self._submit(k, "sample_sampler", int(take[k]), seed, slice_len,
+                                              self._take_updates(k)))
+        self._send_updates()  # those of shards without draws in this batch
         return _Pending(batch_size, kind, positions, calls)
 
     def _slices(self, batch_size: int) -> tuple[int, int]:
@@ -662,7 +688,7 @@ class RayReplayBuffer(ReplayBuffer):
         shard, local = routing.route_global_index(index, self._stride, self._capacities)
         positions = routing.groups(shard, self._num_shards)
         calls = [
-            (where, self._submit(k, method, local[where], *[e(where) for e in extra]))
+            (where, self._submit(k, method, local[where], *[a for e in extra for a in e(where)]))
             for k, where in enumerate(positions) if where.size
         ]
         return index, calls
@@ -682,7 +708,7 @@ class RayReplayBuffer(ReplayBuffer):
     def __setitem__(self, index, value) -> None:
         packed = wire.pack(value)
         _, calls = self._local_calls(np.asarray(index).reshape(-1), "set",
-                                     lambda where: _take_rows(packed, where))
+                                     lambda where: wire.to_arguments(_take_rows(packed, where)))
         self._finish([call for _, call in calls])
 
     def __len__(self) -> int:
@@ -823,6 +849,7 @@ class RayReplayBuffer(ReplayBuffer):
         self._seq = [0] * self._num_shards
         self._seen = [0] * self._num_shards
         self._update_calls = []
+        self._pending_updates = [[] for _ in range(self._num_shards)]
         self._prefetch_queue = collections.deque()
 
     def __repr__(self) -> str:
