@@ -399,3 +399,12 @@ def test_prioritized_buffer_class_with_alpha_beta():
         assert len(rb) == 20
     finally:
         rb.close()
+
+
+def test_docstring_example_runs():
+    import doctest
+
+    from torchrl_compat import ray_buffer
+
+    result = doctest.testmod(ray_buffer, optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0 and result.failed == 0
