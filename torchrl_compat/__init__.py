@@ -1,5 +1,10 @@
-"""Drop-in replacements for torchrl 0.11's replay buffers and their storages, checkpointers,
+"""Drop-in replacements for torchrl's replay buffers and their storages, checkpointers,
 samplers and writers.
+
+They follow the torchrl release installed beside them, 0.11.x to 0.14.x (names, signatures,
+defaults, sampling numbers, checkpoint formats of that release), and the newest, 0.14, without
+torchrl; ``TORCHRL_COMPAT_RELEASE=0.11`` asks for another (:mod:`torchrl_compat._releases`
+holds the one table of what differs between releases).
 
 Each submodule mirrors its torchrl counterpart (``torchrl_compat.storages`` for
 ``torchrl.data.replay_buffers.storages`` and so on); every public name is also
@@ -45,3 +50,10 @@ __all__.append("install_segment_trees")
 from torchrl_compat._install import install, uninstall  # noqa: E402
 
 __all__ += ["install", "uninstall"]
+
+# torchrl 0.14 exports its trajectory-boundary routine with the replay-buffer classes.
+from torchrl_compat._releases import since as _since  # noqa: E402
+from torchrl_compat.utils import find_start_stop_traj  # noqa: E402
+
+if _since("find_start_stop_traj_public"):
+    __all__.append("find_start_stop_traj")

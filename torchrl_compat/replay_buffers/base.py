@@ -1,104 +1,65 @@
-"""Replay buffers (stand-in for ``torchrl.data.replay_buffers.replay_buffers``).
-
-A replay buffer composes a storage (where items live), a writer (where new items go), a
-sampler (which items a batch holds) and a transform chain. The classes have torchrl
-0.11's names, signatures, defaults, ``state_dict`` / ``dumps`` / ``loads`` layouts,
-return values and errors, and work with our storages, samplers and writers as with
-torchrl's; checkpoints cross between torchrl's buffers and ours in both directions.
-
-What a user calls in a training loop runs on short paths (see the ``.. note::`` blocks of
-:class:`ReplayBuffer` and :class:`TensorDictReplayBuffer`): round-robin writes copy each
-leaf into at most two row slices, samples are gathered leaf by leaf with the info
-entries already in place, and nothing the constructor knows is recomputed per call.
-
-.. note:: When torchrl is importable (and ``TORCHRL_COMPAT_STANDALONE`` is not ``"1"``)
-    every buffer class also lists its torchrl twin as its last base, and the transform
-    chain is torchrl's ``Compose``, so that torchrl transforms behave as in torchrl's
-    buffers. Without torchrl, transforms are callables on the sampled data (see
-    :meth:`ReplayBuffer.append_transform`). ``RemoteTensorDictReplayBuffer`` (torch RPC)
-    and ``RayReplayBuffer`` are not provided.
-"""
+""":class:`ReplayBuffer`, the composable replay buffer, and what the buffers share."""
 from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import multiprocessing
 import os
+import pickle
 import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial, wraps
+from concurrent.futures import ThreadPoolExecutor, wait
+from functools import wraps
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import (
-    is_tensor_collection,
-    is_tensorclass,
-    LazyStackedTensorDict,
-    TensorDict,
-    TensorDictBase,
-    unravel_key,
-)
+from tensordict import is_tensor_collection, LazyStackedTensorDict, TensorDict, unravel_key
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
-from tensordict.utils import expand_as_right, expand_right
 from torch.utils._pytree import tree_map
 
-from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
-from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer
+from torchrl_compat import _buffer_prefetch as _prefetch, _buffer_transforms as _transforms, storages as _storages
+from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer, PREFETCH_FILE
+from torchrl_compat._releases import since
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
-from torchrl_compat._ensemble import INDEX_ERROR, pick, select_members
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
-from torchrl_compat._writer_rows import shallow_copy
 from torchrl_compat.samplers import (
     PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
     Sampler,
-    SamplerEnsemble,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from torchrl_compat.storages import _stack_anything, ListStorage, StorageEnsemble
-from torchrl_compat.utils import (
-    _is_int,
-    _pin_memory,
-    _reduce,
-    _to_numpy,
-    _to_torch,
-    INT_CLASSES,
-)
-from torchrl_compat.writers import (
-    RoundRobinWriter,
-    TensorDictRoundRobinWriter,
-    Writer,
-    WriterEnsemble,
-)
+from torchrl_compat.storages import ListStorage
+from torchrl_compat.utils import _pin_memory, _to_numpy, INT_CLASSES
+from torchrl_compat.writers import RoundRobinWriter, Writer
 
 try:
     from torch.compiler import is_compiling
 except ImportError:  # pragma: no cover - torch < 2.3
     from torch._dynamo import is_compiling
 
-__all__ = [
-    "InPlaceSampler",
-    "PrioritizedReplayBuffer",
-    "ReplayBuffer",
-    "ReplayBufferEnsemble",
-    "TensorDictPrioritizedReplayBuffer",
-    "TensorDictReplayBuffer",
-    "stack_tensors",
-]
 
 _RL_WARNINGS = os.environ.get("RL_WARNINGS", "1").lower() in ("1", "y", "yes", "t", "true", "on")
 
+
 _NO_LOCK = contextlib.nullcontext()
+
+
 _COMPOSE_LEN = _transforms.Compose.__len__
+
+
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+
+
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
+
+
 # The samplers the buffers give priorities to: ours, and torchrl's when importable.
 PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")
 
@@ -113,6 +74,7 @@ def _identity_collates() -> frozenset:
 
 
 _IDENTITY_COLLATES = _identity_collates()
+
 
 # Samplers whose indices are always within the filled part of a 1-D storage (the slice
 # samplers' are taken modulo the filled length): their batches are gathered without checking
@@ -313,10 +275,32 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         dim_extend: int | None = None,
         checkpointer: Any | Callable[[], Any] | None = None,  # noqa: F821
         generator: torch.Generator | None = None,
+        consume_after_n_samples: int | None = None,
         shared: bool = False,
         compilable: bool | None = None,
         delayed_init: bool | None = None,
+        service_backend: str = "direct",
+        service_backend_options: dict[str, Any] | None = None,
+        transport: str = "auto",
+        transport_options: dict[str, Any] | None = None,
+        sample_unit: Any | None = None,
     ) -> None:
+        if not since("buffer_service_arguments"):
+            _refuse_newer_arguments(
+                consume_after_n_samples=consume_after_n_samples, service_backend=service_backend,
+                service_backend_options=service_backend_options, transport=transport,
+                transport_options=transport_options, sample_unit=sample_unit,
+            )
+        _check_service_arguments(service_backend, transport, transport_options)
+        consume_after_n_samples = _checked_consume_count(consume_after_n_samples)
+        if sample_unit is not None and not _is_sample_unit(sample_unit):
+            raise TypeError(
+                f"sample_unit must be a SampleUnit instance, got {type(sample_unit).__name__}."
+            )
+        self._sample_unit = sample_unit
+        self._service_shutdown = False
+        self._init_consume_after_n_samples = consume_after_n_samples
+        self._consume_after_n_samples = consume_after_n_samples
         self._delayed_init = delayed_init
         self._initialized = False
         self._init_storage = storage
@@ -350,6 +334,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
                 "When using prefetch, the batch-size must be specified in "
                 "advance. "
             )
+        if consume_after_n_samples is not None and prefetch:
+            raise ValueError("Prefetching is not supported when consume_after_n_samples is set.")
         if dim_extend is not None and dim_extend < 0:
             raise ValueError("dim_extend must be a positive value.")
         self._dim_extend = dim_extend
@@ -383,7 +369,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             self._writer = self._maybe_make_writer(self._init_writer)
             self._writer.register_storage(self._storage)
             self._get_collate_fn(self._init_collate_fn)
+            self._maybe_make_consuming_sampler()
             self._transform = self._maybe_make_transform(self._init_transform, self._init_transform_factory)
+            if self.shared:
+                self._share_replay_buffer_transform()
             if self._batch_size is None and getattr(self._sampler, "drop_last", False):
                 raise ValueError(
                     "Samplers with drop_last=True must work with a predictable batch-size. "
@@ -397,7 +386,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             for name in (
                 "_init_storage", "_init_sampler", "_init_writer", "_init_collate_fn",
                 "_init_transform", "_init_transform_factory", "_init_checkpointer",
-                "_init_generator", "_init_compilable",
+                "_init_generator", "_init_compilable", "_init_consume_after_n_samples",
             ):
                 setattr(self, name, None)
         except Exception:
@@ -448,6 +437,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def share(self, shared: bool = True):
         self.shared = shared
         self._write_lock = multiprocessing.Lock() if shared else _NO_LOCK
+        if shared and getattr(self, "_initialized", False):
+            self._share_replay_buffer_transform()
         return self
 
     @_maybe_delay_init
@@ -486,6 +477,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         return tree_map(lambda x: x.transpose(self.dim_extend, 0), data)
 
     def _get_collate_fn(self, collate_fn):
+        from .tensordict import TensorDictReplayBuffer  # its module imports this one
+
         self._collate_fn = (
             collate_fn
             if collate_fn is not None
@@ -614,7 +607,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     # ---------------------------------------------------------- persistence
     @_maybe_delay_init
     def state_dict(self) -> dict[str, Any]:
-        return {
+        if since("buffer_prefetch_state"):
+            with self._capture_prefetch_state() as prefetch_state:
+                return self._state_dict(prefetch_state)
+        return self._state_dict(None)
+
+    def _state_dict(self, prefetch_state) -> dict[str, Any]:
+        state = {
             "_storage": self._storage.state_dict(),
             "_sampler": self._sampler.state_dict(),
             "_writer": self._writer.state_dict(),
@@ -624,9 +623,30 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             if self._rng is not None
             else None,
         }
+        if since("buffer_prefetch_state"):
+            state["_consume_after_n_samples"] = self._consume_after_n_samples
+            # torchrl's order: the generator state, then the prefetch state
+            state["_rng"] = state.pop("_rng")
+            state["_prefetch_state"] = prefetch_state
+        return state
 
     @_maybe_delay_init
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not since("buffer_prefetch_state"):
+            self._load_state_dict(state_dict)
+            return
+        prefetch_state = state_dict.get("_prefetch_state")
+        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        self.synchronize()
+        with self._futures_lock:
+            self._clear_prefetch_queue_locked()
+            with self._replay_lock:
+                self._load_state_dict(state_dict)
+                self._consume_after_n_samples = state_dict.get("_consume_after_n_samples")
+                if prefetch_state is not None:
+                    self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"]))
+
+    def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._storage.load_state_dict(state_dict["_storage"])
         self._sampler.load_state_dict(state_dict["_sampler"])
         self._writer.load_state_dict(state_dict["_writer"])
@@ -877,25 +897,29 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             plan = self._read_plan()
             storage = self._storage
             with self._replay_lock, self._write_lock:
-                rows = None
-                if plan.uniform:
-                    index, rows = self._uniform_index(storage, batch_size)
-                    info = {"index": index}
+                if self._sample_unit is not None:
+                    index, info, data = self._sample_expanded(storage, batch_size)
+                    plan = None
                 else:
-                    index, info = self._sampler.sample(storage, batch_size)
-                    info["index"] = index
-                data = None
-                if plan.gather:
-                    data = gather_rows(
-                        storage,
-                        index,
-                        trusted=plan.trusted,
-                        info=self._info_in_batch(info, batch_size),
-                        arrays=self._leaf_arrays,
-                        numpy_index=rows,
-                    )
-                if data is None:
-                    data = storage.get(index)
+                    rows = None
+                    if plan.uniform:
+                        index, rows = self._uniform_index(storage, batch_size)
+                        info = {"index": index}
+                    else:
+                        index, info = self._sampler.sample(storage, batch_size)
+                        info["index"] = index
+                    data = None
+                    if plan.gather:
+                        data = gather_rows(
+                            storage,
+                            index,
+                            trusted=plan.trusted,
+                            info=self._info_in_batch(info, batch_size),
+                            arrays=self._leaf_arrays,
+                            numpy_index=rows,
+                        )
+                    if data is None:
+                        data = storage.get(index)
         if (plan is None or plan.collate) and not isinstance(index, INT_CLASSES):
             data = self._collate_fn(data)
         if self._has_transforms():
@@ -903,6 +927,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         if self._pin_memory:
             data = _pin_memory(data)
         return data, info
+
+    def _sample_expanded(self, storage, batch_size: int):
+        """The sampler's anchors expanded by the sample unit: ``(index, info, data)``."""
+        index, info = self._sampler.sample(storage, batch_size)
+        index, info = self._sample_unit.expand(index, info, storage)
+        info["index"] = index
+        return index, info, storage.get(index)
 
     @staticmethod
     def _uniform_index(storage, batch_size):
@@ -969,6 +1000,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             )
         if not self._prefetch:
             return self._sample(batch_size)
+        if since("buffer_prefetch_state"):
+            return self._prefetched_sample(batch_size)
         with self._futures_lock:
             while (
                 len(self._prefetch_queue)
@@ -1081,6 +1114,15 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     # -------------------------------------------------------------- pickling
     @_maybe_delay_init
     def __getstate__(self) -> dict[str, Any]:
+        if since("buffer_prefetch_state"):
+            with self._capture_prefetch_state() as prefetch_state:
+                state = self._pickled_state()
+                state["_update_executor_placeholder"] = None
+                state["_prefetch_state"] = prefetch_state
+                return state
+        return self._pickled_state()
+
+    def _pickled_state(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         if getattr(self, "_rng", None) is not None:
             state["_rng"] = TensorDict(rng_state=self._rng.get_state().clone(), device=self._rng.device)
@@ -1093,6 +1135,11 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         return state
 
     def __setstate__(self, state: dict[str, Any]):
+        prefetch_state = state.pop("_prefetch_state", None)
+        state.pop("_update_executor_placeholder", None)
+        state.setdefault("_sample_unit", None)
+        state.setdefault("_consume_after_n_samples", None)
+        state.setdefault("_service_shutdown", False)
         state.setdefault("_leaf_arrays", {})
         state.setdefault("_plan", None)
         rng = None
@@ -1111,6 +1158,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self.__dict__.update(state)
         if rng is not None:
             self.set_rng(rng)
+        if prefetch_state is not None:
+            with self._futures_lock:
+                # the unpickled queue is this buffer's alone: no copy needed
+                self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"], clone=False))
 
     # ----------------------------------------------------------- components
     @property
@@ -1137,799 +1188,384 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         """The transform of the replay buffer (a ``Compose``)."""
         return self._transform
 
+    # ------------------------------------------------------------------------------------
+    # From torchrl 0.14: the direct service API, stats / can_sample / query, the prefetch
+    # state, consumed items and shared transforms.
+    _accepts_transport_backend = True
+    _is_tensordict = False
 
-class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "PrioritizedReplayBuffer")):
-    """Prioritized replay buffer.
-
-    All arguments are keyword-only arguments.
-
-    Presented in "Schaul, T.; Quan, J.; Antonoglou, I.; and Silver, D. 2015.
-    Prioritized experience replay." (https://arxiv.org/abs/1511.05952)
-
-    Args:
-        alpha (:obj:`float`): exponent α determines how much prioritization is used,
-            with α = 0 corresponding to the uniform case.
-        beta (:obj:`float`): importance sampling negative exponent.
-        eps (:obj:`float`): delta added to the priorities to ensure that the buffer
-            does not contain null priorities.
-        dtype (torch.dtype): the precision of the priority trees. Defaults to ``torch.float``.
-        storage (Storage, optional): the storage to be used. If none is provided
-            a default :class:`~torchrl_compat.ListStorage` with
-            ``max_size`` of ``1_000`` will be created.
-        sampler (Sampler, optional): the sampler to be used. If none is provided,
-            a default :class:`~torchrl_compat.PrioritizedSampler` with
-            ``alpha``, ``beta``, and ``eps`` will be created.
-        collate_fn (callable, optional): merges a list of samples to form a
-            mini-batch of Tensor(s)/outputs. The default value will be decided
-            based on the storage type.
-        pin_memory (bool): whether pin_memory() should be called on the rb
-            samples.
-        prefetch (int, optional): number of next batches to be prefetched
-            using multithreading. Defaults to None (no prefetching).
-        transform (Transform, optional): Transform to be executed when
-            sample() is called.
-        batch_size (int, optional): the batch size to be used when sample() is
-            called.
-        dim_extend (int, optional): indicates the dim to consider for
-            extension when calling :meth:`extend`. Defaults to ``storage.ndim-1``.
-        delayed_init (bool, optional): whether to initialize storage, writer, sampler and transform
-            the first time the buffer is used rather than during construction.
-            Defaults to ``False``.
-
-    .. note::
-        Generic prioritized replay buffers (ie. non-tensordict backed) require
-        calling :meth:`~.sample` with the ``return_info`` argument set to
-        ``True`` to have access to the indices, and hence update the priority.
-
-    Examples:
-        >>> import torch
-        >>> from torchrl_compat import ListStorage, PrioritizedReplayBuffer
-        >>> rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.9, storage=ListStorage(10))
-        >>> _ = rb.extend(torch.arange(10))
-        >>> sample, info = rb.sample(5, return_info=True)
-        >>> sorted(info)
-        ['index', 'priority_weight']
-        >>> rb.update_priority(info["index"], torch.full((5,), 5.0))
-    """
-
-    def __init__(
-        self,
-        *,
-        alpha: float,
-        beta: float,
-        eps: float = 1e-8,
-        dtype: torch.dtype = torch.float,
-        storage: Any | None = None,
-        sampler: Any | None = None,
-        collate_fn: Callable | None = None,
-        pin_memory: bool = False,
-        prefetch: int | None = None,
-        transform: Any | None = None,  # noqa-F821
-        batch_size: int | None = None,
-        dim_extend: int | None = None,
-        delayed_init: bool = False,
-    ) -> None:
-        if storage is None:
-            storage = ListStorage(max_size=1_000)
-        if sampler is None:
-            sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
-        super().__init__(
-            storage=storage,
-            sampler=sampler,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            prefetch=prefetch,
-            transform=transform,
-            batch_size=batch_size,
-            dim_extend=dim_extend,
-            delayed_init=delayed_init,
-        )
-
-
-class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "TensorDictReplayBuffer")):
-    """TensorDict-specific wrapper around the :class:`~torchrl_compat.ReplayBuffer` class.
-
-    Samples are tensordicts that carry the storage index of each item under ``"index"``
-    (and, with a prioritized sampler, its importance weight under ``"priority_weight"``),
-    so that :meth:`update_tensordict_priority` needs nothing but the sample.
-
-    Keyword Args:
-        priority_key (str, optional): the key at which priority is assumed to
-            be stored within TensorDicts added to this ReplayBuffer.
-            This is to be used when the sampler is of type
-            :class:`~torchrl_compat.PrioritizedSampler`.
-            Defaults to ``"td_error"``.
-        **kwargs: the keyword arguments of :class:`~torchrl_compat.ReplayBuffer`;
-            the default writer is a :class:`~torchrl_compat.TensorDictRoundRobinWriter`.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl_compat import LazyTensorStorage, TensorDictReplayBuffer
-        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=5)
-        >>> data = TensorDict({"a": torch.ones(10, 3), ("b", "c"): torch.zeros(10, 1, 1)}, [10])
-        >>> _ = rb.extend(data)
-        >>> sample = rb.sample()
-        >>> set(sample.keys(True, True)) == {"a", ("b", "c"), "index"}
-        True
-        >>> bool((sample["a"] == 1).all()), sample.batch_size
-        (True, torch.Size([5]))
-
-    .. note:: A sample from a 1-D tensor storage is assembled once, with ``"index"``
-        and the sampler's info (``priority_weight``, a slice sampler's ``("next",
-        "truncated")``...) in place of the stored leaves of the same keys, which are not
-        gathered; torchrl gathers every leaf, then sets each info entry with
-        ``TensorDict.set``. torchrl's :meth:`extend` runs even an empty transform chain,
-        whose inverse hands the writer a shallow clone of the data (so the caller's
-        tensordict never gets an ``"index"`` entry); here the tensordict writer writes
-        the index beside the caller's data instead, and no clone is made.
-        :meth:`update_tensordict_priority` reads a priority with one value per item
-        without a reduction.
-    """
-
-    def __init__(self, *, priority_key: str = "td_error", **kwargs) -> None:
-        if kwargs.get("writer", None) is None:
-            kwargs["writer"] = partial(TensorDictRoundRobinWriter, compilable=kwargs.get("compilable"))
-        super().__init__(**kwargs)
-        self.priority_key = priority_key
-
-    def _get_priority_item(self, tensordict: TensorDictBase) -> float:
-        """The priority of one item (a 0-d tensordict): its ``priority_key`` entry,
-        reduced to one number, or the sampler's default priority."""
-        priority = tensordict.get(self.priority_key, None)
-        if priority is None:
-            return self._sampler.default_priority
-        ndim = self._storage.ndim
-        if ndim > 1:
-            priority = priority.flatten(0, ndim - 1)
-        try:
-            if priority.numel() > 1:
-                return _reduce(priority, self._sampler.reduction)
-            return priority.item()
-        except ValueError:
-            raise ValueError(
-                f"Found a priority key of size"
-                f" {tensordict.get(self.priority_key).shape} but expected "
-                f"scalar value"
-            )
-
-    def _get_priority_vector(self, tensordict: TensorDictBase) -> torch.Tensor:
-        """One priority per item of a batch: the ``priority_key`` entry reduced over its
-        trailing dimensions with the sampler's reduction, or the default priority."""
-        priority = self._entry(tensordict, self.priority_key)
-        if priority is None:
-            # as_tensor: the default priority may be a (fresh) tensor, which torch.tensor
-            # copies with a warning
-            return torch.as_tensor(
-                self._sampler.default_priority, dtype=torch.float, device=tensordict.device
-            ).expand(tensordict.shape[0])
-        ndim = self._storage.ndim
-        if ndim == 1 and type(priority) is torch.Tensor and priority.is_floating_point() and priority.ndim:
-            numel = priority.shape[0]
-            if priority.numel() == numel and priority.ndim <= 2:
-                # one value per item: every reduction returns it as it is
-                return priority.reshape(numel).clone()
-        if ndim > 1 and priority.ndim >= ndim:
-            priority = priority.flatten(0, ndim - 1)
-        priority = priority.reshape(priority.shape[0], -1)
-        priority = _reduce(priority, self._sampler.reduction, dim=1)
-        if ndim > 1:
-            priority = priority.unflatten(0, tensordict.shape[:ndim])
-        return priority
-
-    @_maybe_delay_init
-    def add(self, data: TensorDictBase) -> int:
-        with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
-            data = self._inverse(data)
-        if data is None:
-            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-        index = super()._add(data)
-        if index is not None:
-            if is_tensor_collection(data):
-                self._set_index_in_td(data, index)
-            self.update_tensordict_priority(data)
-        return index
-
-    def _inverse(self, data):
-        """The inverse transform chain applied to written data.
-
-        Even an empty chain hands back a shallow copy (so the writer's ``"index"`` entry
-        lands on the copy, not on the caller's data); a plain tensordict is copied
-        directly.
-        """
-        if type(data) is TensorDict and not self._has_transforms():
-            return shallow_copy(data)
-        return self._transform.inv(data)
-
-    def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
-        """Extends the replay buffer with a batch of data.
-
-        Args:
-            tensordicts (TensorDictBase): The data to extend the replay buffer with.
-
-        Keyword Args:
-            update_priority (bool, optional): Whether to update the priority of the data. Defaults to True.
-
-        Returns:
-            The indices of the data that were added to the replay buffer.
-        """
-        if self._delayed_init and not self._initialized:
-            self._init()
-        if not isinstance(tensordicts, TensorDictBase):
-            raise ValueError(
-                f"{self.__class__.__name__} only accepts TensorDictBase subclasses. tensorclasses "
-                f"and other types are not compatible with that class. "
-                "Please use a regular `ReplayBuffer` instead."
-            )
-        writer = self._writer
-        if (
-            type(tensordicts) is TensorDict
-            and type(writer) is TensorDictRoundRobinWriter
-            and self._dim_extend == 0
-            and not self._has_transforms()
-            and not is_compiling()
-        ):
-            # what torchrl does through a shallow copy (see _inverse), without making it:
-            # the writer writes the "index" entry beside the data
-            with self._replay_lock, self._write_lock:
-                index = writer._extend_leaving_data(tensordicts)
-                self._sampler.extend(index)
-        else:
-            tensordicts = self._inverse(tensordicts)
-            if tensordicts is None:
-                return torch.zeros((0, self._storage.ndim), dtype=torch.long)
-            index = super()._extend(tensordicts)
-            # the writer already set it (a plain tensordict holds the very tensor)
-            if not (type(tensordicts) is TensorDict and tensordicts._tensordict.get("index") is index):
-                self._set_index_in_td(tensordicts, index)
-        if update_priority is None or update_priority:
-            try:
-                vector = self._entry(tensordicts, self.priority_key)
-                if vector is not None:
-                    self.update_priority(index, vector)
-            except Exception as e:
-                raise RuntimeError(
-                    "Failed to update priority of extended data. You can try to set update_priority=False in the extend method and update the priority manually."
-                ) from e
-        return index
-
-    @staticmethod
-    def _entry(tensordict, key):
-        """``tensordict.get(key, None)`` (a plain tensordict's string key read directly)."""
-        if type(tensordict) is TensorDict and type(key) is str:
-            return tensordict._tensordict.get(key)
-        return tensordict.get(key, None)
-
-    def _set_index_in_td(self, tensordict, index):
-        if index is None:
-            return
-        if _is_int(index):
-            index = torch.as_tensor(index, device=tensordict.device)
-        elif index.ndim == 2 and index.shape[:1] != tensordict.shape[:1]:
-            for dim in range(2, tensordict.ndim + 1):
-                if index.shape[:1].numel() == tensordict.shape[:dim].numel():
-                    # a 2-d index in non-zero format: one row per element of the data
-                    index = index.unflatten(0, tensordict.shape[:dim])
-                    break
-            else:
-                raise RuntimeError(
-                    f"could not find how to reshape index with shape {index.shape} to fit in tensordict with shape {tensordict.shape}"
-                )
-            tensordict.set("index", index)
-            return
-        tensordict.set("index", expand_as_right(index, tensordict))
-
-    def update_tensordict_priority(self, data: TensorDictBase) -> None:
-        if self._delayed_init and not self._initialized:
-            self._init()
-        if not isinstance(self._sampler, PRIORITIZED_SAMPLERS):
-            return
-        if type(data) is TensorDict and self._update_item_priorities(data):
-            return
-        if data.ndim:
-            priority = self._get_priority_vector(data)
-        else:
-            priority = torch.as_tensor(self._get_priority_item(data))
-        index = self._entry(data, "index")
-        if self._storage.ndim > 1 and index.ndim == 2:
-            index = index.unbind(-1)
-        else:
-            while index.shape != priority.shape:
-                index = index[..., 0]
-        return self.update_priority(index, priority)
-
-    def _update_item_priorities(self, data: TensorDict) -> bool:
-        """:meth:`update_tensordict_priority` for a batch of a 1-D storage holding one
-        priority per item, with our prioritized sampler: its ``"index"`` and priority entries
-        go to the sampler as they are (views, no reduction), which is what the general path
-        hands it once it has reduced each item's single value to itself and copied the
-        result (the sampler keeps no reference to them). ``False``, having done nothing, for
-        anything else."""
-        key = self.priority_key
-        sampler = self._sampler
-        cls = type(self)
-        if (
-            type(key) is not str
-            or not isinstance(sampler, PrioritizedSampler)
-            or self._storage.ndim != 1
-            # overrides are called, as the general path calls them
-            or cls.update_priority is not ReplayBuffer.update_priority
-            or cls._get_priority_vector is not TensorDictReplayBuffer._get_priority_vector
-        ):
-            return False
-        priority = data._tensordict.get(key)
-        index = data._tensordict.get("index")
-        if type(priority) is not torch.Tensor or type(index) is not torch.Tensor or index.ndim != 1:
-            return False
-        numel = index.shape[0]
-        if (
-            not priority.is_floating_point()
-            or not 1 <= priority.ndim <= 2
-            or priority.shape[0] != numel
-            or priority.numel() != numel
-            or data._batch_size[:1] != index.shape
-        ):
-            return False
-        if priority.ndim == 2:
-            priority = priority.reshape(numel)
-        with self._replay_lock, self._write_lock:
-            sampler.update_priority(index, priority, storage=self._storage)
-        return True
-
-    def _info_in_batch(self, info: dict, numel: int) -> dict | None:
-        # transforms see the batch without the info, which is set after them
-        if self._has_transforms():
-            return None
-        index = info.get("index")
-        if type(index) is tuple:
-            # one index per storage dimension: the batch holds them stacked, as _set_info
-            # sets them; remembered so that _set_info knows the entry is in place
-            stacked = _stacked(index)
-            self._stacked_index = (index, stacked)
-            info = dict(info)
-            info["index"] = stacked
-        return info
-
-    def sample(
-        self,
-        batch_size: int | None = None,
-        return_info: bool = False,
-        include_info: bool | None = None,
-    ) -> TensorDictBase:
-        """Samples a batch of data from the replay buffer.
-
-        Uses Sampler to sample indices, and retrieves them from Storage.
-
-        Args:
-            batch_size (int, optional): size of data to be collected. If none
-                is provided, this method will sample a batch-size as indicated
-                by the sampler.
-            return_info (bool): whether to return info. If True, the result
-                is a tuple (data, info). If False, the result is the data.
-            include_info (bool, optional): deprecated: the info is always set in
-                the sample.
-
-        Returns:
-            A tensordict containing a batch of data selected in the replay buffer.
-            A tuple containing this tensordict and info if return_info flag is set to True.
-        """
-        if include_info is not None:
-            warnings.warn(
-                "include_info is going to be deprecated soon."
-                "The default behavior has changed to `include_info=True` "
-                "to avoid bugs linked to wrongly preassigned values in the "
-                "output tensordict."
-            )
-        data, info = self._batch_and_info(batch_size)
-        if return_info:
-            # moved before it is set, so that the batch holds the very tensors returned
-            info = self._info_on_storage_device(info)
-        plain = type(data) is TensorDict
-        is_tc = plain or is_tensor_collection(data)
-        if is_tc and (plain or not is_tensorclass(data)) and include_info in (True, None):
-            self._set_info(data, info)
-        elif not is_tc and include_info in (True, None):
-            raise RuntimeError("Cannot include info in non-tensordict data")
-        if return_info:
-            return data, info
-        return data
-
-    def _in_place(self, data, key, value) -> bool:
-        """Whether ``data`` already holds what :meth:`_set_info` would set at ``key``: the
-        very tensor (or the stacked index the gather put there)."""
-        if type(data) is not TensorDict:
-            return False
-        if type(key) is str:
-            entry = data._tensordict.get(key)
-        elif type(key) is tuple and key and all(type(part) is str for part in key):
-            node = data
-            for part in key[:-1]:
-                node = node._tensordict.get(part) if type(node) is TensorDict else None
-            entry = node._tensordict.get(key[-1]) if type(node) is TensorDict else None
-        else:
-            return False
-        if entry is value:
-            return True
-        memo = self.__dict__.get("_stacked_index")
-        return key == "index" and memo is not None and memo[0] is value and entry is memo[1]
-
-    def _set_info(self, data, info) -> None:
-        """Sets each info entry in the sampled tensordict (entries already there are kept)."""
-        pending = [key for key, value in info.items() if not self._in_place(data, key, value)]
-        if not pending:
-            return
-        is_locked = data.is_locked
-        if is_locked:
-            data.unlock_()
-        for key in pending:
-            val = info[key]
-            if key == "index" and isinstance(val, tuple):
-                val = torch.stack(val, -1)
-            try:
-                val = _to_torch(val, data.device)
-                if val.ndim < data.ndim:
-                    val = expand_as_right(val, data)
-                data.set(key, val)
-            except RuntimeError:
-                raise RuntimeError(
-                    "Failed to set the metadata (e.g., indices or weights) in the sampled tensordict within TensorDictReplayBuffer.sample. "
-                    "This is probably caused by a shape mismatch (one of the transforms has probably modified "
-                    "the shape of the output tensordict). "
-                    "You can always recover these items from the `sample` method from a regular ReplayBuffer "
-                    "instance with the 'return_info' flag set to True."
-                )
-        if is_locked:
-            data.lock_()
-
-    def _apply_transform(self, data):
-        with data.unlock_(), _set_dispatch_td_nn_modules(True):
-            return self._transform(data)
-
-
-class TensorDictPrioritizedReplayBuffer(
-    TensorDictReplayBuffer, *torchrl_twin("replay_buffers", "TensorDictPrioritizedReplayBuffer")
-):
-    """TensorDict-specific wrapper around the :class:`~torchrl_compat.PrioritizedReplayBuffer` class.
-
-    This class returns tensordicts with a new key ``"index"`` that represents
-    the index of each element in the replay buffer, and ``"priority_weight"``, the
-    importance weight of each element. It also provides the
-    :meth:`~.update_tensordict_priority` method that only requires for the
-    tensordict to be passed to it with its new priority value.
-
-    Keyword Args:
-        alpha (:obj:`float`): exponent α determines how much prioritization is used,
-            with α = 0 corresponding to the uniform case.
-        beta (:obj:`float`): importance sampling negative exponent.
-        priority_key (str, optional): the key at which priority is assumed to
-            be stored within TensorDicts added to this ReplayBuffer.
-            Defaults to ``"td_error"``.
-        eps (:obj:`float`): delta added to the priorities to ensure that the buffer
-            does not contain null priorities.
-        storage (Storage, Callable[[], Storage], optional): the storage to be used.
-            If none is provided a default :class:`~torchrl_compat.ListStorage` with
-            ``max_size`` of ``1_000`` will be created.
-        collate_fn (callable, optional): merges a list of samples to form a
-            mini-batch of Tensor(s)/outputs.
-        pin_memory (bool): whether pin_memory() should be called on the rb
-            samples.
-        prefetch (int, optional): number of next batches to be prefetched
-            using multithreading. Defaults to None (no prefetching).
-        transform (Transform or Callable[[Any], Any], optional): Transform to be executed when
-            :meth:`sample` is called.
-        reduction (str, optional): the reduction method for multidimensional
-            tensordicts (ie stored trajectories). Can be one of "max", "min",
-            "median" or "mean".
-        batch_size (int, optional): the batch size to be used when sample() is
-            called.
-        dim_extend (int, optional): indicates the dim to consider for
-            extension when calling :meth:`~.extend`. Defaults to ``storage.ndim-1``.
-        generator (torch.Generator, optional): a generator to use for sampling.
-            Defaults to ``None`` (global default generator).
-        shared (bool, optional): whether the buffer will be shared using multiprocessing or not.
-            Defaults to ``False``.
-        compilable (bool, optional): whether the writer is compilable.
-            If ``True``, the writer cannot be shared between multiple processes.
-            Defaults to ``False``.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl_compat import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
-        >>> rb = TensorDictPrioritizedReplayBuffer(
-        ...     alpha=0.7, beta=1.1, storage=LazyTensorStorage(10), batch_size=5)
-        >>> data = TensorDict({"a": torch.ones(10, 3), ("b", "c"): torch.zeros(10, 3, 1)}, [10])
-        >>> _ = rb.extend(data)
-        >>> sample = rb.sample()
-        >>> sorted(sample.keys())
-        ['a', 'b', 'index', 'priority_weight']
-        >>> # give a high priority to these samples...
-        >>> _ = sample.set("td_error", 100 * torch.ones(sample.shape))
-        >>> rb.update_tensordict_priority(sample)
-        >>> # ...which the next batch is mostly made of
-        >>> bool(torch.isin(rb.sample()["index"], sample["index"]).any())
-        True
-    """
-
-    def __init__(
-        self,
-        *,
-        alpha: float,
-        beta: float,
-        priority_key: str = "td_error",
-        eps: float = 1e-8,
-        storage: Any | None = None,
-        collate_fn: Callable | None = None,
-        pin_memory: bool = False,
-        prefetch: int | None = None,
-        transform: Any | None = None,  # noqa-F821
-        reduction: str = "max",
-        batch_size: int | None = None,
-        dim_extend: int | None = None,
-        generator: torch.Generator | None = None,
-        shared: bool = False,
-        compilable: bool = False,
-    ) -> None:
-        storage = self._maybe_make_storage(storage, compilable=compilable)
-        sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, reduction=reduction)
-        super().__init__(
-            priority_key=priority_key,
-            storage=storage,
-            sampler=sampler,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            prefetch=prefetch,
-            transform=transform,
-            batch_size=batch_size,
-            dim_extend=dim_extend,
-            generator=generator,
-            shared=shared,
-            compilable=compilable,
-        )
-
-
-class InPlaceSampler(*torchrl_twin("replay_buffers", "InPlaceSampler")):
-    """[Deprecated] A sampler to write tennsordicts in-place (removed, as in torchrl).
-
-    Args:
-        device (torch.device, optional): unused.
-    """
-
-    def __init__(self, device: Any | None = None):
-        raise RuntimeError(
-            "This class has been removed without replacement. In-place sampling should be avoided."
-        )
-
-
-def stack_tensors(list_of_tensor_iterators: list) -> tuple[torch.Tensor]:
-    """Zips a list of iterables containing tensor-like objects and stacks the resulting lists of tensors together.
-
-    Args:
-        list_of_tensor_iterators (list): Sequence containing similar iterators,
-            where each element of the nested iterator is a tensor whose
-            shape match the tensor of other iterators that have the same index.
-
-    Returns:
-         Tuple of stacked tensors.
-
-    Examples:
-         >>> import torch
-         >>> stacked = stack_tensors([[torch.ones(3), torch.zeros(1, 2)] for _ in range(4)])
-         >>> [tuple(t.shape) for t in stacked]
-         [(4, 3), (4, 1, 2)]
-    """
-    return tuple(torch.stack(tensors, 0) for tensors in zip(*list_of_tensor_iterators))
-
-
-class ReplayBufferEnsemble(ReplayBuffer, *torchrl_twin("replay_buffers", "ReplayBufferEnsemble")):
-    """An ensemble of replay buffers.
-
-    This class allows to read and sample from multiple replay buffers at once.
-    It automatically composes ensemble of storages (:class:`~torchrl_compat.StorageEnsemble`),
-    writers (:class:`~torchrl_compat.WriterEnsemble`) and
-    samplers (:class:`~torchrl_compat.SamplerEnsemble`).
-
-    .. note::
-      Writing directly to this class is forbidden, but it can be indexed to retrieve
-      the nested nested-buffer and extending it.
-
-    Args:
-        rbs (sequence of ReplayBuffer instances, optional): the replay buffers to ensemble.
-        storages (StorageEnsemble, optional): the ensemble of storages, if the replay
-            buffers are not passed.
-        samplers (SamplerEnsemble, optional): the ensemble of samplers, if the replay
-            buffers are not passed.
-        writers (WriterEnsemble, optional): the ensemble of writers, if the replay
-            buffers are not passed.
-        transform (Transform, optional): if passed, this will be the transform
-            of the ensemble of replay buffers. Individual transforms for each
-            replay buffer is retrieved from its parent replay buffer, or directly
-            written in the :class:`~torchrl_compat.StorageEnsemble` object.
-        batch_size (int, optional): the batch-size to use during sampling.
-        collate_fn (callable, optional): the function to use to collate the
-            data after each individual collate_fn has been called and the data
-            is placed in a list (along with the buffer id).
-        collate_fns (list of callables, optional): collate_fn of each nested
-            replay buffer. Retrieved from the :class:`~ReplayBuffer` instances
-            if not provided.
-        p (list of float or Tensor, optional): a list of floating numbers
-            indicating the relative weight of each replay buffer.
-        sample_from_all (bool, optional): if ``True``, each dataset will be sampled
-            from. This is not compatible with the ``p`` argument. Defaults to ``False``.
-        num_buffer_sampled (int, optional): the number of buffers to sample.
-            if ``sample_from_all=True``, this has no effect, as it defaults to the
-            number of buffers. If ``sample_from_all=False``, buffers will be
-            sampled according to the probabilities ``p``.
-        generator (torch.Generator, optional): a generator to use for sampling.
-            Defaults to ``None`` (global default generator).
-        shared (bool, optional): whether the buffer will be shared using multiprocessing or not.
-            Defaults to ``False``.
-
-    .. note:: A selection of the members (``rb[[0, 2]]``) of an ensemble that samples from
-        all of them samples from all of its own (torchrl hands it the parent's member count,
-        and its ``sample`` then fails).
-
-    .. note:: :meth:`dumps` writes torchrl's layout (``storage/<i>``, ``sampler/<i>``,
-        ``writer/<i>``, ...) and publishes it whole, as :meth:`ReplayBuffer.dumps` does;
-        torchrl 0.11's fails on the ``storage/`` directory it does not create. :meth:`loads`
-        checks every member's files before any member changes.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl_compat import LazyTensorStorage, ReplayBufferEnsemble, TensorDictReplayBuffer
-        >>> rb0 = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
-        >>> rb1 = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
-        >>> _ = rb0.extend(TensorDict({"obs": torch.zeros(10, 2)}, [10]))
-        >>> _ = rb1.extend(TensorDict({"obs": torch.ones(10, 2)}, [10]))
-        >>> rb = ReplayBufferEnsemble(rb0, rb1, sample_from_all=True, batch_size=8)
-        >>> sample = rb.sample()
-        >>> sample.batch_size, sample["obs"][:, :, 0].mean(1).tolist()
-        (torch.Size([2, 4]), [0.0, 1.0])
-    """
-
-    _collate_fn_val = None
-
-    def __init__(
-        self,
-        *rbs,
-        storages: StorageEnsemble | None = None,
-        samplers: SamplerEnsemble | None = None,
-        writers: WriterEnsemble | None = None,
-        transform: Any | None = None,  # noqa: F821
-        batch_size: int | None = None,
-        collate_fn: Callable | None = None,
-        collate_fns: list[Callable] | None = None,
-        p: torch.Tensor = None,
-        sample_from_all: bool = False,
-        num_buffer_sampled: int | None = None,
-        generator: torch.Generator | None = None,
-        shared: bool = False,
-        **kwargs,
-    ):
-        if collate_fn is None:
-            collate_fn = _stack_anything
-        if rbs:
-            if storages is not None or samplers is not None or writers is not None:
-                raise RuntimeError(
-                    "ReplayBufferEnsemble takes either replay buffers or storages, samplers "
-                    "and writers, not both."
-                )
-            for rb in rbs:
-                if getattr(rb, "_delayed_init", False) and not rb.initialized:
-                    rb._init()
-            storages = StorageEnsemble(*[rb._storage for rb in rbs], transforms=[rb._transform for rb in rbs])
-            samplers = SamplerEnsemble(
-                *[rb._sampler for rb in rbs],
-                p=p,
-                sample_from_all=sample_from_all,
-                num_buffer_sampled=num_buffer_sampled,
-            )
-            writers = WriterEnsemble(*[rb._writer for rb in rbs])
-            if collate_fns is None:
-                collate_fns = [rb._collate_fn for rb in rbs]
-        else:
-            rbs = None
-            if collate_fns is None:
-                collate_fns = [_default_collate(storage) for storage in storages._storages]
-        self._rbs = rbs
-        self._collate_fns = collate_fns
-        super().__init__(
-            storage=storages,
-            sampler=samplers,
-            writer=writers,
-            transform=transform,
-            batch_size=batch_size,
-            collate_fn=collate_fn,
-            generator=generator,
-            shared=shared,
-            **kwargs,
-        )
-
-    def _sample(self, *args, **kwargs):
-        sample, info = super()._sample(*args, **kwargs)
-        if isinstance(sample, TensorDictBase):
-            buffer_ids = info.get(("index", "buffer_ids"))
-            info.set(("index", "buffer_ids"), expand_right(buffer_ids, sample.batch_size))
-            if isinstance(info, LazyStackedTensorDict):
-                for _info, _sample in zip(info.unbind(info.stack_dim), sample.unbind(info.stack_dim)):
-                    _info.batch_size = _sample.batch_size
-                info = torch.stack(info.tensordicts, info.stack_dim)
-            else:
-                info.batch_size = sample.batch_size
-            sample.update(info)
-        return sample, info
+    def start(self):
+        """Return this already-started direct replay buffer."""
+        if self._service_shutdown:
+            raise RuntimeError("A shut down replay buffer cannot be restarted.")
+        return self
 
     @property
-    def _collate_fn(self):
-        def new_collate(samples):
-            samples = [self._collate_fns[i](sample) for (i, sample) in samples]
-            return self._collate_fn_val(samples)
+    def is_alive(self) -> bool:
+        """Whether this direct replay buffer remains available."""
+        return not self._service_shutdown
 
-        return new_collate
+    @property
+    def service_backend(self) -> str:
+        """The canonical deployment backend for this replay buffer."""
+        return "direct"
 
-    @_collate_fn.setter
-    def _collate_fn(self, value):
-        self._collate_fn_val = value
+    def client(self):
+        """Return ``self`` for the zero-overhead direct backend."""
+        return self
 
-    _INDEX_ERROR = INDEX_ERROR
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Wait for pending replay work and close this direct replay buffer.
 
-    def __getitem__(self, index: int | torch.Tensor | tuple | np.ndarray | list | slice | Any) -> Any:
-        return select_members(
-            self,
-            index,
-            self._rbs,
-            self._selection,
-            kind="replay buffers",
-            index_each=self._index_each_storage,
-            ensemble_class=ReplayBufferEnsemble,
-        )
+        Pending prefetched samples are allowed to finish before the executor is closed;
+        an exception raised while sampling ahead is raised here. Repeated calls are safe.
+        """
+        del timeout
+        with self._futures_lock:
+            if self._service_shutdown:
+                return
+            self._service_shutdown = True
+        try:
+            self.synchronize()
+        finally:
+            with self._futures_lock:
+                executor = getattr(self, "_prefetch_executor", None)
+                self._prefetch_executor = None
+            if executor is not None:
+                executor.shutdown(wait=True)
 
-    def _index_each_storage(self, rest):
-        # ``rb[:, *rest]``: every storage indexed with ``rest``, collated as a sample
-        return self._collate_fn([(i, storage[rest]) for i, storage in enumerate(self._storage._storages)])
+    def synchronize(self) -> None:
+        """Wait for pending samples.
 
-    def _selection(self, selection) -> ReplayBufferEnsemble:
-        """The ensemble of the members at ``selection`` (a list of positions or a slice; also a
-        position when the ensemble was made of components rather than of buffers)."""
-        if self._rbs is not None:
-            rbs, components = pick(self._rbs, selection), {}
-        else:
-            rbs = ()
-            try:
-                components = dict(
-                    samplers=self._sampler[selection],
-                    writers=self._writer[selection],
-                    storages=self._storage[selection],
+        Prefetched results remain queued and are returned by subsequent calls to
+        :meth:`sample` in the same order. Background exceptions are propagated to the caller.
+        """
+        with self._futures_lock:
+            self._synchronize_futures_locked()
+
+    def _synchronize_futures_locked(self) -> None:
+        futures = tuple(self._prefetch_queue)
+        if futures:
+            wait(futures)
+        for future in futures:
+            future.result()
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """Returns a cheap, serializable snapshot of the buffer's operational state.
+
+        Scalars only (``size``, ``write_count``, ``prefetch_queue_size``, ``initialized``,
+        and ``capacity`` / ``utilization`` when the storage has a ``max_size``); the buffer
+        is neither changed nor initialized.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_compat import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(torch.arange(5))
+            >>> snapshot = rb.stats()
+            >>> snapshot["size"], snapshot["write_count"], snapshot["capacity"]
+            (5, 5, 10)
+        """
+        if not self.initialized:
+            stats = {"size": 0, "write_count": 0, "prefetch_queue_size": 0, "initialized": False}
+            storage = getattr(self, "_storage", None) or getattr(self, "_init_storage", None)
+            capacity = getattr(storage, "max_size", None)
+            if isinstance(capacity, int):
+                stats["capacity"] = capacity
+                stats["utilization"] = 0.0
+            return stats
+        with self._replay_lock:
+            size = len(self)
+            capacity = getattr(self._storage, "max_size", None)
+            write_count = getattr(self._writer, "_write_count", 0)
+            queued = len(self._prefetch_queue)
+        stats = {
+            "size": int(size),
+            "write_count": int(write_count),
+            "prefetch_queue_size": int(queued),
+            "initialized": True,
+        }
+        if capacity is not None:
+            stats["capacity"] = int(capacity)
+            stats["utilization"] = float(size) / capacity if capacity else 0.0
+        return stats
+
+    @_maybe_delay_init
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        """Returns whether the replay buffer can serve a sample batch.
+
+        Args:
+            batch_size (int, optional): requested batch size. Defaults to the
+                batch size configured on the replay buffer.
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+        if batch_size is None:
+            raise RuntimeError(
+                "batch_size not specified. Configure it on the replay buffer "
+                "or pass it to can_sample()."
+            )
+        with self._replay_lock, self._write_lock:
+            return self._sampler.can_sample(self._storage, batch_size)
+
+    @_maybe_delay_init
+    def query(self, predicate: Callable | None = None, *, trajectory_key=None) -> list:
+        """Filters the stored trajectories with a query predicate.
+
+        The trajectories are those torchrl's ``query`` module finds in the stored
+        (untransformed) content, followed through the wrap point; predicates and results
+        see the transformed values, as sampled batches do.
+
+        Args:
+            predicate (Callable[[Trajectory], bool], optional): a ``TrajectoryPredicate``
+                built from ``torchrl.data.traj``, or any callable mapping a trajectory to a
+                boolean. Defaults to None (return all trajectories).
+
+        Keyword Args:
+            trajectory_key (NestedKey, optional): entry holding per-transition trajectory
+                ids. Defaults to None (found as torchrl finds it).
+
+        Returns:
+            A list of matching trajectory views, oldest first.
+
+        .. note:: The trajectory views and predicates are torchrl's (``torchrl.data.
+            replay_buffers.query``): this method needs torchrl installed.
+        """
+        storage = self._storage
+        if not len(storage):
+            return []
+        with self._replay_lock:
+            source = storage[:]
+        if isinstance(source, (list, tuple)):
+            if not source:
+                return []
+            if not all(is_tensor_collection(item) for item in source):
+                raise TypeError(
+                    "ReplayBuffer.query requires a tensordict-backed storage, "
+                    f"got items of type {type(source[0])}."
                 )
-            except IndexError:
-                raise IndexError(self._INDEX_ERROR.format(type(selection))) from None
-        return ReplayBufferEnsemble(
-            *rbs,
-            **components,
-            transform=self._transform,
-            batch_size=self._batch_size,
-            collate_fn=self._collate_fn_val,
-            collate_fns=pick(self._collate_fns, selection),
-            sample_from_all=self._sampler.sample_from_all,
-            num_buffer_sampled=self._sub_num_buffer_sampled(),
-            p=self._member_p(selection),
+            if any(item.batch_dims for item in source):
+                raise TypeError(
+                    "ReplayBuffer.query on a list-based storage expects "
+                    "single-transition (scalar) items."
+                )
+            source = LazyStackedTensorDict.lazy_stack(list(source))
+        elif not is_tensor_collection(source):
+            raise TypeError(
+                "ReplayBuffer.query requires a tensordict-backed storage, "
+                f"got content of type {type(source)}."
+            )
+        query_module = torchrl_query_module()
+        transforms = list(self._transform.transforms) if self._has_transforms() else []
+        return query_module._query_source(
+            source,
+            transforms=transforms,
+            predicate=predicate,
+            trajectory_key=trajectory_key,
+            at_capacity=bool(storage._is_full),
+            cursor=getattr(storage, "_last_cursor_index", None),
         )
 
-    def _sub_num_buffer_sampled(self):
-        # sampling from all the members of a selection samples each of them once (torchrl
-        # passes on this ensemble's count, and the selection then fails to sample)
-        return None if self._sampler.sample_from_all else self._sampler.num_buffer_sampled
+    # ---- prefetch state
+    def _prefetched_sample(self, batch_size: int):
+        """0.14's prefetching: the oldest batch sampled ahead (or one sampled now), then the
+        queue filled up to ``prefetch`` batches again."""
+        with self._futures_lock:
+            if self._prefetch_queue:
+                result = self._prefetch_queue.popleft().result()
+            else:
+                result = self._sample(batch_size)
+            while (
+                len(self._prefetch_queue) < min(self._sampler._remaining_batches, self._prefetch_cap)
+                and not self._sampler.ran_out
+            ):
+                self._prefetch_queue.append(self._prefetch_executor.submit(self._sample, batch_size))
+        return result
 
-    def _member_p(self, selection):
-        p = self._sampler._p
-        return None if p is None else p[selection]
+    @contextlib.contextmanager
+    def _capture_prefetch_state(self, *, clone_queue: bool = True):
+        """The prefetch state, with the buffer held still (futures settled, the replay lock
+        taken) while the caller saves the other parts."""
+        with self._futures_lock:
+            self._synchronize_futures_locked()
+            results = tuple(future.result() for future in self._prefetch_queue) if self._prefetch else ()
+            with self._replay_lock:
+                queue = tuple(_prefetch.clone_result(result) for result in results) if clone_queue else results
+                yield {"version": _prefetch.PREFETCH_STATE_VERSION, "capacity": int(self._prefetch_cap), "queue": queue}
 
-    def __len__(self):
-        return len(self._storage)
+    def _clear_prefetch_queue_locked(self) -> None:
+        futures = tuple(self._prefetch_queue)
+        for future in futures:
+            future.cancel()
+        if futures:
+            wait(futures)
+        self._prefetch_queue.clear()
 
-    def __repr__(self):
-        storages = textwrap.indent(f"storages={self._storage}", " " * 4)
-        writers = textwrap.indent(f"writers={self._writer}", " " * 4)
-        samplers = textwrap.indent(f"samplers={self._sampler}", " " * 4)
-        return f"ReplayBufferEnsemble(\n{storages}, \n{samplers}, \n{writers}, \nbatch_size={self._batch_size}, \ntransform={self._transform}, \ncollate_fn={self._collate_fn_val})"
+    # ---- what dumps / loads add to torchrl 0.11's layout (see _buffer_checkpoint)
+    def _release_metadata(self) -> dict:
+        if since("buffer_prefetch_state"):
+            return {"consume_after_n_samples": self._consume_after_n_samples}
+        return {}
+
+    def _dump_release_entries(self, directory) -> None:
+        if since("buffer_prefetch_state"):
+            with self._capture_prefetch_state(clone_queue=False) as prefetch_state:
+                with open(directory / PREFETCH_FILE, "wb") as file:
+                    pickle.dump(prefetch_state, file)
+
+    def _read_release_entries(self, path) -> dict | None:
+        if not since("buffer_prefetch_state"):
+            return None
+        from torchrl_compat._checkpoint_checks import read_json_object
+
+        prefetch_state = None
+        prefetch_file = path / PREFETCH_FILE
+        if prefetch_file.exists():
+            with open(prefetch_file, "rb") as file:
+                prefetch_state = pickle.load(file)
+        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        metadata = read_json_object(path / "buffer_metadata.json")
+        return {"prefetch": prefetch_state, "consume": metadata.get("consume_after_n_samples")}
+
+    def _apply_release_entries(self, entries: dict | None) -> None:
+        if entries is None:
+            return
+        self._consume_after_n_samples = entries["consume"]
+        with self._futures_lock:
+            self._clear_prefetch_queue_locked()
+            if entries["prefetch"] is not None:
+                self._prefetch_queue.extend(_prefetch.completed_futures(entries["prefetch"]["queue"], clone=False))
+
+    # ---- consumed items
+    def _maybe_make_consuming_sampler(self) -> None:
+        count = getattr(self, "_init_consume_after_n_samples", None)
+        if count is None:
+            return
+        raise NotImplementedError(
+            f"consume_after_n_samples={count}: items consumed after sampling are not supported "
+            "by torchrl_compat's buffers yet."
+        )
+
+    # ---- shared transforms
+    def _share_replay_buffer_transform(self) -> None:
+        if not since("buffer_shared_transforms"):
+            return
+        transform = getattr(self, "_transform", None)
+        if transform is not None:
+            self._share_transform_state(transform)
+
+    @classmethod
+    def _share_transform_state(cls, transform) -> None:
+        """Puts the state of ``transform`` (each one of a ``Compose``) in shared memory, so that
+        processes writing into a shared buffer update one state."""
+        if isinstance(transform, _transforms.Compose) or type(transform).__name__ == "Compose":
+            for part in transform:
+                cls._share_transform_state(part)
+            return
+        share_memory = getattr(transform, "share_memory_", None)
+        if callable(share_memory):
+            share_memory()
+            return
+        if getattr(transform, "requires_shared_write_state", False):
+            raise RuntimeError(
+                f"{type(transform).__name__} keeps replay-buffer write state "
+                "but does not implement share_memory_(). Use a centralized "
+                "writer, a Ray-backed transform, or a transform that supports "
+                "shared replay-buffer write state."
+            )
+
+
+_SERVICE_ARGUMENTS = (
+    "consume_after_n_samples", "service_backend", "service_backend_options",
+    "transport", "transport_options", "sample_unit",
+)
+
+
+def _release_signature(init):
+    """``init``'s signature as the followed release has it: before 0.14, without the service
+    arguments, sample units and consumed items; from 0.14, in torchrl's order."""
+    signature = inspect.signature(init)
+    params = signature.parameters
+    if not since("buffer_service_arguments"):
+        kept = [p for name, p in params.items() if name not in _SERVICE_ARGUMENTS]
+        return signature.replace(parameters=kept)
+    names = list(params)
+    names.remove("sample_unit")
+    names.insert(names.index("sampler") + 1, "sample_unit")
+    return signature.replace(parameters=[params[name] for name in names])
+
+
+_NEWER_DEFAULTS = {
+    "consume_after_n_samples": None, "service_backend": "direct", "service_backend_options": None,
+    "transport": "auto", "transport_options": None, "sample_unit": None,
+}
+
+
+def _refuse_newer_arguments(**values) -> None:
+    """Before 0.14 the constructor has none of these arguments: refuse them as Python would."""
+    for name, value in values.items():
+        if value is not _NEWER_DEFAULTS[name] and value != _NEWER_DEFAULTS[name]:
+            raise TypeError(f"ReplayBuffer.__init__() got an unexpected keyword argument '{name}'")
+
+
+def _check_service_arguments(service_backend, transport, transport_options) -> None:
+    if service_backend == "direct" and transport not in ("auto", "direct"):
+        raise ValueError("A direct ReplayBuffer only supports transport='auto' or 'direct'.")
+    if service_backend == "direct" and transport_options:
+        raise ValueError("transport_options are only valid for a remote ReplayBuffer.")
+    if service_backend not in ("direct", "ray"):
+        raise ValueError(
+            f"ReplayBuffer supports service_backend='direct' or 'ray', not {service_backend!r}."
+        )
+    if service_backend == "ray":
+        raise ValueError(
+            "service_backend='ray' builds a Ray replay buffer: it is not available here "
+            "(torchrl_compat's direct buffers only)."
+        )
+
+
+def _checked_consume_count(count):
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, INT_CLASSES):
+        raise TypeError("consume_after_n_samples must be a positive integer.")
+    if count < 1:
+        raise ValueError("consume_after_n_samples must be a positive integer.")
+    return int(count)
+
+
+def _is_sample_unit(value) -> bool:
+    """Whether ``value`` is one of torchrl's sample units (``SampleUnit``), or quacks like one."""
+    units = torchrl_sample_units()
+    if units is not None:
+        return isinstance(value, units.SampleUnit)
+    return callable(getattr(value, "expand", None))
+
+
+def torchrl_sample_units():
+    try:
+        from torchrl.data.replay_buffers import sample_units
+    except ImportError:
+        return None
+    return sample_units
+
+
+def torchrl_query_module():
+    try:
+        from torchrl.data.replay_buffers import query
+    except ImportError as err:
+        raise ImportError(
+            "ReplayBuffer.query builds torchrl's trajectory views: it needs torchrl >= 0.14 installed."
+        ) from err
+    return query
+
+
+ReplayBuffer.__init__.__signature__ = _release_signature(ReplayBuffer.__init__)
+
+# Before 0.14 the buffers have none of these public members.
+if not since("buffer_stats_query"):
+    for _name in ("stats", "can_sample", "query"):
+        delattr(ReplayBuffer, _name)
+if not since("buffer_service_arguments"):
+    for _name in ("start", "is_alive", "service_backend", "client", "shutdown", "synchronize"):
+        delattr(ReplayBuffer, _name)
