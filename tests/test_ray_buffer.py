@@ -358,14 +358,12 @@ def test_killed_shard_restarts_from_its_checkpoint(tmp_path, write_ahead):
         # journal) after it
         kept = rb[before]
         assert (kept["obs"][:, 0] == torch.arange(60, dtype=torch.float64)).all()
-        lost_index = after[after // 100 == victim]
         if write_ahead:
             assert (rb[after]["obs"][:, 0] == torch.arange(1000, 1060, dtype=torch.float64)).all()
         else:
             survivors = after[after // 100 != victim]
             assert len(rb[survivors]) == 60 - written_after
             assert len(rb) == 120 - written_after
-            del lost_index
         # the other shards kept serving, and the restored shard serves again
         assert rb.sample(64)["obs"].shape == (64, 1)
     finally:
@@ -408,3 +406,39 @@ def test_docstring_example_runs():
 
     result = doctest.testmod(ray_buffer, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_service_backend_ray_builds_a_sharded_buffer():
+    """``TensorDictPrioritizedReplayBuffer(service_backend="ray")`` (torchrl 0.14's API, followed
+    here through ``TORCHRL_COMPAT_RELEASE``) gives our RayReplayBuffer on the same cluster."""
+    address = ray.get_runtime_context().gcs_address
+    code = f"""
+import functools, torch
+from tensordict import TensorDict
+from torchrl_compat import LazyTensorStorage, RayReplayBuffer, TensorDictPrioritizedReplayBuffer
+rb = TensorDictPrioritizedReplayBuffer(
+    alpha=0.7, beta=0.5, storage=functools.partial(LazyTensorStorage, 100), batch_size=8,
+    service_backend="ray",
+    service_backend_options={{"ray_init_config": {{"address": {address!r}}}, "num_shards": 2, "chunk_rows": 5}},
+)
+assert type(rb) is RayReplayBuffer and rb.service_backend == "ray" and rb.num_shards == 2
+index = rb.extend(TensorDict({{"obs": torch.randn(20, 3)}}, [20]))
+sample = rb.sample()
+client = rb.client()
+client.update_tensordict_priority(sample.set("td_error", torch.rand(8)))
+print(len(client), sorted(set((index // 50).tolist())), sample["priority_weight"].shape)
+client.close()
+assert rb.is_alive and len(rb) == 20
+rb.shutdown()
+try:
+    TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, service_backend="ray",
+                                      service_backend_options={{"bogus": 1}})
+except TypeError as err:
+    print(err)
+"""
+    env = {**os.environ, "PYTHONPATH": ROOT, "TORCHRL_COMPAT_RELEASE": "0.14", "RL_WARNINGS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "20 [0, 1] torch.Size([8])" in out.stdout
+    assert "Unexpected Ray replay-buffer service options: ['bogus']" in out.stdout

@@ -14,7 +14,6 @@ journal, and says so in :meth:`ReplayShard.describe` (``restored``).
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import uuid
 from pathlib import Path

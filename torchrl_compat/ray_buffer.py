@@ -10,13 +10,12 @@ through Ray's object store (:mod:`._ray_wire`).
 from __future__ import annotations
 
 import collections
-import functools
+import copy
 import json
 import shutil
 import tempfile
 import time
 import uuid
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,9 @@ RAY_MISSING = (
     'RayReplayBuffer needs ray, which is not installed: pip install "replay[ray]" '
     "(or pip install ray)."
 )
+# What ReplayBuffer(service_backend="ray", service_backend_options=...) passes on.
+SERVICE_OPTIONS = ("ray_init_config", "remote_config", "num_shards", "recovery_dir", "write_ahead",
+                   "sample_timeout", "chunk_rows")
 # The shard actors' defaults: no CPU reserved (a shard mostly waits), restarted after a crash,
 # and calls never retried behind the caller's back (a lost write must be reported).
 DEFAULT_SHARD_OPTIONS = {"num_cpus": 0, "max_restarts": 4, "max_task_retries": 0}
@@ -211,6 +213,8 @@ class RayReplayBuffer(ReplayBuffer):
         chunk_rows: int = 4096,
         **kwargs,
     ) -> None:
+        if "_actors" in self.__dict__:
+            return  # built by ReplayBuffer(service_backend="ray"), whose __init__ call follows
         ray = _import_ray()
         if args:
             raise TypeError(f"RayReplayBuffer takes keyword arguments only, got positional {args}")
@@ -259,6 +263,7 @@ class RayReplayBuffer(ReplayBuffer):
                 ray.kill(actor, no_restart=True)
             raise
         self._setup(descriptions)
+        self._owner = True
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -820,10 +825,43 @@ class RayReplayBuffer(ReplayBuffer):
     load = loads
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def service_backend(self) -> str:
+        """The deployment backend of this buffer: ``"ray"``."""
+        return "ray"
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the shard actors are still this buffer's (not closed)."""
+        return "_actors" in self.__dict__
+
+    def start(self) -> "RayReplayBuffer":
+        """Returns this buffer (its shards start with it)."""
+        if not self.is_alive:
+            raise RuntimeError("A closed RayReplayBuffer cannot be restarted.")
+        return self
+
+    def client(self) -> "RayReplayBuffer":
+        """A client of the same shards (what a pickled copy gives another process), without
+        this buffer's prefetched samples."""
+        if not self.is_alive:
+            raise RuntimeError("RayReplayBuffer is closed.")
+        state = self.__getstate__()
+        state["_totals"] = copy.deepcopy(state["_totals"])
+        twin = object.__new__(type(self))
+        twin.__setstate__(state)
+        return twin
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Terminates the shard actors (:meth:`close`)."""
+        self.close()
+
     def close(self) -> None:
-        """Terminates the shard actors (and removes the recovery directory this buffer made)."""
+        """Terminates the shard actors (and removes the recovery directory this buffer made).
+        A client (:meth:`client`, or a copy unpickled in another process) only lets go of
+        them."""
         actors = self.__dict__.pop("_actors", None)
-        if actors is None:
+        if actors is None or not self.__dict__.get("_owner", False):
             return
         for actor in actors:
             try:
@@ -843,6 +881,7 @@ class RayReplayBuffer(ReplayBuffer):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._owner = False
         self._ray = _import_ray()
         self._generator = None
         self._owned_recovery_dir = None
