@@ -15,8 +15,9 @@ entries already in place, and nothing the constructor knows is recomputed per ca
     every buffer class also lists its torchrl twin as its last base, and the transform
     chain is torchrl's ``Compose``, so that torchrl transforms behave as in torchrl's
     buffers. Without torchrl, transforms are callables on the sampled data (see
-    :meth:`ReplayBuffer.append_transform`). ``RemoteTensorDictReplayBuffer`` (torch RPC)
-    and ``RayReplayBuffer`` are not provided.
+    :meth:`ReplayBuffer.append_transform`). ``RemoteTensorDictReplayBuffer`` (torch RPC) is
+    not provided; ``RayReplayBuffer`` is :mod:`torchrl_compat.ray_buffer`'s (sharded), which
+    ``service_backend="ray"`` builds when the followed release has that argument (0.14).
 """
 from __future__ import annotations
 

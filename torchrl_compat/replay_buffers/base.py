@@ -265,6 +265,43 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         callable, as :meth:`append_transform` does (torchrl fails on its ``eval()``).
     """
 
+    def __new__(cls, *args, **kwargs):
+        # service_backend="ray" builds a RayReplayBuffer serving this class (torchrl 0.14 routes
+        # it in its metaclass, which then calls _ServiceClass itself and never gets here).
+        if kwargs.get("service_backend", "direct") != "direct" and since("buffer_service_arguments"):
+            backend = kwargs.pop("service_backend")
+            return cls._ServiceClass(backend, *args, **kwargs)
+        return super().__new__(cls)
+
+    @classmethod
+    def _ServiceClass(cls, service_backend, *args, service_backend_options=None, **kwargs):
+        """The buffer ``service_backend`` asks for: a :class:`~torchrl_compat.RayReplayBuffer`
+        whose shards hold buffers of this class.
+
+        ``service_backend_options`` takes torchrl's ``ray_init_config`` and ``remote_config``,
+        and the :class:`~torchrl_compat.RayReplayBuffer` keywords (``num_shards``,
+        ``recovery_dir``, ``write_ahead``, ``sample_timeout``, ``chunk_rows``).
+        """
+        if service_backend != "ray":
+            raise ValueError(
+                f"ReplayBuffer supports service_backend='direct' or 'ray', not {service_backend!r}."
+            )
+        from torchrl_compat.ray_buffer import RayReplayBuffer, SERVICE_OPTIONS
+
+        options = dict(service_backend_options or {})
+        unknown = sorted(set(options) - set(SERVICE_OPTIONS))
+        if unknown:
+            raise TypeError(f"Unexpected Ray replay-buffer service options: {unknown}")
+        transport = kwargs.pop("transport", "auto")
+        if transport not in ("auto", "ray"):
+            raise NotImplementedError(
+                f"RayReplayBuffer moves batches through Ray itself: transport={transport!r} is not "
+                "available (use 'auto' or 'ray')."
+            )
+        if kwargs.pop("transport_options", None):
+            raise ValueError("transport_options are not used by the Ray replay transport.")
+        return RayReplayBuffer(*args, replay_buffer_cls=cls, **options, **kwargs)
+
     def __init__(
         self,
         *,
@@ -1857,6 +1894,9 @@ def torchrl_query_module():
 
 
 ReplayBuffer.__init__.__signature__ = _release_signature(ReplayBuffer.__init__)
+# inspect reads a class's signature from its own __new__ before its __init__: the hook above
+# takes the constructor's arguments.
+vars(ReplayBuffer)["__new__"].__func__.__signature__ = ReplayBuffer.__init__.__signature__
 
 # Before 0.14 the buffers have none of these public members.
 if not since("buffer_stats_query"):
