@@ -920,7 +920,12 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         (value,) = signal.values()
         if not isinstance(value, torch.Tensor) or value.ndim != 1 or value.device != device:
             return None
-        flags = _torch_slices.end_flags(at_capacity=storage._is_full, cursor=_last_cursor(storage), **signal)
+        cursor = getattr(storage, "_last_cursor", None)
+        if not (isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.numel()):
+            cursor = _last_cursor(storage)
+        # else the written index itself (its last entry is the cursor): read by end_flags
+        # on its device, or from host memory, where the storage's int() would be a torch op
+        flags = _torch_slices.end_flags(at_capacity=storage._is_full, cursor=cursor, **signal)
         table = _torch_slices.slice_start_table(flags, seq_length)
         checks = self.__dict__.get("_device_checks")
         if checks is None or checks._device != device:
