@@ -154,8 +154,9 @@ def test_slice_loop_makes_no_host_sync(truncated_key):
 
 
 def test_slice_draws_are_the_listed_trajectories_slices():
-    """Each slice lies in one trajectory listed by find_start_stop_traj, at the rank and
-    start the same uniforms give, and the truncation flags mark each slice's last step."""
+    """On CPU tensors: each slice lies in the trajectory listed by find_start_stop_traj that
+    torchrl's draws pick (randint over the long enough ones, then a start), and the truncation
+    flags mark each slice's last step."""
     torch.manual_seed(3)
     rb = slice_buffer(truncated_key=("next", "truncated"))
     for _ in range(6):
@@ -170,10 +171,9 @@ def test_slice_draws_are_the_listed_trajectories_slices():
     state = torch.random.get_rng_state()
     sample, info = rb.sampler.sample(storage, 64)
     torch.random.set_rng_state(state)
-    traj_uniform, start_uniform = torch.rand(8), torch.rand(8)
-    rank = (traj_uniform.double() * kept.sum()).floor().long()
+    rank, start_uniform = torch.randint(int(kept.sum()), (8,)), torch.rand(8)
     room = kept_lengths[rank] - 8 + 1
-    offset = torch.minimum((start_uniform.double() * room).floor().long(), room - 1)
+    offset = torch.minimum((start_uniform * room).floor().long(), room - 1)
     expected = ((starts[rank] + offset).unsqueeze(1) + torch.arange(8)).remainder(300).reshape(-1)
     assert torch.equal(sample[0], expected)
     truncated = info[("next", "truncated")].reshape(8, 8)

@@ -267,6 +267,6 @@ def test_slices_from_ends_match_the_listed_trajectories(device, full):
         starts, kept_lengths = start_idx[kept][:, 0], lengths[kept]
         assert torch.equal(rank, (traj_uniform * kept.sum()).floor().long().clamp_max(kept.sum() - 1))
         room = kept_lengths[rank] - seq_length + 1
-        offset = torch.minimum((start_uniform.double() * room).floor().long(), room - 1)
+        offset = torch.minimum((start_uniform * room).floor().long(), room - 1)
         expected = _torch_slices.slice_indices((starts[rank] + offset).unsqueeze(1), seq_length, steps)
         assert torch.equal(index, expected[:, 0]), (steps, seq_length)

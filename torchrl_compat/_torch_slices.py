@@ -213,17 +213,25 @@ def slice_start_table(end: torch.Tensor, seq_length: int):
     return start, length, running, running[-1], seq_length
 
 
-def draw_slices(table, traj_uniform: torch.Tensor, start_uniform: torch.Tensor):
+def draw_slices(table, traj_draw: torch.Tensor, start_uniform: torch.Tensor):
     """The slices of :func:`sample_slices_from_ends` drawn from a :func:`slice_start_table`:
-    ``(index, traj_rank, found)``. No host synchronisation."""
+    ``(index, traj_rank, found)``. No host synchronisation.
+
+    ``traj_draw`` is either floating draws in ``[0, 1)`` (rank ``floor(u * count)``) or the
+    int64 ranks themselves (``torch.randint(count)``, torchrl's draw, for a caller that knows
+    ``count``). The start is ``floor(u * room)`` in ``start_uniform``'s dtype, as torchrl
+    computes it."""
     start, length, running, count, seq_length = table
     steps = start.shape[0]
     device = start.device
-    rank = (traj_uniform.double() * count).floor().long()
+    if traj_draw.is_floating_point():
+        rank = (traj_draw.double() * count).floor().long()
+    else:
+        rank = traj_draw.long()
     rank = torch.minimum(rank, (count - 1).clamp_min(0))
     stop = torch.searchsorted(running, rank + 1).clamp_max(steps - 1)
     room = length[stop] - seq_length + 1
-    offset = torch.minimum((start_uniform.double() * room).floor().long(), room - 1)
+    offset = torch.minimum((start_uniform * room).floor().long(), room - 1)
     first = start[stop] + offset
     index = (first.unsqueeze(1) + torch.arange(seq_length, device=device)).remainder(steps)
     return index.reshape(-1), rank, count > 0

@@ -206,8 +206,10 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         device knows (same distribution, another stream), then its start as torchrl draws
         it. A draw where no trajectory is long enough has meaningless slices, and its
         ``RuntimeError`` is raised at the next call once the device's status has reached the
-        host. On CPU tensors with the torch ops forced, the same code runs and such a call
-        falls back to the general path's error before taking random numbers. Left to the
+        host. On CPU tensors with the torch ops forced, the same code runs with the count
+        read from host memory: torchrl's ``randint`` draws (the CPU kernels' slices, to the
+        index), and a call without any long enough trajectory gets the general path's error
+        before taking random numbers. Left to the
         general path (which synchronises): ``strict_length=False``, ``span``, ``end_keys``,
         ``cache_values``, ``compile``, ``fragmented``, N-D storages and non-tensor storages.
 
@@ -931,13 +933,17 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         if checks is None or checks._device != device:
             checks = self.__dict__["_device_checks"] = DeferredChecks(device)
         checks.raise_ready()
-        count = table[3]
-        if checks._on_host and not count.numpy():
-            # read for free on the host: refused before any draw, with the general path's error
-            return None
-        traj_uniform = _rand_on(num_slices, device, self._rng)
+        if checks._on_host:
+            # The count is in host memory: read for free. None long enough: refused before
+            # any draw, with the general path's error; else torchrl's own draws.
+            count = int(table[3].numpy())
+            if not count:
+                return None
+            traj_draw = _randint(count, num_slices, device, self._rng)
+        else:
+            traj_draw = _rand_on(num_slices, device, self._rng)
         start_uniform = _rand_on(num_slices, device, self._rng)
-        index, _, found = _torch_slices.draw_slices(table, traj_uniform, start_uniform)
+        index, _, found = _torch_slices.draw_slices(table, traj_draw, start_uniform)
         code = torch.where(found, 0, 1).double()
         checks.record(torch.stack([code, code.new_tensor(float(seq_length)), code.new_tensor(0.0)]), _no_slice_error)
         truncated = None
