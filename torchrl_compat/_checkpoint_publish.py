@@ -26,6 +26,11 @@ a storage whose memory-mapped files live there (a ``LazyMemmapStorage`` whose ``
 is the checkpoint's) links them into the partial directory instead of copying them, and what
 the previous checkpoint holds besides its own entries is carried over (:func:`carry_over`).
 
+Durability: before a rename publishes anything, every file and directory written aside is
+flushed to the disk (``fsync``), and the directory holding ``path`` is flushed after it, the
+order SQLite and LMDB use. A power loss then leaves the previous checkpoint or the new one,
+whole, as a kill does: never a published name whose data never reached the disk.
+
 Nothing here runs at ``loads``: reading a checkpoint never writes to it.
 """
 from __future__ import annotations
@@ -51,6 +56,8 @@ __all__ = [
     "publish_file",
     "published_path",
     "remove_abandoned",
+    "sync_directory",
+    "sync_tree",
     "write_aside",
 ]
 
@@ -284,6 +291,41 @@ def carry_over(source, dest, *, skip=(), how=None) -> None:
 
 
 # -----------------------------------------------------------------------------
+# Durability
+# -----------------------------------------------------------------------------
+def _fsync_path(path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_directory(path) -> None:
+    """Flushes the entries of directory ``path`` (names created, renamed or removed) to the disk."""
+    _fsync_path(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def sync_tree(root) -> None:
+    """Flushes every file under ``root`` (``root`` itself if it is a file), then every
+    directory, deepest first, to the disk: what a rename is about to publish.
+
+    A file that is also a live memory map (a storage's file linked into a checkpoint) gets
+    the pages written through the map flushed with it. Symbolic links are not followed.
+    """
+    root = Path(root)
+    if not root.is_dir() or root.is_symlink():
+        _fsync_path(root)
+        return
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            file = os.path.join(directory, name)
+            if not os.path.islink(file):
+                _fsync_path(file)
+        sync_directory(directory)
+
+
+# -----------------------------------------------------------------------------
 # Publishing
 # -----------------------------------------------------------------------------
 _RENAME_EXCHANGE = 2
@@ -366,9 +408,11 @@ def write_aside(path, write_fn) -> None:
     """Runs ``write_fn(tmp_dir)`` into a sibling directory, then publishes it as ``path``.
 
     ``path`` is untouched until ``write_fn`` has returned, and the previous content is only
-    removed once the new one is in place. Abandoned siblings of earlier interrupted writes
-    are removed first (:func:`remove_abandoned`). While ``write_fn`` runs,
-    :func:`published_path` maps paths under the sibling directory to their place under ``path``.
+    removed once the new one is in place. What ``write_fn`` wrote is flushed to the disk
+    before the rename, and the parent directory after it (:func:`sync_tree`). Abandoned
+    siblings of earlier interrupted writes are removed first (:func:`remove_abandoned`).
+    While ``write_fn`` runs, :func:`published_path` maps paths under the sibling directory
+    to their place under ``path``.
 
     Args:
         path (str or Path): the checkpoint directory.
@@ -399,7 +443,10 @@ def write_aside(path, write_fn) -> None:
                 write_fn(tmp)
             finally:
                 _WRITING_ASIDE.reset(token)
+            # the content reaches the disk before the name that publishes it
+            sync_tree(tmp)
             previous = _publish_directory(tmp, path)
+            sync_directory(path.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -412,7 +459,8 @@ def write_aside(path, write_fn) -> None:
 def publish_file(path, write_fn) -> None:
     """Runs ``write_fn(tmp_file)``, then renames the file it wrote onto ``path``.
 
-    Readers see the previous file or the new one, never a prefix of the new one. The file is
+    Readers see the previous file or the new one, never a prefix of the new one, and the
+    new one is flushed to the disk before the rename (its directory after it). The file is
     written inside a locked partial directory (the lock cannot be on the file itself: HDF5
     takes its own ``flock`` on the files it writes). Abandoned siblings of earlier
     interrupted writes are removed first.
@@ -426,7 +474,9 @@ def publish_file(path, write_fn) -> None:
     tmp, fd = _make_locked(path, os.mkdir)
     try:
         write_fn(tmp / path.name)
+        sync_tree(tmp / path.name)
         os.replace(tmp / path.name, path)
+        sync_directory(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         _close(fd)
