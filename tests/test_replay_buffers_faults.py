@@ -6,6 +6,7 @@ any moment leaves the previous checkpoint or the new one, whole, which torchrl 0
 buffer loads too. ``loads`` reads and checks every part before any part changes: a damaged
 file gives an error naming it, and the buffer and the checkpoint stay as they were.
 """
+import json
 import os
 import shutil
 
@@ -331,6 +332,29 @@ def misfit_transform_state(file):
     torch.save(state, file)
 
 
+def edit_json(**entries):
+    def spoil(file):
+        content = json.loads(file.read_text())
+        content.update(entries)
+        file.write_text(json.dumps(content))
+
+    return spoil
+
+
+def set_leaves(values, trees=("sumtree", "mintree")):
+    """Sets leaves ``{position: value}`` of the sampler's tree files (both by default)."""
+
+    def spoil(file):
+        for tree in trees:
+            tree_file = file.parent / f"{tree}.memmap"
+            leaves = np.fromfile(tree_file, dtype=np.float64)
+            for position, value in values.items():
+                leaves[position] = value
+            leaves.tofile(tree_file)
+
+    return spoil
+
+
 DAMAGES = {
     "storage metadata missing": ("storage/storage_metadata.json", remove, FileNotFoundError),
     "storage leaf truncated": ("storage/obs.memmap", truncate, ValueError),
@@ -347,6 +371,11 @@ DAMAGES = {
     "buffer metadata missing": ("buffer_metadata.json", remove, FileNotFoundError),
     "buffer metadata truncated": ("buffer_metadata.json", truncate, ValueError),
     "batch size not a count": ("buffer_metadata.json", lambda f: f.write_text('{"batch_size": "x"}'), ValueError),
+    # parts that do not fit together (transformed_buffer(1) holds 12 items in 32 rows)
+    "writer cursor past the capacity": ("writer/metadata.json", edit_json(cursor=40), ValueError),
+    "writer cursor behind the length": ("storage/storage_metadata.json", edit_json(len=20), ValueError),
+    "writer cursor ahead of the length": ("writer/metadata.json", edit_json(cursor=13), ValueError),
+    "priorities past the length": ("sampler/sumtree.memmap", set_leaves({20: 1.5}), ValueError),
 }
 
 

@@ -46,6 +46,7 @@ from torchrl_compat._checkpoint_publish import (
 )
 from torchrl_compat._storage_checkpoint_checks import (
     TENSORDICT_METADATA_FILE,
+    StorageCheckpoint,
     check_memmap_file,
     check_tensordict_layout,
     format_keys,
@@ -614,15 +615,16 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         metadata_file = path / STORAGE_METADATA_FILE
         _len = metadata["len"]
         if metadata["is_pytree"]:
-            fill = self._read_pytree(storage, path, metadata["metadata"], metadata_file, _len)
+            fill, shape = self._read_pytree(storage, path, metadata["metadata"], metadata_file, _len)
         else:
-            fill = self._read_tensordict(storage, path, metadata_file, _len)
+            fill, shape = self._read_tensordict(storage, path, metadata_file, _len)
 
         def load():
             fill()
             storage._len = _len
 
-        return load
+        rows = None if shape is None else torch.Size(tuple(shape)[: getattr(storage, "ndim", 1)])
+        return StorageCheckpoint(load, length=_len, rows=rows, file=metadata_file)
 
     def _read_pytree(self, storage, path, entries, metadata_file, _len):
         if self._load_hooks:
@@ -670,7 +672,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 source = MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype)
                 dest.copy_(source if rows is None else source[:rows])
 
-        return fill
+        return fill, (plan[0][3].shape if plan else None)
 
     def _read_tensordict(self, storage, path, metadata_file, _len):
         check_tensordict_layout(path)
@@ -678,7 +680,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         if not self._load_hooks:
             self._check_len(storage, _len, _storage.batch_size, metadata_file)
             self._check_fits(storage, _storage, path)
-        return functools.partial(self._fill_tensordict, storage, path, _storage)
+        # with load hooks, what is on disk is not the storage's layout
+        rows = None if self._load_hooks else _storage.batch_size
+        return functools.partial(self._fill_tensordict, storage, path, _storage), rows
 
     def _fill_tensordict(self, storage, path, _storage):
         dest = storage._storage if storage.initialized else None
