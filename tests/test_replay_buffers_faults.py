@@ -110,35 +110,13 @@ class MemmapCase(PrioritizedCase):
 
 
 class MemmapInPlaceCase(MemmapCase):
-    """The storage lives in the checkpoint's ``storage/`` directory: its files are the live
-    data. Versions are appended, never overwritten, so that the rows an older checkpoint
-    counts keep their values; the priorities, generator and batch size change with each."""
+    """The storage lives in the checkpoint's ``storage/`` directory (its ``scratch_dir``): a
+    dump links its files into the checkpoint, and each version rewrites the rows the
+    previous checkpoint holds. A kill during a dump, or during the writes after it, must
+    leave that checkpoint as it was published."""
 
     def storage(self, path, lib):
         return lib.LazyMemmapStorage(CAPACITY, scratch_dir=path / "storage")
-
-    def length(self, version):
-        return 64 * version
-
-    def write(self, rb, version):
-        start = self.length(version - 1)
-        rb.extend(version_data(64, version, start=start))
-        rb.update_priority(torch.arange(self.length(version)), priorities(version, self.length(version)))
-        rb._sampler._beta = float(version)
-        rb.set_rng(torch.Generator().manual_seed(version))
-        rb._batch_size = version
-
-    def version(self, rb):
-        n = len(rb)
-        assert n % 64 == 0 and n > 0
-        assert torch.equal(rb[:]["v"], torch.arange(n) // 64 + 1)
-        return n // 64
-
-    def steps_to(self, version):
-        return range(1, version + 1)
-
-    def one_version_samples(self):
-        return False
 
 
 class SliceCase(PrioritizedCase):
@@ -407,28 +385,65 @@ def test_loads_takes_every_part(tmp_path):
 # -----------------------------------------------------------------------------
 # the storage in the checkpoint, ensembles, what else the directory holds
 # -----------------------------------------------------------------------------
+def live_homes(path):
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.live-"))
+
+
 @pytest.mark.usefixtures("torchrl_trees")
-def test_storage_living_in_the_checkpoint_keeps_its_files(tmp_path):
+def test_storage_living_in_the_checkpoint_never_changes_it(tmp_path):
     case = CASES["prioritized memmap in place"]
     path = tmp_path / "ckpt"
     rb = case.make(path)
     case.write(rb, 1)
     rb.dumps(path)
-    obs_file = rb._storage._storage.get("obs").filename
-    assert os.path.dirname(obs_file) == str(path / "storage")
+    obs_file = path / "storage" / "obs.memmap"
     inode = os.stat(obs_file).st_ino
+    published = directory_state(path)
+    # the storage goes on writing elsewhere: the published checkpoint keeps its bytes
     case.write(rb, 2)
-    rb.dumps(path)
-    # the same file, under the same name, and the only link to it once published
-    assert os.stat(obs_file).st_ino == inode and os.stat(obs_file).st_nlink == 1
+    assert directory_state(path) == published
+    assert os.path.dirname(rb._storage._storage.get("obs").filename) == str(tmp_path / live_homes(path)[0])
     for lib in (O, TD):
         loaded = case.fresh(path, lib)
         loaded.loads(path)
-        assert_same_buffer(loaded, case.reference(path, 2))
-    # the storage goes on writing its data into the checkpoint directory
+        assert_same_buffer(loaded, case.reference(path, 1))
+    # the next dump links the storage's files again (no copy in the checkpoint) ...
     case.write(rb, 3)
-    written = torch.from_file(obs_file, size=CAPACITY * 8).reshape(CAPACITY, 8)
-    assert torch.equal(written[128:192], torch.full((64, 8), 3.0))
+    rb.dumps(path)
+    assert os.stat(obs_file).st_ino != inode
+    assert os.stat(obs_file).st_nlink == 1  # the storage has moved out of this one too
+    published = directory_state(path)
+    case.write(rb, 4)
+    assert directory_state(path) == published
+    loaded = case.fresh(path, O)
+    loaded.loads(path)
+    assert_same_buffer(loaded, case.reference(path, 3))
+    # ... and the storage keeps one home, removed with it
+    assert len(live_homes(path)) == 1
+    assert torch.equal(rb[:]["v"], torch.full((case.length(4),), 4))
+    del rb, loaded
+    import gc
+
+    gc.collect()
+    assert live_homes(path) == []
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+def test_loads_into_a_storage_living_in_the_checkpoint_never_changes_it(tmp_path):
+    case = CASES["prioritized memmap in place"]
+    path = tmp_path / "ckpt"
+    rb = case.make(path)
+    case.write(rb, 1)
+    rb.dumps(path)
+    del rb
+    published = directory_state(path)
+    # a new process's buffer, its storage in the checkpoint, loads it and goes on
+    rb = case.make(path)
+    rb.loads(path)
+    assert_same_buffer(rb, case.reference(path, 1))
+    case.write(rb, 2)
+    assert directory_state(path) == published
+    assert_same_buffer(rb, case.reference(path, 2))
 
 
 def test_dumps_keeps_what_else_the_directory_holds(tmp_path):

@@ -28,7 +28,7 @@ from torchrl_compat._checkpoint_checks import (
     read_memmapped_state,
     read_torch_file,
 )
-from torchrl_compat._checkpoint_publish import carry_over, published_path, write_aside
+from torchrl_compat._checkpoint_publish import carry_over, published_path, reading, write_aside
 from torchrl_compat._priority_checkpoint_checks import check_cursor_fits_length, check_no_priority_past
 from torchrl_compat._sampler_trees import read_leaves, tree_dtype
 from torchrl_compat._storage_checkpoint_checks import StorageCheckpoint
@@ -138,7 +138,8 @@ def load_buffer(buffer, path) -> None:
     # if what follows fails
     restore_transform = load_module_states(transform_loads)
     try:
-        load_storage()
+        with reading(path):
+            load_storage()
     except BaseException:
         restore_transform()
         raise

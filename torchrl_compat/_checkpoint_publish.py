@@ -51,10 +51,14 @@ except ImportError:  # pragma: no cover - not on Windows
 
 __all__ = [
     "PARTIAL_TAG",
+    "LIVE_TAG",
     "carry_over",
+    "make_locked_sibling",
+    "outermost_target",
     "partial_siblings",
     "publish_file",
     "published_path",
+    "reading",
     "remove_abandoned",
     "sync_directory",
     "sync_tree",
@@ -63,6 +67,8 @@ __all__ = [
 
 PARTIAL_TAG = ".partial-"
 OLD_TAG = ".old-"
+# the directory a storage living in a checkpoint writes to once moved out of it
+LIVE_TAG = ".live-"
 
 
 def partial_siblings(path: Path) -> list[Path]:
@@ -82,7 +88,7 @@ def _sibling(path: Path, tag: str) -> Path:
 
 def _is_leftover(name: str) -> bool:
     """Whether ``name`` is the partial or old sibling of some entry."""
-    return name.startswith(".") and (PARTIAL_TAG in name or OLD_TAG in name)
+    return name.startswith(".") and (PARTIAL_TAG in name or OLD_TAG in name or LIVE_TAG in name)
 
 
 # -----------------------------------------------------------------------------
@@ -111,11 +117,11 @@ def _open_locked(path: Path, block: bool) -> int | None:
     return None
 
 
-def _make_locked(path: Path, make) -> tuple[Path, int | None]:
+def _make_locked(path: Path, make, tag: str = PARTIAL_TAG) -> tuple[Path, int | None]:
     """Creates a fresh locked sibling of ``path`` with ``make(name)``: ``(name, fd)`` (no
     fd without ``fcntl``: nothing is locked, and nothing is cleaned up either)."""
     while True:
-        name = _sibling(path, PARTIAL_TAG)
+        name = _sibling(path, tag)
         make(name)
         if fcntl is None:
             return name, None
@@ -123,6 +129,12 @@ def _make_locked(path: Path, make) -> tuple[Path, int | None]:
         fd = _open_locked(name, block=True)
         if fd is not None:
             return name, fd
+
+
+def make_locked_sibling(path: Path, tag: str) -> tuple[Path, int | None]:
+    """A new directory ``.<name><tag><id>`` beside ``path`` and the fd holding its lock
+    (``None`` without ``fcntl``); :func:`remove_abandoned` leaves it while the fd is open."""
+    return _make_locked(Path(path), os.mkdir, tag)
 
 
 def _close(fd: int | None) -> None:
@@ -141,10 +153,12 @@ def _remove(entry: Path) -> None:
 
 
 def remove_abandoned(path) -> list[Path]:
-    """Removes the partial siblings of ``path`` left by interrupted writes.
+    """Removes the partial siblings of ``path`` left by interrupted writes, and the homes of
+    storages moved out of it whose process is gone.
 
     An entry is abandoned when no process holds its lock: its writer was killed (a live
-    writer, in this process or another, holds it until it is done). Without ``fcntl``
+    writer, in this process or another, holds it until it is done; a storage's home is held
+    for as long as the storage lives). Without ``fcntl``
     nothing can be told apart, and nothing is removed. If ``path`` is missing while a
     previous checkpoint waits under an ``.old-`` name (a two-rename publish cut between its
     renames), that checkpoint is renamed back to ``path`` first.
@@ -164,7 +178,7 @@ def remove_abandoned(path) -> list[Path]:
         return []
     removed = []
     # old checkpoints first: one may have to be restored before the rest is judged
-    for tag in (OLD_TAG, PARTIAL_TAG):
+    for tag in (OLD_TAG, PARTIAL_TAG, LIVE_TAG):
         prefix = f".{path.name}{tag}"
         for name in names:
             if not name.startswith(prefix):
@@ -214,6 +228,43 @@ def published_path(path) -> Path:
         if path == aside or aside in path.parents:
             return target / path.relative_to(aside)
     return path
+
+
+# The checkpoints being read (loads) in this thread, outermost first.
+_READING = contextvars.ContextVar("_READING", default=())
+
+
+def outermost_target(path) -> Path:
+    """The outermost checkpoint being written (by :func:`write_aside`, in this thread) or
+    read (inside :func:`reading`) around ``path``; ``path`` itself outside both."""
+    frames = _WRITING_ASIDE.get()
+    if frames:
+        return frames[0][1]
+    read = _READING.get()
+    if read:
+        return read[0]
+    return Path(path).absolute()
+
+
+class reading:
+    """Marks ``path`` as a checkpoint being read while the ``with`` block runs (see
+    :func:`outermost_target`).
+
+    Args:
+        path (str or Path): the checkpoint.
+    """
+
+    def __init__(self, path):
+        self._path = Path(path).absolute()
+        self._token = None
+
+    def __enter__(self):
+        self._token = _READING.set(_READING.get() + (self._path,))
+        return self
+
+    def __exit__(self, *exc):
+        _READING.reset(self._token)
+        return False
 
 
 LINK, COPY = "link", "copy"
