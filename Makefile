@@ -20,13 +20,16 @@ PYTHON ?= python
 ENV_READY := setup
 endif
 
-# make test's run against the newest tensordict has an environment of its own.
+# make test's runs against torchrl 0.14 and against the newest tensordict have environments of
+# their own.
+TORCHRL14_VENV = build/venv-torchrl-0.14
+TORCHRL14_PYTHON = $(TORCHRL14_VENV)/bin/python
 LATEST_VENV = build/venv-tensordict-latest
 LATEST_PYTHON = $(LATEST_VENV)/bin/python
 SETUP_INPUTS = requirements-test.txt pyproject.toml setup.py $(wildcard *.pth)
 TORCHRL_PIN = $(shell grep '^torchrl==' requirements-dev.txt)
 
-.PHONY: setup build test test-debug test-tensordict-latest demo bench clean
+.PHONY: setup build test test-debug test-torchrl-0.14 test-tensordict-latest demo bench clean
 
 # $(call make_venv,DIR): a virtual environment with pip in DIR, or one line saying what is missing.
 define make_venv
@@ -53,14 +56,17 @@ setup:
 build: $(ENV_READY)
 	$(PYTHON) setup.py -q build_ext --inplace
 
-# The whole check, what CI runs: the suite, the kernel tests against the debug build, and the
-# suite again against the newest tensordict; then one line counting all three runs.
+# The whole check, what CI runs: the suite (torchrl 0.11), the kernel tests against the debug
+# build, the suite again against torchrl 0.14.1, and against the newest tensordict; then one
+# line counting all four runs.
 JUNIT_DIR = build/junit
-JUNIT_REPORTS = $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml $(JUNIT_DIR)/tensordict-latest.xml
-test: build $(LATEST_VENV)/.setup-done
+JUNIT_REPORTS = $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml $(JUNIT_DIR)/torchrl-0.14.xml \
+	$(JUNIT_DIR)/tensordict-latest.xml
+test: build $(TORCHRL14_VENV)/.setup-done $(LATEST_VENV)/.setup-done
 	@rm -rf $(JUNIT_DIR)
 	-$(PYTHON) -m pytest tests -q --junitxml=$(JUNIT_DIR)/suite.xml
 	-$(DEBUG_BUILD) && $(DEBUG_TESTS) --junitxml=$(JUNIT_DIR)/debug-build.xml
+	-$(TORCHRL14_TESTS) --junitxml=$(JUNIT_DIR)/torchrl-0.14.xml
 	-$(LATEST_TESTS) --junitxml=$(JUNIT_DIR)/tensordict-latest.xml
 	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_REPORTS)
 
@@ -76,6 +82,20 @@ test-debug: $(ENV_READY)
 	$(DEBUG_BUILD)
 	$(DEBUG_TESTS)
 
+# The suite against torchrl 0.14.1 and its tensordict, in an environment of its own.
+$(TORCHRL14_VENV)/.setup-done: requirements-torchrl-0.14.txt $(SETUP_INPUTS)
+	$(call make_venv,$(TORCHRL14_VENV))
+	$(TORCHRL14_PYTHON) -m pip install $(PIP_FLAGS) -r requirements-torchrl-0.14.txt
+	$(TORCHRL14_PYTHON) -m pip install $(PIP_FLAGS) --no-deps $(PIP_EDITABLE)
+	@touch $@
+
+TORCHRL14_TESTS = $(call versions_line,$(TORCHRL14_PYTHON)) && $(TORCHRL14_PYTHON) -m pytest tests -q -p no:cacheprovider
+test-torchrl-0.14: build $(TORCHRL14_VENV)/.setup-done
+	$(TORCHRL14_TESTS)
+
+# $(call versions_line,PYTHON): prints the torch, tensordict and torchrl versions a run uses.
+versions_line = $(1) -c "import tensordict, torch, torchrl; print(f'torch {torch.__version__}, tensordict {tensordict.__version__}, torchrl {torchrl.__version__}')"
+
 # The suite against the newest tensordict torch 2.13 installs with, in an environment of its
 # own (torchrl 0.11.0 with --no-deps: it asks for tensordict<0.12 but runs on it).
 $(LATEST_VENV)/.setup-done: requirements-tensordict-latest.txt $(SETUP_INPUTS) requirements-dev.txt
@@ -85,8 +105,7 @@ $(LATEST_VENV)/.setup-done: requirements-tensordict-latest.txt $(SETUP_INPUTS) r
 	$(LATEST_PYTHON) -m pip install $(PIP_FLAGS) --no-deps $(PIP_EDITABLE)
 	@touch $@
 
-LATEST_TESTS = $(LATEST_PYTHON) -c "import tensordict, torch, torchrl; print(f'torch {torch.__version__}, tensordict {tensordict.__version__}, torchrl {torchrl.__version__}')" \
-	&& $(LATEST_PYTHON) -m pytest tests -q -p no:cacheprovider
+LATEST_TESTS = $(call versions_line,$(LATEST_PYTHON)) && $(LATEST_PYTHON) -m pytest tests -q -p no:cacheprovider
 test-tensordict-latest: build $(LATEST_VENV)/.setup-done
 	$(LATEST_TESTS)
 

@@ -7,11 +7,23 @@ against libtorch / libc10, so one build serves every torch release.
 on for a debug test run.
 """
 import os
+import sys
 
-import numpy as np
-from Cython.Build import cythonize
-from setuptools import Extension, setup
-from setuptools.command.build_py import build_py
+import setuptools
+
+# pyproject.toml's SPDX `license` string is read from setuptools 77 on (PEP 639); an older one
+# stops with a long schema error instead, so say in one line what to upgrade.
+MIN_SETUPTOOLS = 77
+if int(setuptools.__version__.split(".")[0]) < MIN_SETUPTOOLS:
+    sys.exit(
+        f"setup.py needs setuptools>={MIN_SETUPTOOLS} (this environment has {setuptools.__version__}): "
+        f"python -m pip install -U 'setuptools>={MIN_SETUPTOOLS}' Cython numpy"
+    )
+
+import numpy as np  # noqa: E402
+from Cython.Build import cythonize  # noqa: E402
+from setuptools import Extension, setup  # noqa: E402
+from setuptools.command.build_py import build_py  # noqa: E402
 
 # Start-up hooks: site-packages/*.pth files run at interpreter start. Each one is opt-in,
 # acting only when its environment variable is set (torchrl_compat_trees.pth: see

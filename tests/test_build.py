@@ -120,3 +120,26 @@ def test_venv_without_pip_says_what_to_install(tmp_path):
         "'make BASE_PYTHON=/path/to/python3'"
     )
     assert not venv.exists()
+
+
+def test_setup_py_with_an_old_setuptools_says_what_to_upgrade(tmp_path):
+    """``python setup.py build_ext --inplace`` in a fresh environment whose setuptools predates
+    the SPDX license string (Python 3.11's venv brings 65): one line says what to upgrade."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "setuptools==65.5.0"],
+        capture_output=True, text=True, timeout=300,
+    )
+    if install.returncode != 0 and not os.environ.get("CI"):  # CI reaches the package index
+        pytest.skip(f"setuptools 65.5.0 could not be installed here: {install.stderr[-300:]}")
+    assert install.returncode == 0, install.stderr[-2000:]
+    proc = subprocess.run([python, "setup.py", "build_ext", "--inplace"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "setup.py needs setuptools>=77 (this environment has 65.5.0): "
+        "python -m pip install -U 'setuptools>=77' Cython numpy"
+    ]

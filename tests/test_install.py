@@ -396,7 +396,7 @@ def test_install_after_importing_torchrl_and_reimporting_ours():
         assert atari._AtariStorage.__bases__ == (torchrl_compat.Storage,)
         # A torchrl_compat module executed while installed still finds torchrl's own
         # classes as its twins (reload, then a fresh import).
-        import torchrl_compat.storages as ours
+        import torchrl_compat.storages.list as ours
         first = ours.ListStorage
         importlib.reload(ours)
         assert ours.ListStorage is not first

@@ -16,6 +16,8 @@ import torchrl.data.replay_buffers.storages as T
 
 import torchrl_compat
 import torchrl_compat.storages as O
+import torchrl_compat.storages.list as storage_list
+import torchrl_compat.storages.tensor as storage_tensor
 
 from twin_checks import assert_no_torchrl_code
 
@@ -633,7 +635,9 @@ def test_pickle_keeps_length_and_data():
 
 
 def test_getstate_rules_when_spawning(monkeypatch):
-    monkeypatch.setattr(O, "get_spawning_popen", lambda: object())
+    # Each storage module asks multiprocessing whether it is being pickled for a spawn.
+    for module in (storage_list, storage_tensor):
+        monkeypatch.setattr(module, "get_spawning_popen", lambda: object())
     with pytest.raises(RuntimeError, match="Cannot share a storage of type"):
         O.ListStorage(3).__getstate__()
     with pytest.raises(RuntimeError, match="Cowardly refusing to share"):

@@ -21,6 +21,8 @@ from tensordict import TensorDict
 import torchrl_compat
 import torchrl_compat.storages as OS
 import torchrl_compat.writers as O
+import torchrl_compat.writers.max_value as writer_max_value
+import torchrl_compat.writers.round_robin as writer_round_robin
 from torchrl_compat._storage_journal import RowRun
 from torchrl_compat._writer_rows import write_rows
 
@@ -523,7 +525,8 @@ def test_interrupted_dumps_keeps_the_previous_checkpoint(tmp_path, kind, monkeyp
             f.write('{"curs')
         raise Interrupted
 
-    monkeypatch.setattr(O, "_dump_json", broken)
+    for module in (writer_round_robin, writer_max_value):
+        monkeypatch.setattr(module, "_dump_json", broken)
     with pytest.raises(Interrupted):
         make(2).dumps(path)
     assert _files(path) == before

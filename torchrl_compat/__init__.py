@@ -1,5 +1,10 @@
-"""Drop-in replacements for torchrl 0.11's replay buffers and their storages, checkpointers,
+"""Drop-in replacements for torchrl's replay buffers and their storages, checkpointers,
 samplers and writers.
+
+They follow the torchrl release installed beside them, 0.11.x to 0.14.x (names, signatures,
+defaults, sampling numbers, checkpoint formats of that release), and the newest, 0.14, without
+torchrl; ``TORCHRL_COMPAT_RELEASE=0.11`` asks for another (:mod:`torchrl_compat._releases`
+holds the one table of what differs between releases).
 
 Each submodule mirrors its torchrl counterpart (``torchrl_compat.storages`` for
 ``torchrl.data.replay_buffers.storages`` and so on); every public name is also

@@ -1,0 +1,212 @@
+""":class:`SamplerEnsemble`: one sampler per storage of a storage ensemble."""
+from __future__ import annotations
+
+import textwrap
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from .._checkpoint_publish import write_aside
+from .._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from .._torchrl_lookup import torchrl_twin
+from ._common import _STORAGE_ENSEMBLES, _randint
+from .base import Sampler
+
+
+class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
+    """An ensemble of samplers.
+
+    This class is designed to work with :class:`~torchrl.data.replay_buffers.replay_buffers.ReplayBufferEnsemble`.
+    It contains the samplers as well as the sampling strategy hyperparameters.
+
+    Args:
+        samplers (sequence of Sampler): the samplers to make the composite sampler.
+
+    Keyword Args:
+        p (list or tensor of probabilities, optional): if provided, indicates the
+            weights of each dataset during sampling.
+        sample_from_all (bool, optional): if ``True``, each dataset will be sampled
+            from. This is not compatible with the ``p`` argument. Defaults to ``False``.
+        num_buffer_sampled (int, optional): the number of buffers to sample.
+            if ``sample_from_all=True``, this has no effect, as it defaults to the
+            number of buffers. If ``sample_from_all=False``, buffers will be
+            sampled according to the probabilities ``p``.
+
+    .. warning::
+      The indices provided in the info dictionary are placed in a :class:`~tensordict.TensorDict` with
+      keys ``index`` and ``buffer_ids`` that allow the upper :class:`~torchrl.data.ReplayBufferEnsemble`
+      and :class:`~torchrl.data.StorageEnsemble` objects to retrieve the data.
+      This format is different from with other samplers which usually return indices
+      as regular tensors.
+
+    .. note:: The buffers are drawn with the generator set by the buffer (``_rng``) also
+        when ``p`` is given (torchrl then uses the global generator), so seeded runs repeat.
+        Selecting several samplers (``ensemble[0:2]``, ``ensemble[[0, 2]]``) works without
+        ``p`` too (torchrl then fails indexing ``None``). :meth:`dumps` publishes every
+        member's checkpoint at once, and :meth:`loads` checks them all before any member
+        changes.
+
+    Examples:
+        >>> ensemble = SamplerEnsemble(RandomSampler(), RandomSampler(), p=[1, 3])
+        >>> ensemble.p.tolist(), len(ensemble), type(ensemble[0]).__name__
+        ([0.25, 0.75], 2, 'RandomSampler')
+    """
+
+    def __init__(
+        self, *samplers, p=None, sample_from_all=False, num_buffer_sampled=None
+    ):
+        self._rng_private = None
+        self._samplers = samplers
+        self.sample_from_all = sample_from_all
+        if sample_from_all and p is not None:
+            raise RuntimeError(
+                "Cannot pass both `p` argument and `sample_from_all=True`."
+            )
+        self.p = p
+        self.num_buffer_sampled = num_buffer_sampled
+
+    _rng = members_rng("_samplers")
+
+    @property
+    def p(self):
+        return self._p
+
+    @p.setter
+    def p(self, value):
+        if not isinstance(value, torch.Tensor) and value is not None:
+            value = torch.tensor(value)
+        if value is not None:
+            value = value / value.sum().clamp_min(1e-6)
+        self._p = value
+
+    @property
+    def num_buffer_sampled(self):
+        value = self.__dict__.get("_num_buffer_sampled", None)
+        if value is None:
+            value = self.__dict__["_num_buffer_sampled"] = len(self._samplers)
+        return value
+
+    @num_buffer_sampled.setter
+    def num_buffer_sampled(self, value):
+        self.__dict__["_num_buffer_sampled"] = value
+
+    def sample(self, storage, batch_size):
+        if batch_size % self.num_buffer_sampled > 0:
+            raise ValueError(
+                f"The batch size must be divisible by the number of buffers sampled, got "
+                f"batch_size={batch_size} and num_buffer_sampled={self.num_buffer_sampled}."
+            )
+        if not isinstance(storage, _STORAGE_ENSEMBLES):
+            raise TypeError(
+                f"SamplerEnsemble samples from a StorageEnsemble, got a storage of type "
+                f"{type(storage).__name__}."
+            )
+        sub_batch_size = batch_size // self.num_buffer_sampled
+        if self.sample_from_all:
+            samples, infos = zip(
+                *[
+                    sampler.sample(sub_storage, sub_batch_size)
+                    for sub_storage, sampler in zip(storage._storages, self._samplers)
+                ]
+            )
+            buffer_ids = torch.arange(len(samples))
+        else:
+            if self.p is None:
+                buffer_ids = _randint(
+                    len(self._samplers),
+                    self.num_buffer_sampled,
+                    getattr(storage, "device", None),
+                    self._rng,
+                )
+            else:
+                buffer_ids = torch.multinomial(
+                    self.p, self.num_buffer_sampled, True, generator=self._rng
+                )
+            samples, infos = zip(
+                *[
+                    self._samplers[i].sample(storage._storages[i], sub_batch_size)
+                    for i in buffer_ids.tolist()
+                ]
+            )
+        samples = [
+            sample if isinstance(sample, torch.Tensor) else torch.stack(sample, -1)
+            for sample in samples
+        ]
+        if all(samples[0].shape == sample.shape for sample in samples[1:]):
+            samples_stack = torch.stack(samples)
+        else:
+            samples_stack = torch.nested.nested_tensor(list(samples))
+
+        samples = TensorDict(
+            {
+                "index": samples_stack,
+                "buffer_ids": buffer_ids,
+            },
+            batch_size=[self.num_buffer_sampled],
+        )
+        infos = torch.stack(
+            [
+                TensorDict.from_dict(info, batch_dims=samples.ndim - 1)
+                if info
+                else TensorDict()
+                for info in infos
+            ]
+        )
+        return samples, infos
+
+    def dumps(self, path: Path):
+        # Every member's files are written aside and published together: an interrupted
+        # dumps leaves the previous ensemble checkpoint whole.
+        write_aside(path, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        for i, sampler in enumerate(self._samplers):
+            sampler.dumps(Path(directory) / str(i))
+
+    def loads(self, path: Path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> list:
+        # Every member's checkpoint is read and checked before any member changes.
+        path = Path(path).absolute()
+        return [sampler._read_checkpoint(path / str(i)) for i, sampler in enumerate(self._samplers)]
+
+    def _apply_checkpoint(self, states: list) -> None:
+        for sampler, state in zip(self._samplers, states):
+            sampler._apply_checkpoint(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        state_dict = OrderedDict()
+        for i, sampler in enumerate(self._samplers):
+            state_dict[str(i)] = sampler.state_dict()
+        return state_dict
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for i, sampler in enumerate(self._samplers):
+            sampler.load_state_dict(state_dict[str(i)])
+
+    def _empty(self):
+        raise NotImplementedError
+
+    _INDEX_ERROR = INDEX_ERROR
+
+    def __getitem__(self, index):
+        return select_members(self, index, self._samplers, self._selection, kind="samplers")
+
+    def _selection(self, selection) -> SamplerEnsemble:
+        return SamplerEnsemble(
+            *pick(self._samplers, selection),
+            p=self._p[selection] if self._p is not None else None,
+            sample_from_all=self.sample_from_all,
+            num_buffer_sampled=self.num_buffer_sampled,
+        )
+
+    def __len__(self):
+        return len(self._samplers)
+
+    def __repr__(self):
+        samplers = textwrap.indent(f"samplers={self._samplers}", " " * 4)
+        return f"{self.__class__.__name__}(\n{samplers})"

@@ -1,0 +1,683 @@
+""":class:`PrioritizedSampler`: prioritized experience replay over sum and min segment trees."""
+from __future__ import annotations
+
+import json
+from copy import deepcopy
+from multiprocessing.context import get_spawning_popen
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import replay
+from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_object, real_number
+from .._checkpoint_publish import write_aside
+from .._sampler_priorities import (
+    check_sampleable,
+    check_update,
+    draw_with_kernel,
+    draw_with_torch,
+    EpsOperand,
+    generator_kept_on_failure,
+    kernel_seed,
+    largest_leaf,
+    MaxPriorityRecord,
+    ravel_rows,
+    stored_values,
+)
+from .._sampler_storage import storage_device
+from .._sampler_trees import (
+    is_replay_tree,
+    make_trees,
+    moved_trees,
+    read_leaves,
+    tree_device,
+    tree_dtype,
+    trees_fit,
+    write_leaves,
+)
+from .._torchrl_lookup import torchrl_twin
+from ..storages import Storage, TensorStorage, logger
+from ..utils import _is_int, unravel_index
+from ._common import _CPU, _EMPTY_STORAGE_ERROR, _rand
+from .base import Sampler
+
+
+# torchrl's module-level names of its segment trees: here ``replay``'s, which load on any torch.
+SumSegmentTreeFp32, MinSegmentTreeFp32 = replay.SumSegmentTreeFp32, replay.MinSegmentTreeFp32
+
+
+SumSegmentTreeFp64, MinSegmentTreeFp64 = replay.SumSegmentTreeFp64, replay.MinSegmentTreeFp64
+
+
+class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler")):
+    r"""Prioritized sampler for replay buffer.
+
+    This sampler implements Prioritized Experience Replay (PER) as presented in
+    "Schaul, T.; Quan, J.; Antonoglou, I.; and Silver, D. 2015. Prioritized experience replay."
+    (https://arxiv.org/abs/1511.05952)
+
+    Item :math:`i` is drawn with probability :math:`P(i) = \frac{p_i^\alpha}{\sum_j p_j^\alpha}`
+    (where :math:`p_i` is its priority plus ``eps``) and comes with the importance weight
+    :math:`w_i = (p_i^\alpha / \min_j p_j^\alpha)^{-\beta}`, returned under
+    ``"priority_weight"`` in the info dictionary.
+
+    Args:
+        max_capacity (int): maximum capacity of the buffer.
+        alpha (:obj:`float`): exponent :math:`\alpha` determines how much prioritization is used,
+            with :math:`\alpha = 0` corresponding to the uniform case.
+        beta (:obj:`float`): importance sampling negative exponent :math:`\beta`.
+        eps (:obj:`float`, optional): small constant added to priorities to ensure
+            no experience has zero priority. Defaults to 1e-8.
+        dtype (torch.dtype, optional): the precision of the priority trees,
+            ``torch.float`` or ``torch.double``. Defaults to ``torch.float``.
+        reduction (str, optional): the reduction method for multidimensional
+            tensordicts (ie stored trajectory). Can be one of "max", "min",
+            "median" or "mean". Defaults to ``"max"``.
+        max_priority_within_buffer (bool, optional): if ``True``, the max-priority
+            is tracked within the buffer. When ``False``, the max-priority tracks
+            the maximum value since the instantiation of the sampler. Defaults to ``False``.
+
+    .. note:: On CPU, priorities live in ``replay``'s compiled segment trees (so prioritized
+        replay works on any torch release, where torchrl 0.11 needs its trees compiled for
+        torch 2.9). A batch is drawn by one fused kernel call (draws, descents, priorities
+        and, for fp64 trees, importance weights) that reads O(batch * log(size)) tree nodes,
+        and an update makes one kernel call for both trees; without a buffer generator the
+        kernel's stream is seeded from torch's global RNG. When the sampler meets a storage
+        on an accelerator, the priorities move to trees made of torch ops on that device,
+        and sampling and updates then run there; each sample and each update synchronises
+        with the host once (to check the priorities and indices). There the device's ``pow``
+        computes the stored priorities and the weights, which can differ from torchrl's (whose
+        trees stay on CPU) in the last bit.
+
+    .. note:: As torchrl's, the trees hold ``capacity`` leaves, the next power of two above
+        ``max_capacity``: a storage longer than the sampler gets priorities and draws up to
+        that index (the library's logger says so once). Unlike torchrl's, an index at or past
+        the capacity (where torchrl writes outside its trees), a NaN, negative or infinite
+        priority, one whose stored value ``(priority + eps) ** alpha`` overflows the trees'
+        dtype, and priorities whose sum would overflow it (where torchrl's draws all land on
+        one leaf) raise before anything changes, the largest priority included.
+
+    .. note:: torchrl's fp64 trees take float64 values only: its fp64 sampler fails on the
+        float32 priorities of ``mark_update`` (so inside any replay buffer) and on the float32
+        masses of a seeded draw. Here any real priority dtype is accepted (bool and integer
+        priorities as torchrl takes them), and the largest priority is rebuilt with one
+        reduction rather than a Python loop over the capacity.
+
+    .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename, so
+        an interrupted call leaves the previous checkpoint whole (torchrl rewrites the files
+        in place, one after the other). :meth:`loads` reads them read-only and checks them
+        all (sizes, JSON keys and types, leaf values) before the sampler changes, and names
+        the damaged file. A sampler loads any number of checkpoints (torchrl's second
+        :meth:`loads` into the same sampler fails on ``float.copy_``).
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(2), torch.arange(2))
+        >>> sampler = PrioritizedSampler(max_capacity=10, alpha=1.0, beta=1.0)
+        >>> sampler.update_priority(torch.tensor([0, 1]), torch.tensor([0.0, 1000.0]))
+        >>> index, info = sampler.sample(storage, 10)
+        >>> index.tolist()
+        [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+        >>> sorted(info)
+        ['priority_weight']
+    """
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+    ) -> None:
+        if alpha < 0:
+            raise ValueError(
+                f"alpha must be greater or equal than 0, got alpha={alpha}"
+            )
+        if beta < 0:
+            raise ValueError(f"beta must be greater or equal to 0, got beta={beta}")
+
+        self._max_capacity = max_capacity
+        self._alpha = alpha
+        self._beta = beta
+        self._eps = eps
+        self.reduction = reduction
+        self.dtype = dtype
+        self._max_priority_within_buffer = max_priority_within_buffer
+        self._init()
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}(alpha={self._alpha}, beta={self._beta}, eps={self._eps}, reduction={self.reduction})"
+
+    @property
+    def max_size(self):
+        return self._max_capacity
+
+    @property
+    def alpha(self):
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value):
+        self._alpha = value
+
+    @property
+    def beta(self):
+        return self._beta
+
+    @beta.setter
+    def beta(self, value):
+        self._beta = value
+
+    def __getstate__(self):
+        if get_spawning_popen() is not None:
+            raise RuntimeError(
+                f"Samplers of type {type(self)} cannot be shared between processes."
+            )
+        return super().__getstate__()
+
+    # ------------------------------------------------------------------ trees
+    def _init(self) -> None:
+        device = tree_device(self._sum_tree) if "_sum_tree" in self.__dict__ else None
+        self._sum_tree, self._min_tree = make_trees(
+            self._max_capacity, tree_dtype(self.dtype), device, cpu_kernels=self._use_cpu_kernels
+        )
+        self._max_priority = None
+
+    def _follow_storage(self, storage) -> None:
+        """Puts the priorities in the trees chosen for the storage's device (kept where they
+        are when the storage does not say): a CUDA storage is sampled on CUDA."""
+        device = getattr(storage, "device", None)
+        if (
+            (device is None or (type(device) is torch.device and device.type == "cpu"))
+            and self._use_cpu_kernels
+            and is_replay_tree(self._sum_tree)
+        ):
+            return  # the common case, checked before building a torch.device
+        device = storage_device(storage) or self._device
+        if not trees_fit(self._sum_tree, device, self._use_cpu_kernels):
+            self._sum_tree, self._min_tree = moved_trees(
+                self._sum_tree, self._min_tree, tree_dtype(self.dtype), device,
+                cpu_kernels=self._use_cpu_kernels,
+            )
+
+    @property
+    def _device(self) -> torch.device:
+        return tree_device(self._sum_tree)
+
+    def _note_storage_length(self, length: int) -> None:
+        """Says once, through the library's logger, that the storage is longer than the sampler."""
+        if not self.__dict__.get("_said_smaller"):
+            self.__dict__["_said_smaller"] = True
+            logger.warning(
+                f"{type(self).__name__}(max_capacity={self._max_capacity}) samples a storage of "
+                f"{length} items. As in torchrl, its priority trees hold "
+                f"{self._sum_tree.capacity} leaves (the next power of two): items up to "
+                f"{self._sum_tree.capacity - 1} get priorities and can be drawn, later ones never "
+                f"are (an index past them raises IndexError). Give the sampler the storage's "
+                f"capacity to prioritise every item."
+            )
+
+    def _empty(self) -> None:
+        self._init()
+
+    @property
+    def _max_priority(self) -> tuple[float | None, int | None]:
+        max_priority_index = self.__dict__.get("_max_priority")
+        if max_priority_index is None:
+            return (None, None)
+        return max_priority_index
+
+    @_max_priority.setter
+    def _max_priority(self, value: tuple[float | None, int | None]) -> None:
+        self.__dict__["_max_priority"] = value
+
+    def _maybe_erase_max_priority(
+        self, index: torch.Tensor | int | slice | tuple
+    ) -> None:
+        if not self._max_priority_within_buffer:
+            return
+        max_priority_index = self._max_priority[1]
+        if max_priority_index is None:
+            return
+
+        def check_index(index=index, max_priority_index=max_priority_index):
+            if isinstance(index, torch.Tensor):
+                mpi = torch.as_tensor(max_priority_index, device=index.device)
+                # index can be 1d or 2d
+                if index.ndim == 1:
+                    is_overwritten = (index == mpi).any()
+                else:
+                    is_overwritten = (index == mpi).all(-1).any()
+            elif isinstance(index, int):
+                is_overwritten = index == max_priority_index
+            elif isinstance(index, slice):
+                is_overwritten = int(max_priority_index) in range(
+                    *index.indices(self._max_capacity)
+                )
+            elif isinstance(index, tuple):
+                is_overwritten = isinstance(max_priority_index, tuple)
+                if is_overwritten:
+                    for idx, mpi in zip(index, max_priority_index):
+                        is_overwritten &= check_index(idx, mpi)
+            else:
+                raise TypeError(f"index of type {type(index)} is not recognized.")
+            return is_overwritten
+
+        if check_index():
+            self._max_priority = None
+
+    @property
+    def default_priority(self) -> float:
+        mp = self._max_priority[0]
+        if mp is None:
+            mp = 1
+        return (mp + self._eps) ** self._alpha
+
+    # ------------------------------------------------------------------ sampling
+    def _prioritized_sample(self, storage, batch_size: int, exclude=None):
+        """``(index, info)`` of ``batch_size`` prioritized draws; the leaves ``exclude`` (for the
+        slice sampler: the positions that cannot start a slice) count as zero, for this call."""
+        # len() once: a torchrl storage's __len__ goes through a torch.compile guard.
+        num_valid = len(storage)
+        if num_valid == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        self._follow_storage(storage)
+        if num_valid > self._max_capacity:
+            self._note_storage_length(num_valid)
+        p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
+        if exclude is None:
+            index, weight = self._draw(num_valid, p_min, batch_size)
+        else:
+            # With excluded leaves the draw can still find nothing to land on, once the
+            # random numbers are taken: it gives them back then, as a refused call should.
+            with generator_kept_on_failure(self._rng):
+                index, weight = self._draw(num_valid, p_min, batch_size, exclude)
+        if storage.ndim > 1:
+            index = unravel_index(index, storage.shape)
+        return index, {"priority_weight": weight}
+
+    def _draw(self, num_valid: int, p_min: float, batch_size: int, exclude=None):
+        """``(index, weight)`` of ``batch_size`` draws, with the trees' own machinery."""
+        if is_replay_tree(self._sum_tree):
+            # The buffer generator's draws when there is one (so a seeded buffer draws what
+            # the torch path draws), else the kernel's stream seeded from torch's RNG.
+            uniform = None if self._rng is None else _rand(batch_size, _CPU, self._rng).numpy()
+            return draw_with_kernel(
+                self._sum_tree, num_valid, p_min, self._beta,
+                uniform=uniform,
+                seed=kernel_seed(None) if uniform is None else None,
+                batch_size=batch_size,
+                exclude=exclude,
+            )
+        uniform = _rand(batch_size, self._device, self._rng)
+        return draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
+
+    def sample(self, storage: Storage, batch_size: int) -> torch.Tensor:
+        return self._prioritized_sample(storage, batch_size)
+
+    def add(self, index: torch.Tensor | int) -> None:
+        super().add(index)
+        self._maybe_erase_max_priority(index)
+
+    def extend(self, index: torch.Tensor | tuple) -> None:
+        super().extend(index)
+        self._maybe_erase_max_priority(index)
+
+    # ------------------------------------------------------------------ updates
+    def update_priority(
+        self,
+        index: int | torch.Tensor,
+        priority: float | torch.Tensor,
+        *,
+        storage: TensorStorage | None = None,
+    ) -> None:  # noqa: D417
+        """Updates the priority of the data pointed by the index.
+
+        Args:
+            index (int or torch.Tensor): indexes of the priorities to be
+                updated. Negative indices (``-1`` marks items a writer skipped) are ignored.
+            priority (Number or torch.Tensor): new priorities of the
+                indexed elements.
+
+        Keyword Args:
+            storage (Storage, optional): a storage used to map the Nd index size to
+                the 1d size of the sum_tree and min_tree. Only required whenever
+                ``index.ndim > 2``.
+
+        .. note:: Bad input (an index past the trees' capacity, a NaN, negative or infinite
+            priority, one whose stored value ``(priority + eps) ** alpha`` does not fit the
+            trees' dtype, priorities whose sum would overflow it, mismatched shapes) raises
+            before the sampler changes: its trees and its largest priority stay as they were.
+        """
+        self._follow_storage(storage)
+        if (
+            isinstance(index, torch.Tensor)
+            and index.ndim == 1
+            and index.device.type == "cpu"
+            and not index.is_floating_point()
+            and index.dtype != torch.bool
+            and is_replay_tree(self._sum_tree)
+            and self._update_with_kernels(index, priority)
+        ):
+            return
+        # torchrl decorates update_priority with no_grad; only the general path needs it
+        # (the kernel path reads detached numpy views), and entering it costs microseconds.
+        with torch.no_grad():
+            self._update_priority_general(index, priority, storage)
+
+    def _update_priority_general(self, index, priority, storage) -> None:
+        device = self._device
+        if isinstance(index, tuple):
+            index = torch.stack([torch.as_tensor(i) for i in index], -1)
+        priority = torch.as_tensor(priority, device=device).detach()
+        index = torch.as_tensor(index, dtype=torch.long, device=device)
+        # we need to reshape priority if it has more than one element or if it has
+        # a different shape than index
+        if priority.numel() > 1 and priority.shape != index.shape:
+            try:
+                priority = priority.reshape(index.shape[:1])
+            except Exception as err:
+                raise RuntimeError(
+                    "priority should be a number or an iterable of the same "
+                    f"length as index. Got priority of shape {priority.shape} and index "
+                    f"{index.shape}."
+                ) from err
+        elif priority.numel() <= 1:
+            priority = priority.squeeze()
+
+        # MaxValueWriter sets -1 for the items of the data that must not be updated, so
+        # only the non-negative indices are kept.
+        if _is_int(index):
+            if index == -1:
+                return
+        else:
+            if index.ndim > 1:
+                if storage is None:
+                    raise RuntimeError(
+                        "storage should be provided to Sampler.update_priority when the storage has more "
+                        "than one dimension."
+                    )
+                try:
+                    shape = storage.shape
+                except AttributeError:
+                    raise AttributeError(
+                        "Could not retrieve the storage shape. If your storage is not a TensorStorage subclass "
+                        "or its shape isn't accessible via the shape attribute, submit an issue on GitHub."
+                    )
+                index = ravel_rows(index, shape)
+            valid_index = index >= 0
+            if not valid_index.any():
+                return  # nothing to update (an empty index too)
+            if not valid_index.all():
+                index = index[valid_index]
+                if priority.ndim:
+                    priority = priority[valid_index]
+        check_update(index, priority, self._sum_tree.capacity, self._max_capacity)
+        value = stored_values(priority, self._eps, self._alpha, tree_dtype(self.dtype))
+        max_p, max_p_idx = priority.max(dim=0)
+        # The trees first: each refuses a bad batch whole (priorities whose sum would
+        # overflow), and the largest priority moves only once they hold the update.
+        self._sum_tree[index] = value
+        self._min_tree[index] = value
+        cur_max_priority, cur_max_priority_index = self._max_priority
+        if cur_max_priority is None or max_p > cur_max_priority:
+            # Fresh tensors, as torchrl's priority.max gives: never a view of the caller's.
+            cur_max_priority, cur_max_priority_index = self._max_priority = (
+                max_p,
+                index[max_p_idx] if index.ndim else index.clone(),
+            )
+        if (
+            self._max_priority_within_buffer
+            and cur_max_priority_index is not None
+            and (index == cur_max_priority_index).any()
+        ):
+            # As torchrl does, the max is taken over the stored values p ** alpha.
+            self._max_priority = largest_leaf(self._sum_tree)
+
+    def _update_with_kernels(self, index: torch.Tensor, priority) -> bool:
+        """The common update (a 1-D CPU index) in one ``replay`` call for both trees.
+
+        ``replay.update_priority_pair`` checks the indices, priorities and stored values,
+        skips the ``-1`` indices and finds the largest priority in one pass, then writes both
+        trees (or neither). Returns ``False``, having changed nothing, when the input needs the
+        general path (which also produces every error message).
+        """
+        if not isinstance(priority, torch.Tensor):
+            if type(priority) is not float:
+                return False  # an int priority keeps its dtype in the largest priority
+            priority = torch.tensor(priority)
+        if priority.requires_grad:
+            priority = priority.detach()
+        if not priority.is_cpu or not priority.is_floating_point() or not index.numel():
+            return False
+        if priority.numel() > 1 and priority.shape != index.shape:
+            if priority.numel() != index.shape[0]:
+                return False
+            priority = priority.reshape(index.shape)
+        elif priority.numel() <= 1:
+            priority = priority.reshape(())
+        # torch computes the stored values, so that they match torchrl's to the last bit
+        value = priority.add(self._eps_operand(self._eps, priority.dtype)).pow_(self._alpha)
+        try:
+            argmax = replay.update_priority_pair(self._sum_tree, self._min_tree, index, value, priority)
+        except (IndexError, ValueError, TypeError):
+            return False
+        if argmax < 0:
+            return True  # every index was -1
+        if not priority.ndim:
+            highest = float(priority)
+        elif priority.dtype is torch.float32 or priority.dtype is torch.float64:
+            highest = float(priority.numpy()[argmax])  # indexing the tensor costs a microsecond
+        else:
+            highest = float(priority[argmax])
+        cur_max_priority, cur_max_priority_index = self._max_priority
+        if cur_max_priority is None or highest > self._max_record().highest:
+            # A fresh tensor: the caller may reuse its priority buffer.
+            cur_max_priority, cur_max_priority_index = self._max_priority = (
+                priority[argmax].clone() if priority.ndim else priority.clone(),
+                torch.tensor(int(index[argmax])),
+            )
+        if (
+            self._max_priority_within_buffer
+            and cur_max_priority_index is not None
+            and bool((index == int(cur_max_priority_index)).any())
+        ):
+            self._max_priority = largest_leaf(self._sum_tree)
+        return True
+
+    @property
+    def _eps_operand(self) -> EpsOperand:
+        operand = self.__dict__.get("_eps_operand_cache")
+        if operand is None:
+            operand = self.__dict__["_eps_operand_cache"] = EpsOperand()
+        return operand
+
+    def _max_record(self) -> MaxPriorityRecord:
+        """The largest priority as the hot paths read it (see :class:`MaxPriorityRecord`),
+        derived again only when it, ``alpha`` or ``eps`` changed."""
+        state = self.__dict__.get("_max_priority")
+        record = self.__dict__.get("_max_priority_record")
+        if record is None or not record.describes(state, self._alpha, self._eps):
+            record = self.__dict__["_max_priority_record"] = MaxPriorityRecord(state, self._alpha, self._eps)
+        return record
+
+    def mark_update(
+        self, index: int | torch.Tensor, *, storage: Storage | None = None
+    ) -> None:
+        """Gives the items at ``index`` the default priority (:attr:`default_priority`).
+
+        .. note:: When ``index`` is one or two runs of consecutive items (what a round-robin
+            writer writes: the rows from its cursor on, wrapping once), they are filled as
+            ranges of leaves in one kernel call for both trees, with the default priority
+            and its stored value derived once per value of the largest priority rather than
+            at every call; the trees and the largest priority end as the update below
+            leaves them.
+        """
+        if not self._mark_ranges(index, storage):
+            self.update_priority(index, self.default_priority, storage=storage)
+
+    def _mark_ranges(self, index, storage) -> bool:
+        """:meth:`mark_update` for an index of runs of consecutive items, with ``replay``'s
+        trees: ``True`` once done; ``False``, having changed nothing, when the general path
+        is to do it (which also raises torchrl's errors)."""
+        cls = type(self)
+        if (
+            type(index) is not torch.Tensor
+            or index.ndim != 1
+            or index.dtype is not torch.int64
+            or not index.is_cpu
+            or not index.numel()
+            or self._max_priority_within_buffer
+            # an override of either is called, as torchrl's mark_update calls them
+            or cls.update_priority is not PrioritizedSampler.update_priority
+            or cls.default_priority is not PrioritizedSampler.default_priority
+        ):
+            return False
+        self._follow_storage(storage)
+        if not is_replay_tree(self._sum_tree):
+            return False
+        record = self._max_record()
+        default = record.default_write(lambda: self.default_priority, self._eps_operand)
+        if default is None:
+            return False
+        priority, as_float, stored = default
+        try:
+            if not replay.fill_priority_pair(self._sum_tree, self._min_tree, index, stored):
+                return False
+        except (IndexError, ValueError):
+            return False  # nothing written: the general path raises torchrl's error
+        if record.highest is None or as_float > record.highest:
+            # as the update does: a fresh tensor, and the first item's index
+            self._max_priority = (priority.clone(), torch.tensor(int(index[0])))
+        return True
+
+    # ------------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_alpha": self._alpha,
+            "_beta": self._beta,
+            "_eps": self._eps,
+            "_max_priority": self._max_priority,
+            "_sum_tree": deepcopy(self._sum_tree),
+            "_min_tree": deepcopy(self._min_tree),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        sum_tree = state_dict["_sum_tree"]
+        min_tree = state_dict["_min_tree"]
+        for tree in (sum_tree, min_tree):
+            if len(tree) != self._max_capacity:
+                raise RuntimeError(
+                    f"max capacity of loaded trees ({len(tree)}) differs from self._max_capacity ({self._max_capacity})."
+                )
+        # Trees of any class following torchrl's API are accepted (a state dict written by
+        # torchrl holds its own); their values move into trees of this sampler's kind, filled
+        # (and so checked) before anything changes.
+        trees = self._trees_holding(read_leaves(sum_tree, self._max_capacity), read_leaves(min_tree, self._max_capacity))
+        self._alpha = state_dict["_alpha"]
+        self._beta = state_dict["_beta"]
+        self._eps = state_dict["_eps"]
+        self._max_priority = state_dict["_max_priority"]
+        state_dict.pop("_sum_tree")
+        state_dict.pop("_min_tree")
+        self._sum_tree, self._min_tree = trees
+
+    def _trees_holding(self, sum_leaves: torch.Tensor, min_leaves: torch.Tensor):
+        """New trees of this sampler's kind holding those ``max_capacity`` leaves (the trees
+        refuse NaN, negative or infinite sums, and a sum they cannot hold)."""
+        trees = make_trees(self._max_capacity, tree_dtype(self.dtype), self._device, cpu_kernels=self._use_cpu_kernels)
+        write_leaves(trees[0], sum_leaves)
+        write_leaves(trees[1], min_leaves)
+        return trees
+
+    def dumps(self, path):
+        write_aside(path, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        directory = Path(directory)
+        for name, tree in (("sumtree", self._sum_tree), ("mintree", self._min_tree)):
+            leaves = read_leaves(tree, self._max_capacity).to(torch.float64).cpu().numpy()
+            leaves.tofile(directory / f"{name}.memmap")
+
+        def to_float(value):
+            if value is None:
+                return None
+            if isinstance(value, (tuple, list)):
+                return [to_float(v) for v in value]
+            return float(value)
+
+        with open(directory / "sampler_metadata.json", "w") as file:
+            json.dump(
+                {
+                    "_alpha": float(self._alpha),
+                    "_beta": float(self._beta),
+                    "_eps": float(self._eps),
+                    "_max_priority": to_float(tuple(self._max_priority)),
+                    "_max_capacity": float(self._max_capacity),
+                },
+                file,
+            )
+
+    def loads(self, path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> dict:
+        """Everything :meth:`loads` takes from ``path``, read and checked (read-only, nothing
+        changes here): each error names the file and what is wrong with it."""
+        path = Path(path).absolute()
+        file = path / "sampler_metadata.json"
+        metadata = read_json_object(file)
+        for key in ("_alpha", "_beta", "_eps", "_max_priority", "_max_capacity"):
+            if key not in metadata:
+                raise MetadataError(f"{file}: no {key!r} entry")
+        max_capacity = real_number(file, "_max_capacity", metadata["_max_capacity"])
+        if max_capacity != self._max_capacity:
+            raise RuntimeError(
+                f"max capacity of loaded metadata ({max_capacity}) differs from self._max_capacity ({self._max_capacity})."
+            )
+        max_priority = metadata["_max_priority"]
+        if not isinstance(max_priority, list) or len(max_priority) != 2:
+            raise MetadataError(f"{file}: _max_priority must be a list [priority, index], got {max_priority!r}")
+        max_priority = (
+            real_number(file, "_max_priority[0]", max_priority[0], allow_none=True, at_least=0),
+            real_number(file, "_max_priority[1]", max_priority[1], allow_none=True, at_least=0),
+        )
+        leaves = {}
+        for name in ("sumtree", "mintree"):
+            leaf_file = path / f"{name}.memmap"
+            values = read_float64_leaves(leaf_file, self._max_capacity, what=f"max_capacity={self._max_capacity}")
+            bad = np.isnan(values) | (values < 0)
+            if name == "sumtree":
+                bad |= ~np.isfinite(values)
+            if bad.any():
+                pos = int(np.argmax(bad))
+                raise MetadataError(f"{leaf_file}: leaf {pos} holds {values[pos]}, not a priority")
+            leaves[name] = torch.from_numpy(values)
+        try:
+            trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
+        except ValueError as err:
+            raise MetadataError(f"{path / 'sumtree.memmap'}: {err}") from None
+        return {
+            "_alpha": real_number(file, "_alpha", metadata["_alpha"], at_least=0),
+            "_beta": real_number(file, "_beta", metadata["_beta"], at_least=0),
+            "_eps": real_number(file, "_eps", metadata["_eps"]),
+            "_max_priority": max_priority,
+            "trees": trees,
+        }
+
+    def _apply_checkpoint(self, state: dict) -> None:
+        self._alpha, self._beta, self._eps = state["_alpha"], state["_beta"], state["_eps"]
+        # Existing tensors are updated in place, as torchrl does; numbers (read by an earlier
+        # loads) are replaced, where torchrl's copy_ fails on them.
+        self._max_priority = tuple(
+            dest.copy_(torch.as_tensor(orig)) if isinstance(dest, torch.Tensor) and orig is not None else orig
+            for dest, orig in zip(tuple(self._max_priority), state["_max_priority"])
+        )
+        self._sum_tree, self._min_tree = state["trees"]

@@ -1,0 +1,394 @@
+"""Uniform samplers: :class:`RandomSampler` (with replacement) and :class:`SamplerWithoutReplacement`."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+import replay
+from .._checkpoint_checks import MetadataError, read_memmapped_state
+from .._checkpoint_publish import write_aside
+from .._sampler_storage import storage_device
+from .._storage_counters import compile_disable as _compile_disable
+from .._torchrl_lookup import torchrl_twin
+from ..storages import Storage
+from ..utils import unravel_index
+from ._common import _EMPTY_STORAGE_ERROR, _PLAIN_RAND_GIVEN_NDIM, _randperm
+from .base import Sampler
+
+try:
+    from torch.compiler import is_compiling as _is_compiling
+except ImportError:  # pragma: no cover - torch < 2.3
+    from torch._dynamo import is_compiling as _is_compiling
+
+
+@_compile_disable()
+def _random_sample_outside_graph(storage, batch_size: int):
+    """``RandomSampler.sample``'s draw, run by torch.compile as one eager frame."""
+    if len(storage) == 0:
+        raise RuntimeError(_EMPTY_STORAGE_ERROR)
+    return storage._rand_given_ndim(batch_size)
+
+
+class RandomSampler(Sampler, *torchrl_twin("samplers", "RandomSampler")):
+    """A uniformly random sampler for composable replay buffers.
+
+    Indices are drawn by the storage (``storage._rand_given_ndim``), uniformly over its
+    filled part, on the storage's device, with the buffer's generator when one is set.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(10)
+        >>> storage.set(torch.arange(5), torch.arange(5))
+        >>> index, info = RandomSampler().sample(storage, 4)
+        >>> bool(((index >= 0) & (index < 5)).all()), info
+        (True, {})
+    """
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if _is_compiling():
+            # one frame outside the graph: traced, the length check and the draw guard on
+            # the length and recompile at every write
+            return _random_sample_outside_graph(storage, batch_size), {}
+        length = len(storage)
+        if length == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        if type(storage)._rand_given_ndim in _PLAIN_RAND_GIVEN_NDIM and storage.ndim == 1:
+            # the storage would draw exactly this, behind a dynamo-disabled wrapper (about
+            # half a microsecond; it only matters under torch.compile)
+            index = torch.randint(
+                0, length, (batch_size,), generator=storage._rng, device=getattr(storage, "device", None)
+            )
+        else:
+            index = storage._rand_given_ndim(batch_size)
+        return index, {}
+
+    def _empty(self):
+        pass
+
+    def dumps(self, path):
+        # Nothing to save: the sampler has no state.
+        ...
+
+    def loads(self, path):
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+
+class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWithoutReplacement")):
+    """A data-consuming sampler that ensures that the same sample is not present in consecutive batches.
+
+    Each epoch visits a fresh permutation of the storage's indices (or the indices in
+    order when ``shuffle=False``), drawn on the storage's device.
+
+    .. note:: torchrl draws a full ``torch.randperm`` (O(storage)) before the first batch of
+        every epoch. On CPU the first batch here is drawn lazily by
+        ``replay.PermutationEpoch`` in O(batch); the second call shuffles the rest of the
+        epoch at once with a cache-friendly bucketed shuffle (about half a
+        ``torch.randperm``), and later batches are slices of it, as torchrl's are. The seed
+        comes from the buffer's generator or from torch's global RNG, so seeded runs repeat,
+        though with other permutations than torchrl's. The ``_sample_list`` tensor of
+        torchrl's ``state_dict`` / ``dumps`` is materialised (O(remaining)) only when read.
+
+    .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename (an
+        interrupted call leaves the previous checkpoint whole); :meth:`loads` reads them
+        read-only and checks them before the sampler changes (torchrl's
+        ``TensorDict.load_memmap`` extends a truncated file and skips a missing one). The
+        loaded values are plain ints, bools and a tensor, not memory-mapped tensors. An
+        empty ``_sample_list`` (saved without a file) loads back empty, where torchrl's
+        :meth:`loads` raises a ``KeyError``.
+
+    Args:
+        drop_last (bool, optional): if ``True``, the last incomplete sample (if any) will be dropped.
+            If ``False``, this last sample will be kept and (unlike with torch dataloaders)
+            completed with other samples from a fresh indices permutation.
+            Defaults to ``False``.
+        shuffle (bool, optional): if ``False``, the items are not randomly
+            permuted. This enables to iterate over the replay buffer in the
+            order the data was collected. Defaults to ``True``.
+
+    *Caution*: If the size of the storage changes in between two calls, the samples will be re-shuffled
+    (as we can't generally keep track of which samples have been sampled before and which haven't).
+
+    Similarly, it is expected that the storage content remains the same in between two calls,
+    but this is not enforced.
+
+    When the sampler reaches the end of the list of available indices, a new sample order
+    will be generated and the resulting indices will be completed with this new draw, which
+    can lead to duplicated indices, unless the :obj:`drop_last` argument is set to ``True``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(6)
+        >>> storage.set(torch.arange(6), torch.arange(6))
+        >>> sampler = SamplerWithoutReplacement(drop_last=True)
+        >>> first, _ = sampler.sample(storage, 3)
+        >>> second, _ = sampler.sample(storage, 3)
+        >>> sorted(torch.cat([first, second]).tolist()), sampler.ran_out
+        ([0, 1, 2, 3, 4, 5], True)
+    """
+
+    def __init__(self, drop_last: bool = False, shuffle: bool = True):
+        self._sample_list = None
+        self.len_storage = 0
+        self.drop_last = drop_last
+        self._ran_out = False
+        self.shuffle = shuffle
+
+    def dumps(self, path):
+        write_aside(path, self._write_checkpoint)
+
+    def _write_checkpoint(self, directory: Path) -> None:
+        TensorDict(self.state_dict()).memmap(directory)
+
+    def loads(self, path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> dict:
+        """The state dict saved at ``path`` by :meth:`dumps` (or torchrl's), read and checked
+        without changing anything."""
+        path = Path(path)
+        state = read_memmapped_state(path, ("len_storage", "_sample_list", "drop_last", "_ran_out"))
+        meta = path / "meta.json"
+
+        def scalar(key, kinds):
+            value = state[key]
+            if value is None or value.ndim != 0 or value.dtype not in kinds:
+                raise MetadataError(f"{meta}: {key} must be a 0-d tensor of {kinds}, got {value!r}")
+            return value.item()
+
+        integers = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+        len_storage = scalar("len_storage", integers)
+        if len_storage < 0:
+            raise MetadataError(f"{meta}: len_storage must be non-negative, got {len_storage}")
+        sample_list = state["_sample_list"]
+        if sample_list is not None:
+            if sample_list.ndim != 1 or sample_list.dtype not in integers:
+                raise MetadataError(
+                    f"{path / '_sample_list.memmap'}: expected a 1-d integer tensor, got "
+                    f"shape {tuple(sample_list.shape)} and dtype {sample_list.dtype}"
+                )
+            outside = (sample_list < 0) | (sample_list >= len_storage)
+            if bool(outside.any()):
+                pos = int(outside.nonzero()[0, 0])
+                raise MetadataError(
+                    f"{path / '_sample_list.memmap'}: index {int(sample_list[pos])} at position "
+                    f"{pos} is out of range for len_storage={len_storage}"
+                )
+            sample_list = sample_list.to(torch.long)
+        return OrderedDict(
+            len_storage=len_storage,
+            _sample_list=sample_list,
+            drop_last=scalar("drop_last", (torch.bool,)),
+            _ran_out=scalar("_ran_out", (torch.bool,)),
+        )
+
+    def _apply_checkpoint(self, state: dict) -> None:
+        self.load_state_dict(state)
+
+    # ``_sample_list`` (torchrl's state) is a property: on CPU the first batch of an epoch is
+    # drawn by ``replay.PermutationEpoch`` (O(batch)) and the rest of the permutation is only
+    # materialised as a tensor at the second batch or when it is read, e.g. by
+    # ``state_dict`` / ``dumps``; sampling then continues from that tensor.
+    # Batches handed out from the stored permutation advance ``_sample_pos`` instead of
+    # slicing off the remainder at every batch; the remainder is cut when read.
+    @property
+    def _sample_list(self):
+        self._materialize_epoch()
+        d = self.__dict__
+        value = d.get("_sample_list_value")
+        position = d.get("_sample_pos", 0)
+        if position and value is not None:
+            value = d["_sample_list_value"] = value[position:]
+            d["_sample_pos"] = 0
+        return value
+
+    def _materialize_epoch(self) -> None:
+        """Stores the rest of a lazy epoch as a tensor, as sampling goes on: once the lazy
+        first batch is out, the rest is shuffled at once (so reading the state leaves the
+        samples as they were). An epoch read before its first batch (at an epoch boundary)
+        draws that batch lazily with the batch size of the call that opened the epoch, then
+        shuffles the rest: the same samples as unread while the batch size stays the same."""
+        d = self.__dict__
+        epoch = d.get("_epoch")
+        if epoch is None:
+            return
+        if epoch.remaining < epoch.n:
+            rest = epoch.shuffle_rest()
+        else:
+            first = d.get("_epoch_batch_size", 0)
+            if 0 < first < epoch.n:
+                rest = torch.cat([epoch.next_batch(first), epoch.shuffle_rest()])
+            else:
+                rest = epoch.next_batch(epoch.n)
+        d["_sample_list_value"] = rest
+        d["_epoch"] = None
+        d["_sample_pos"] = 0
+
+    @_sample_list.setter
+    def _sample_list(self, value):
+        self.__dict__["_epoch"] = None
+        self.__dict__["_sample_list_value"] = value
+        self.__dict__["_sample_pos"] = 0
+
+    def _has_sample_list(self) -> bool:
+        return (
+            self.__dict__.get("_epoch") is not None
+            or self.__dict__.get("_sample_list_value") is not None
+        )
+
+    def _remaining_in_epoch(self) -> int:
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None:
+            return epoch.remaining
+        return self.__dict__["_sample_list_value"].numel() - self.__dict__.get("_sample_pos", 0)
+
+    def _get_sample_list(self, storage: Storage, len_storage: int, batch_size: int):
+        if storage is None:
+            if self.__dict__.get("_epoch") is not None:
+                device = torch.device("cpu")
+            else:
+                device = self.__dict__["_sample_list_value"].device
+        else:
+            device = storage_device(storage)
+        if (
+            self.shuffle
+            and self._use_cpu_kernels
+            and (device is None or device.type == "cpu")
+            and (self._rng is None or self._rng.device.type == "cpu")
+        ):
+            # Seeded from the buffer's generator (or torch's global RNG): seeded runs repeat,
+            # with other permutations than torch.randperm's.
+            epoch = replay.PermutationEpoch(len_storage, generator=self._rng)
+            self._sample_list = None
+            self.__dict__["_epoch"] = epoch
+            self.__dict__["_epoch_batch_size"] = batch_size
+        elif self.shuffle:
+            self._sample_list = _randperm(len_storage, device, self._rng)
+        else:
+            self._sample_list = torch.arange(len_storage, device=device)
+        self._remaining_batches = self._count_batches(self._remaining_in_epoch(), batch_size)
+
+    def _count_batches(self, remaining: int, batch_size: int) -> int:
+        if self.drop_last:
+            return remaining // batch_size
+        return -(remaining // -batch_size)
+
+    def _single_sample(self, len_storage, batch_size):
+        epoch = self.__dict__.get("_epoch")
+        if epoch is not None and epoch.remaining < epoch.n:
+            # The first batch came from the lazy shuffle (O(batch)); the rest of the epoch is
+            # now shuffled at once, cache-friendly (about half a torch.randperm), and later
+            # batches are slices of it, as torchrl's are.
+            self._materialize_epoch()
+            epoch = None
+        if epoch is not None:
+            index = epoch.next_batch(batch_size)
+            remaining = epoch.remaining
+        else:
+            d = self.__dict__
+            sample_list = d["_sample_list_value"]
+            position = d.get("_sample_pos", 0)
+            end = min(position + batch_size, sample_list.shape[0])
+            index = sample_list[position:end]
+            d["_sample_pos"] = end
+            remaining = sample_list.shape[0] - end
+        self._remaining_batches = self._count_batches(remaining, batch_size)
+        # Whether one more batch of the same size can be drawn from this epoch: the
+        # buffer reads ``ran_out`` to stop its iterator.
+        if remaining == 0 or (self.drop_last and remaining < batch_size):
+            self.ran_out = True
+            self._get_sample_list(
+                storage=None, len_storage=len_storage, batch_size=batch_size
+            )
+        else:
+            self.ran_out = False
+        return index
+
+    def _storage_len(self, storage):
+        return len(storage)
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:  # noqa: F811
+        len_storage = self._storage_len(storage)
+        # Steady state (a stored permutation with at least one more full batch after this
+        # one, the same storage length, 1-D indices): a slice and a position, nothing else.
+        d = self.__dict__
+        sample_list = d.get("_sample_list_value")
+        if (
+            sample_list is not None
+            and d.get("_epoch") is None
+            and len_storage == self.len_storage
+            and type(batch_size) is int
+        ):
+            position = d.get("_sample_pos", 0)
+            end = position + batch_size
+            remaining = sample_list.shape[0] - end
+            if remaining >= batch_size > 0 and storage.ndim == 1:
+                d["_sample_pos"] = end
+                self._remaining_batches = self._count_batches(remaining, batch_size)
+                self.ran_out = False
+                return sample_list[position:end], {}
+        if len_storage == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        if self.len_storage != len_storage or not self._has_sample_list():
+            self._get_sample_list(storage, len_storage, batch_size=batch_size)
+        if len_storage < batch_size and self.drop_last:
+            raise ValueError(
+                f"The batch size ({batch_size}) is greater than the storage capacity ({len_storage}). "
+                "This makes it impossible to return a sample without repeating indices. "
+                "Consider changing the sampler class or turn the 'drop_last' argument to False."
+            )
+        self.len_storage = len_storage
+        index = self._single_sample(len_storage, batch_size)
+        if storage.ndim > 1:
+            index = unravel_index(index, storage.shape)
+        # The indices are always returned: drop_last only makes ``ran_out`` turn True
+        # whenever the next sample would be too short.
+        return index, {}
+
+    @property
+    def ran_out(self):
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value):
+        self._ran_out = value
+
+    def _empty(self):
+        self._sample_list = None
+        self.len_storage = 0
+        self._ran_out = False
+
+    def state_dict(self) -> dict[str, Any]:
+        return OrderedDict(
+            len_storage=self.len_storage,
+            _sample_list=self._sample_list,
+            drop_last=self.drop_last,
+            _ran_out=self._ran_out,
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.len_storage = state_dict["len_storage"]
+        self._sample_list = state_dict["_sample_list"]
+        self.drop_last = state_dict["drop_last"]
+        self._ran_out = state_dict["_ran_out"]
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}({self._percent_left(0.0): 4.4f}% sampled)"
+
+    def _percent_left(self, before_first_epoch):
+        """The share of the epoch not drawn yet, in percent (torchrl's ``repr`` calls it
+        "sampled"); ``before_first_epoch`` until an epoch starts."""
+        if not self._has_sample_list():
+            return before_first_epoch
+        return self._remaining_in_epoch() / self.len_storage * 100

@@ -1,0 +1,822 @@
+""":class:`SliceSampler`: slices of trajectories, read from the trajectory ends."""
+from __future__ import annotations
+
+from multiprocessing.context import get_spawning_popen
+from typing import Any
+
+import torch
+from tensordict.utils import NestedKey
+
+import replay
+from .. import _torch_slices
+from .._sampler_storage import flag_columns, gather_fields, snapshot
+from .._torchrl_lookup import torchrl_twin
+from .._trajectory_ends import TrajectoryEnds
+from ..storages import Storage, logger
+from ..utils import _auto_device
+from ._common import (
+    _CPU,
+    _EMPTY_STORAGE_ERROR,
+    _TENSOR_STORAGES,
+    _as_long,
+    _on_cpu,
+    _rand,
+    _randint,
+    _replace_last,
+)
+from .base import Sampler
+
+
+# The methods SliceSampler.sample's general path goes through, which _sample_from_ends
+# replaces: a subclass (or an instance) overriding one of them takes the general path.
+_SLICE_SAMPLING_STEPS = frozenset({
+    "_get_stop_and_length", "_trajectory_bounds", "_tracked_bounds", "_find_start_stop_traj",
+    "_check_signal_ndim", "_sample_slices", "_has_shorter", "_get_index", "_kernel_slices",
+    "_slices_with_torch",
+})
+
+
+_PLAIN_SLICE_SAMPLING: dict = {}
+
+
+def _plain_slice_sampling(cls) -> bool:
+    """Whether ``cls`` samples as :class:`SliceSampler` does, step by step (worked out once
+    per class)."""
+    plain = _PLAIN_SLICE_SAMPLING.get(cls)
+    if plain is None:
+        plain = _PLAIN_SLICE_SAMPLING[cls] = all(
+            getattr(cls, name) is getattr(SliceSampler, name) for name in _SLICE_SAMPLING_STEPS
+        )
+    return plain
+
+
+class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
+    """Samples slices of data along the first dimension, given start and stop signals.
+
+    This class samples sub-trajectories with replacement. For a version without
+    replacement, see :class:`~torchrl_compat.samplers.SliceSamplerWithoutReplacement`.
+
+    Keyword Args:
+        num_slices (int): the number of slices to be sampled. The batch-size
+            must be greater or equal to the ``num_slices`` argument. Exclusive
+            with ``slice_len``.
+        slice_len (int): the length of the slices to be sampled. The batch-size
+            must be greater or equal to the ``slice_len`` argument and divisible
+            by it. Exclusive with ``num_slices``.
+        end_key (NestedKey, optional): the key indicating the end of a
+            trajectory (or episode). Defaults to ``("next", "done")``.
+        traj_key (NestedKey, optional): the key indicating the trajectories.
+            Defaults to ``"episode"`` (commonly used across datasets in TorchRL).
+        ends (torch.Tensor, optional): a 1d boolean tensor containing the end of run signals.
+            Must be used with ``cache_values=True`` and cannot be used in conjunction with
+            ``end_key`` or ``traj_key``. If provided, it is assumed that the storage is at
+            capacity and that if the last element of the ``ends`` tensor is ``False``,
+            the same trajectory spans across end and beginning.
+        trajectories (torch.Tensor, optional): a 1d integer tensor containing the run ids.
+            Must be used with ``cache_values=True`` and cannot be used in conjunction with
+            ``end_key`` or ``traj_key``. If provided, it is assumed that the storage is at
+            capacity and that if the last element of the trajectory tensor is identical to
+            the first, the same trajectory spans across end and beginning.
+        cache_values (bool, optional): to be used with static datasets.
+            Will cache the start and end signal of the trajectory. This can be safely used even
+            if the trajectory indices change during calls to :meth:`extend`
+            as this operation will erase the cache. Defaults to ``False``.
+        truncated_key (NestedKey, optional): If not ``None``, this argument
+            indicates where a truncated signal should be written in the output
+            data. Defaults to ``("next", "truncated")``.
+        strict_length (bool, optional): if ``False``, trajectories of length
+            shorter than `slice_len` (or `batch_size // num_slices`) will be
+            allowed to appear in the batch. If ``True``, trajectories shorted
+            than required will be filtered out. Defaults to ``True``.
+        compile (bool or dict of kwargs, optional): if ``True``, the bottleneck of
+            the :meth:`~sample` method will be compiled with :func:`~torch.compile`.
+            Keyword arguments can also be passed to torch.compile with this arg.
+            Defaults to ``False``.
+        span (bool, int, Tuple[bool | int, bool | int], optional): if provided, the sampled
+            trajectory will span across the left and/or the right. A boolean value means
+            that at least one element will be sampled per trajectory. An integer `i` means
+            that at least `slice_len - i` samples will be gathered for each sampled trajectory.
+            Using tuples allows a fine grained control over the span on the left and on
+            the right. Defaults to ``False``.
+        use_gpu (bool or torch.device): if ``True`` (or is a device is passed), an accelerator
+            will be used to retrieve the indices of the trajectory starts.
+            Defaults to ``False``.
+
+    .. note:: To recover the trajectory splits in the storage, the sampler first
+        attempts to find the ``traj_key`` entry in the storage. If it cannot be
+        found, the ``end_key`` is used to reconstruct the episodes.
+
+    .. note:: On CPU, trajectory starts and stops and the slice indices come from
+        ``replay``'s C kernels (GIL released): the draws become storage indices and
+        truncation flags in one pass (``replay.sample_slice_index``). On an accelerator
+        (the end signal's device, or ``use_gpu``) they are computed with a few vectorised
+        torch ops there; only the checks that can raise synchronise with the host.
+
+    .. note:: Without ``cache_values``, torchrl reads the whole end signal (or the
+        trajectory ids) at every call: O(capacity), milliseconds at a million steps. On
+        ``torchrl_compat``'s tensor storages, which journal their writes, the trajectory
+        ends are instead kept up to date by reading only the rows written since the last
+        call (O(trajectories + rows written)), with the same results, and while no
+        trajectory is shorter than a slice only the drawn trajectories' bounds are read
+        from them (the start, stop and length of every trajectory are not listed). Other
+        storages, and writes made in another process, are read whole as torchrl does, from
+        a copy (the scan reads twice, and another process may write in between). Editing
+        the end signal in place behind the storage's back is not seen until the next whole
+        read.
+
+    .. note:: With ``strict_length=False`` and an integer ``span``, torchrl fails
+        ("Boolean value of Tensor with more than one value is ambiguous"); here the span is
+        checked against the requested slice length and the slices are drawn.
+
+    .. note:: An empty (or emptied) storage raises ``RuntimeError: Cannot sample from an
+        empty storage.``, as the other samplers do, before anything is drawn from the
+        generator (torchrl fails with "random_ expects 'from' to be less than 'to'" on an
+        emptied storage, or with an error about a non-initialized one).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data.replay_buffers import LazyTensorStorage
+        >>> storage = LazyTensorStorage(12)
+        >>> episode = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+        >>> storage.set(torch.arange(12), TensorDict({"episode": episode}, [12]))
+        >>> sampler = SliceSampler(num_slices=3, traj_key="episode", truncated_key=None)
+        >>> (index,), info = sampler.sample(storage, 6)
+        >>> [len(set(episode[index[k:k + 2]].tolist())) for k in range(0, 6, 2)]
+        [1, 1, 1]
+    """
+
+    # We use this whenever we need to sample N times too many transitions to then select only a 1/N fraction of them
+    _batch_size_multiplier: int | None = 1
+
+    def __init__(
+        self,
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: NestedKey | None = None,
+        traj_key: NestedKey | None = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: NestedKey | None = ("next", "truncated"),
+        strict_length: bool = True,
+        compile: bool | dict = False,
+        span: bool | int | tuple[bool | int, bool | int] = False,
+        use_gpu: torch.device | bool = False,
+    ):
+        self.num_slices = num_slices
+        self.slice_len = slice_len
+        self.end_key = end_key
+        self.traj_key = traj_key
+        self.truncated_key = truncated_key
+        self.cache_values = cache_values
+        self._fetch_traj = True
+        self.strict_length = strict_length
+        self._cache = {}
+        self.use_gpu = bool(use_gpu)
+        if not self.use_gpu:
+            self._gpu_device = None
+        elif isinstance(use_gpu, bool):
+            self._gpu_device = _auto_device()
+        else:
+            self._gpu_device = torch.device(use_gpu)
+
+        if isinstance(span, (bool, int)):
+            span = (span, span)
+        self.span = span
+
+        if trajectories is not None or ends is not None:
+            # A static signal given up front (trajectory ids first): its bounds are cached.
+            given = "trajectories" if trajectories is not None else "ends"
+            if traj_key is not None or end_key:
+                raise RuntimeError(
+                    f"`{given}` and `end_key` or `traj_key` are exclusive arguments."
+                )
+            if trajectories is not None and ends is not None:
+                raise RuntimeError("trajectories and ends are exclusive arguments.")
+            if not cache_values:
+                raise RuntimeError(
+                    f"To be used, {given} requires `cache_values` to be set to `True`."
+                )
+            self._cache["stop-and-length"] = self._find_start_stop_traj(
+                trajectory=trajectories, end=ends, at_capacity=True
+            )
+
+        else:
+            if traj_key is not None:
+                self._fetch_traj = True
+            elif end_key is not None:
+                self._fetch_traj = False
+            if end_key is None:
+                end_key = ("next", "done")
+            if traj_key is None:
+                traj_key = "episode"
+            self.end_key = end_key
+            self.traj_key = traj_key
+
+        if not ((num_slices is None) ^ (slice_len is None)):
+            raise TypeError(
+                "Either num_slices or slice_len must be not None, and not both. "
+                f"Got num_slices={num_slices} and slice_len={slice_len}."
+            )
+        self.compile = bool(compile)
+        if self.compile:
+            kwargs = compile if isinstance(compile, dict) else {}
+            self._get_index = torch.compile(self._get_index, **kwargs)
+
+    def __getstate__(self):
+        if get_spawning_popen() is not None and self.cache_values:
+            logger.warning(
+                f"It seems you are sharing a {type(self).__name__} across processes with "
+                f"cache_values=True. "
+                f"While this isn't forbidden and could perfectly work if your dataset "
+                f"is unaltered on both processes, remember that calling extend/add on "
+                f"one process will NOT erase the cache on another process's sampler, "
+                f"which will cause synchronization issues."
+            )
+        state = super().__getstate__()
+        state["_cache"] = {}
+        return state
+
+    def extend(self, index: torch.Tensor) -> None:
+        super().extend(index)
+        if self.cache_values:
+            self._cache.clear()
+
+    def add(self, index: torch.Tensor) -> None:
+        super().add(index)
+        if self.cache_values:
+            self._cache.clear()
+
+    def __repr__(self):
+        return f"{self._repr_head()})"
+
+    def _repr_head(self) -> str:
+        """The part of torchrl's slice-sampler reprs they all share (each adds its tail)."""
+        return (
+            f"{self.__class__.__name__}(num_slices={self.num_slices}, "
+            f"slice_len={self.slice_len}, "
+            f"end_key={self.end_key}, "
+            f"traj_key={self.traj_key}, "
+            f"truncated_key={self.truncated_key}, "
+            f"strict_length={self.strict_length}"
+        )
+
+    # ------------------------------------------------------------------ trajectories
+    def _find_start_stop_traj(
+        self, *, trajectory=None, end=None, at_capacity: bool, cursor=None
+    ):
+        signal = trajectory if trajectory is not None else end
+        device = None
+        if self.use_gpu and signal is not None and signal.device != self._gpu_device:
+            device = signal.device
+            if trajectory is not None:
+                trajectory = trajectory.to(self._gpu_device)
+            else:
+                end = end.to(self._gpu_device)
+        if device is None and self._use_cpu_kernels and _on_cpu(signal):
+            # One C pass over the signal, GIL released (the torch ops below take several).
+            return replay.find_start_stop_traj(
+                trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+            )
+        start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
+            trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+        )
+        if device is not None:
+            return start_idx.to(device), stop_idx.to(device), lengths.to(device)
+        return start_idx, stop_idx, lengths
+
+    def _start_to_end(self, st: torch.Tensor, length: int) -> torch.Tensor:
+        """The ``length`` indices of a slice starting at ``st`` (time on the first column)."""
+        width = st.shape[-1] if st.ndim else 1
+        offsets = torch.zeros((length, width), dtype=st.dtype, device=st.device)
+        offsets[:, 0] = torch.arange(length, dtype=st.dtype, device=st.device)
+        return offsets + st
+
+    def _end_to_start_stop(self, end, length):
+        device = None
+        if self.use_gpu and end.device != self._gpu_device:
+            device = end.device
+            end = end.to(self._gpu_device)
+        start_idx, stop_idx, lengths = _torch_slices.end_to_start_stop(end, length)
+        if device is not None:
+            return start_idx.to(device), stop_idx.to(device), lengths.to(device)
+        return start_idx, stop_idx, lengths
+
+    def _tensor_slices_from_startend(self, seq_length, start, storage_length):
+        if (
+            self._use_cpu_kernels
+            and _on_cpu(start)
+            and (not isinstance(seq_length, torch.Tensor) or _on_cpu(seq_length))
+        ):
+            index = replay.slice_indices(start, seq_length, storage_length)
+        else:
+            index = _torch_slices.slice_indices(start, seq_length, storage_length)
+        return index if index.dtype == start.dtype else index.to(start.dtype)
+
+    def _trajectory_bounds(self, storage):
+        """``(start_idx, stop_idx, lengths)`` of the trajectories in ``storage``, where every
+        slice sampler's ``sample`` starts.
+
+        An empty storage is refused first, before any draw: the trajectory bookkeeping has
+        nothing to work on there, and torchrl fails in it ("random_ expects 'from' to be
+        less than 'to'", "IndexError: index -1 is out of bounds", or a complaint about a
+        non-initialized storage).
+        """
+        if len(storage) == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        return self._get_stop_and_length(storage)
+
+    @staticmethod
+    def _check_signal_ndim(start_idx: torch.Tensor, storage) -> None:
+        # The start / stop rows index the storage, so they need its number of dims.
+        if start_idx.shape[1] != storage.ndim:
+            raise RuntimeError(
+                f"Expected the end-of-trajectory signal to be "
+                f"{storage.ndim}-dimensional. Got a tensor with shape[1]={start_idx.shape[1]} "
+                "instead."
+            )
+
+    def _get_stop_and_length(self, storage, fallback=True):
+        if self.cache_values and "stop-and-length" in self._cache:
+            return self._cache.get("stop-and-length")
+
+        if self._fetch_traj:
+            # We first try with the traj_key
+            try:
+                vals = self._tracked_bounds(storage, self._used_traj_key, from_ids=True)
+                if vals is not None:
+                    return self._keep_bounds(vals)
+                if isinstance(storage, _TENSOR_STORAGES):
+                    trajectory = storage[:][self._used_traj_key]
+                else:
+                    try:
+                        trajectory = storage[:][self.traj_key]
+                    except Exception:
+                        raise RuntimeError(
+                            "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
+                        )
+                vals = self._find_start_stop_traj(
+                    trajectory=snapshot(trajectory),
+                    at_capacity=storage._is_full,
+                    cursor=getattr(storage, "_last_cursor", None),
+                )
+                return self._keep_bounds(vals)
+            except KeyError:
+                if fallback:
+                    self._fetch_traj = False
+                    return self._get_stop_and_length(storage, fallback=False)
+                raise
+
+        else:
+            vals = self._tracked_bounds(storage, self.end_key, from_ids=False)
+            if vals is not None:
+                return self._keep_bounds(vals)
+            try:
+                try:
+                    done = storage[:][self.end_key]
+                except Exception:
+                    raise RuntimeError(
+                        "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
+                    )
+                vals = self._find_start_stop_traj(
+                    end=snapshot(done.squeeze()[: len(storage)]),
+                    at_capacity=storage._is_full,
+                    cursor=getattr(storage, "_last_cursor", None),
+                )
+                return self._keep_bounds(vals)
+            except KeyError:
+                if fallback:
+                    self._fetch_traj = True
+                    return self._get_stop_and_length(storage, fallback=False)
+                raise
+
+    def _keep_bounds(self, vals):
+        """``vals`` (start, stop, lengths), cached first with ``cache_values``."""
+        if self.cache_values:
+            self._cache["stop-and-length"] = vals
+        return vals
+
+    def _tracked_bounds(self, storage, key, *, from_ids: bool):
+        """``(start_idx, stop_idx, lengths)`` from trajectory ends kept up to date with the
+        storage's writes (:class:`._trajectory_ends.TrajectoryEnds`): O(trajectories + rows
+        written) instead of a read of the whole signal. ``None`` for storages that do not
+        journal their writes (torchrl's own, N-D ones...) or a missing key: the caller then
+        reads the whole signal, which also raises its errors."""
+        if not self._use_cpu_kernels or not TrajectoryEnds.supports(storage):
+            return None
+        try:
+            return self._tracker(key, from_ids).bounds(storage)
+        except KeyError:
+            return None
+
+    def _tracker(self, key, from_ids: bool) -> TrajectoryEnds:
+        """The :class:`._trajectory_ends.TrajectoryEnds` following ``key`` (one per key)."""
+        trackers = self.__dict__.setdefault("_trajectory_ends", {})
+        tracker = trackers.get((key, from_ids))
+        if tracker is None:
+            tracker = trackers[(key, from_ids)] = TrajectoryEnds(key, from_ids=from_ids)
+        return tracker
+
+    def _adjusted_batch_size(self, batch_size):
+        if self.num_slices is not None:
+            if batch_size % self.num_slices != 0:
+                raise RuntimeError(
+                    f"The batch-size must be divisible by the number of slices, got "
+                    f"batch_size={batch_size} and num_slices={self.num_slices}."
+                )
+            seq_length = batch_size // self.num_slices
+            num_slices = self.num_slices
+        else:
+            if batch_size % self.slice_len != 0:
+                raise RuntimeError(
+                    f"The batch-size must be divisible by the slice length, got "
+                    f"batch_size={batch_size} and slice_len={self.slice_len}."
+                )
+            seq_length = self.slice_len
+            num_slices = batch_size // self.slice_len
+        return seq_length, num_slices
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if self._batch_size_multiplier is not None:
+            batch_size = batch_size * self._batch_size_multiplier
+        if _plain_slice_sampling(type(self)) and _SLICE_SAMPLING_STEPS.isdisjoint(self.__dict__):
+            sampled = self._sample_from_ends(storage, batch_size)
+            if sampled is not None:
+                return sampled
+        start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
+        self._check_signal_ndim(start_idx, storage)
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        storage_length = storage.shape[0]
+        return self._sample_slices(
+            lengths,
+            start_idx,
+            stop_idx,
+            seq_length,
+            num_slices,
+            storage_length=storage_length,
+            storage=storage,
+        )
+
+    def _sample_from_ends(self, storage, batch_size: int):
+        """:meth:`sample`'s result in the common case, read from the trajectory ends kept by a
+        :class:`._trajectory_ends.TrajectoryEnds`; ``None`` (nothing drawn) for any other case,
+        which the general path then handles.
+
+        The common case: a 1-D storage of ours followed through its write journal, CPU
+        kernels, no ``cache_values``, ``compile`` or ``use_gpu``, a span the kernel takes, and
+        every trajectory at least one slice long (so nothing is filtered out or shortened).
+        The same draws are made in the same order (the trajectories, then the starts), and
+        only the drawn trajectories' bounds are read (``replay.sample_slice_index_from_ends``),
+        where the general path lists the start, stop and length of every trajectory (three
+        arrays as long as the number of trajectories, at every write).
+        """
+        if (
+            self.cache_values
+            or self.compile
+            or self.use_gpu
+            or not self._use_cpu_kernels
+            or not len(storage)  # the general path raises the empty-storage error first
+            or not TrajectoryEnds.supports(storage)
+        ):
+            return None
+        if self._fetch_traj:
+            tracker = self._tracker(self._used_traj_key, True)
+        else:
+            tracker = self._tracker(self.end_key, False)
+        try:
+            stops = tracker.stops(storage)
+        except KeyError:
+            return None  # the general path falls back to the other key, or raises
+        if stops is None:
+            return None
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        if not num_slices or not self._kernel_span(seq_length):
+            return None
+        ends, limit, length, forced = stops
+        count, shortest = replay.bounds_summary(ends, limit, length, forced)
+        if shortest < seq_length:
+            return None  # trajectories to filter out (strict_length) or slices to shorten
+        traj_idx = _randint(count, num_slices, _CPU, self._rng)
+        uniform = _rand(num_slices, _CPU, self._rng)
+        flags = self._kernel_flags(storage)
+        storage_length = storage.shape[0]
+        try:
+            out = replay.sample_slice_index_from_ends(
+                ends, limit, length, forced, traj_idx, uniform, seq_length, storage_length,
+                span=self.span, flags=flags,
+            )
+        except ValueError:
+            # a degenerate span: the torch ops go on (or fail) as torchrl's do, same draws
+            start_idx, _, lengths = (
+                torch.from_numpy(array) for array in replay.bounds_from_ends(ends, limit, length, forced)
+            )
+            return self._index_with_torch(
+                lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
+            )
+        return self._index_and_info(storage, out[0], out[1], out[2] if flags is not None else None)
+
+    def _kernel_span(self, seq_length: int) -> bool:
+        """Whether ``span`` is one the index kernel takes and :meth:`_get_index` accepts for
+        slices of ``seq_length`` (no error to raise)."""
+        left, right = self.span
+        for span in (left, right):
+            if type(span) not in (bool, int) or span < 0:
+                return False
+            if span is not True and span and span >= seq_length:
+                return False
+        return True
+
+    def _sample_slices(
+        self,
+        lengths: torch.Tensor,
+        start_idx: torch.Tensor,
+        stop_idx: torch.Tensor,
+        seq_length: int,
+        num_slices: int,
+        storage_length: int,
+        traj_idx: torch.Tensor | None = None,
+        *,
+        storage,
+    ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
+        # start_idx and stop_idx are 2d tensors organized like a non-zero
+
+        def get_traj_idx(maxval):
+            return _randint(maxval, num_slices, lengths.device, self._rng)
+
+        if self._has_shorter(lengths, seq_length):
+            if self.strict_length:
+                idx = lengths >= seq_length
+                if not idx.any():
+                    raise RuntimeError(
+                        f"Did not find a single trajectory with sufficient length (length range: {lengths.min()} - {lengths.max()} / required={seq_length}))."
+                    )
+                if (
+                    isinstance(seq_length, torch.Tensor)
+                    and seq_length.shape == lengths.shape
+                ):
+                    seq_length = seq_length[idx]
+                lengths_idx = lengths[idx]
+                start_idx = start_idx[idx]
+                stop_idx = stop_idx[idx]
+
+                if traj_idx is None:
+                    traj_idx = get_traj_idx(lengths_idx.shape[0])
+                else:
+                    # traj_idx points into the unfiltered trajectories: map it to the kept
+                    # ones through a mask (which may leave nothing to sample).
+                    idx_mask = torch.zeros_like(idx)
+                    idx_mask[traj_idx] = True
+                    traj_idx = idx_mask[idx].nonzero().squeeze(-1)
+                    if not traj_idx.numel():
+                        raise RuntimeError(
+                            "None of the provided indices pointed to a trajectory of "
+                            "sufficient length. Consider using strict_length=False for the "
+                            "sampler instead."
+                        )
+                    num_slices = traj_idx.shape[0]
+
+                del idx
+                lengths = lengths_idx
+            else:
+                if traj_idx is None:
+                    traj_idx = get_traj_idx(lengths.shape[0])
+                else:
+                    num_slices = traj_idx.shape[0]
+
+                # make seq_length a tensor with values clamped by lengths
+                seq_length = lengths[traj_idx].clamp_max(seq_length)
+        else:
+            if traj_idx is None:
+                traj_idx = get_traj_idx(lengths.shape[0])
+            else:
+                num_slices = traj_idx.shape[0]
+        return self._get_index(
+            lengths=lengths,
+            start_idx=start_idx,
+            stop_idx=stop_idx,
+            num_slices=num_slices,
+            seq_length=seq_length,
+            storage_length=storage_length,
+            traj_idx=traj_idx,
+            storage=storage,
+        )
+
+    def _has_shorter(self, lengths: torch.Tensor, seq_length) -> bool:
+        """Whether a trajectory is shorter than ``seq_length`` (the shortest length is kept for
+        as long as the same ``lengths`` tensor comes back, as it does from the cache)."""
+        if isinstance(seq_length, torch.Tensor):
+            return bool((lengths < seq_length).any())
+        cached = self.__dict__.get("_shortest")
+        if cached is None or cached[0] is not lengths:
+            shortest = int(lengths.min()) if lengths.numel() else None
+            cached = self.__dict__["_shortest"] = (lengths, shortest)
+        return cached[1] is not None and cached[1] < seq_length
+
+    def _get_index(
+        self,
+        lengths: torch.Tensor,
+        start_idx: torch.Tensor,
+        stop_idx: torch.Tensor,
+        seq_length: int,
+        num_slices: int,
+        storage_length: int,
+        traj_idx: torch.Tensor | None = None,
+        *,
+        storage,
+    ) -> tuple[torch.Tensor, dict]:
+        # With strict_length=False seq_length is a tensor clamped by the trajectory lengths,
+        # where torchrl fails on an integer span: check the span against the requested length.
+        requested = seq_length if isinstance(seq_length, int) else int(seq_length.max())
+        for span in self.span:
+            if span is not True and span and span >= requested:
+                raise ValueError(
+                    "The right and left span must be strictly lower than the sequence length"
+                )
+        uniform = _rand(num_slices, lengths.device, self._rng)
+        index = truncated = gathered = None
+        if num_slices and self._kernel_slices(start_idx):
+            # The done / terminated columns are read at the sampled rows in the same call.
+            flags = self._kernel_flags(storage) if start_idx.shape[1] == 1 else None
+            try:
+                out = replay.sample_slice_index(
+                    start_idx, lengths, traj_idx, uniform, seq_length, storage_length,
+                    span=self.span, flags=flags,
+                )
+            except ValueError:
+                pass  # a degenerate span: the torch ops below fail as torchrl's do
+            else:
+                index, truncated = out[0], out[1]
+                gathered = out[2] if flags is not None else None
+        if index is None:
+            return self._index_with_torch(
+                lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
+            )
+        return self._index_and_info(storage, index, truncated, gathered)
+
+    def _index_with_torch(
+        self, lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
+    ):
+        """:meth:`_get_index`'s result computed with torch ops from its draws."""
+        index, seq_length = self._slices_with_torch(
+            lengths, start_idx, seq_length, storage_length, traj_idx, uniform
+        )
+        truncated = None
+        if self.truncated_key is not None:
+            truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+        return self._index_and_info(storage, index, truncated)
+
+    def _index_and_info(self, storage, index, truncated, gathered=None):
+        """``(index, info)`` as :meth:`sample` returns them, from the ``[rows, ndim]`` slice
+        indices and their truncation flags (and the done / terminated columns read there)."""
+        index = _as_long(index).unbind(-1)
+        if self.truncated_key is None:
+            return index, {}
+        return index, self._truncation_info(storage, index, truncated, gathered)
+
+    def _truncation_info(self, storage, index, truncated, gathered=None) -> dict:
+        """The ``truncated`` / ``done`` / ``terminated`` entries of the info dictionary: the
+        storage's done (or-ed with the truncation flags) and terminated at ``index``, from
+        ``gathered`` when the index kernel already read them."""
+        truncated_key, done_key, terminated_key = self._info_keys()
+        if gathered is not None:
+            done, terminated = gathered
+            if done is not None:
+                done.logical_or_(truncated)  # a fresh tensor of the kernel's
+        else:
+            done, terminated = gather_fields(storage, index, (done_key, terminated_key))
+            if done is not None:
+                done = done | truncated
+        if done is None:
+            done = truncated.clone()
+        if terminated is None:
+            terminated = torch.zeros_like(truncated)
+        return {truncated_key: truncated, done_key: done, terminated_key: terminated}
+
+    def _kernel_flags(self, storage):
+        """The done / terminated columns ``replay.sample_slice_index`` reads for the info
+        dictionary, or ``None`` (no info dictionary, or columns it cannot read)."""
+        if self.truncated_key is None:
+            return None
+        return flag_columns(storage, self._info_keys()[1:])
+
+    def _info_keys(self) -> tuple:
+        """``(truncated_key, done_key, terminated_key)`` of the info dictionary."""
+        keys = self.__dict__.get("_info_keys_of")
+        if keys is None or keys[0] != self.truncated_key:
+            truncated_key = self.truncated_key
+            keys = (
+                truncated_key,
+                _replace_last(truncated_key, "done"),
+                _replace_last(truncated_key, "terminated"),
+            )
+            self.__dict__["_info_keys_of"] = keys
+        return keys
+
+    def _kernel_slices(self, start_idx: torch.Tensor) -> bool:
+        """Whether the slice indices come from ``replay``'s fused kernel (CPU, not compiled)."""
+        if not self._use_cpu_kernels or self.compile or not _on_cpu(start_idx):
+            return False
+        left, right = self.span
+        return type(left) in (bool, int) and type(right) in (bool, int) and left >= 0 and right >= 0
+
+    def _slices_with_torch(self, lengths, start_idx, seq_length, storage_length, traj_idx, uniform):
+        """``(index, seq_length)`` of the slices in torch ops (the accelerator path)."""
+        traj_lengths = lengths[traj_idx]
+        # end_point is one past the last possible start of a slice
+        if not self.span[1]:
+            end_point = traj_lengths - seq_length + 1
+        elif self.span[1] is True:
+            end_point = traj_lengths + 1
+        else:
+            end_point = traj_lengths - self.span[1]
+
+        if not self.span[0]:
+            start_point = 0
+        elif self.span[0] is True:
+            start_point = -seq_length + 1
+        else:
+            start_point = -self.span[0]
+
+        relative_starts = (uniform * (end_point - start_point)).floor().to(
+            start_idx.dtype
+        ) + start_point
+        # float32 rounding can reach end_point itself for very long trajectories
+        relative_starts = torch.minimum(
+            relative_starts, torch.as_tensor(end_point - 1).clamp_min(start_point)
+        )
+
+        if self.span[0]:
+            out_of_traj = relative_starts < 0
+            if out_of_traj.any():
+                # a negative start means sampling fewer elements
+                seq_length = torch.where(
+                    ~out_of_traj, seq_length, seq_length + relative_starts
+                )
+                relative_starts = torch.where(~out_of_traj, relative_starts, 0)
+        if self.span[1]:
+            out_of_traj = relative_starts + seq_length > traj_lengths
+            if out_of_traj.any():
+                # a slice running past the trajectory's end is cut there (torchrl fails
+                # here with an int seq_length)
+                seq_length = torch.minimum(
+                    torch.as_tensor(seq_length, device=traj_lengths.device),
+                    traj_lengths - relative_starts,
+                )
+
+        starts = torch.cat(
+            [
+                (start_idx[traj_idx, 0] + relative_starts).unsqueeze(1),
+                start_idx[traj_idx, 1:],
+            ],
+            1,
+        )
+        return self._tensor_slices_from_startend(seq_length, starts, storage_length), seq_length
+
+    @staticmethod
+    def _truncated(numel: int, seq_length, num_slices: int, device) -> torch.Tensor:
+        # The last step of every slice is marked truncated.
+        truncated = torch.zeros((numel, 1), dtype=torch.bool, device=device)
+        if isinstance(seq_length, int):
+            truncated.view(num_slices, -1)[:, -1] = 1
+        else:
+            truncated[seq_length.cumsum(0) - 1] = 1
+        return truncated
+
+    @property
+    def _used_traj_key(self):
+        return self.__dict__.get("__used_traj_key", self.traj_key)
+
+    @_used_traj_key.setter
+    def _used_traj_key(self, value):
+        self.__dict__["__used_traj_key"] = value
+
+    @property
+    def _used_end_key(self):
+        return self.__dict__.get("__used_end_key", self.end_key)
+
+    @_used_end_key.setter
+    def _used_end_key(self, value):
+        self.__dict__["__used_end_key"] = value
+
+    def _empty(self):
+        pass
+
+    def dumps(self, path):
+        # Nothing to save: the cache is rebuilt from the storage.
+        ...
+
+    def loads(self, path):
+        ...
+
+    # Nothing on disk (a SliceSamplerWithoutReplacement's epoch included, as in torchrl).
+    _read_checkpoint = Sampler._read_checkpoint
+    _apply_checkpoint = Sampler._apply_checkpoint
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ...

@@ -1,0 +1,94 @@
+""":class:`WriterEnsemble`: one writer per storage of a storage ensemble."""
+from __future__ import annotations
+
+import textwrap
+from copy import copy
+from pathlib import Path
+from typing import Any
+
+from torchrl_compat._checkpoint_checks import read_for_loading
+from torchrl_compat._checkpoint_publish import write_aside
+from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from torchrl_compat._torchrl_lookup import torchrl_twin
+from .base import Writer
+
+
+class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
+    """An ensemble of writers.
+
+    This class is designed to work with :class:`~torchrl_compat.ReplayBufferEnsemble`.
+    It contains the writers but blocks writing with any of them.
+
+    Args:
+        writers (sequence of Writer): the writers to make the composite writer.
+
+    .. warning::
+       This class does not support writing.
+       To extend one of the replay buffers, simply index the parent
+       :class:`~torchrl_compat.ReplayBufferEnsemble` object.
+
+    Examples:
+        >>> ensemble = WriterEnsemble(RoundRobinWriter(), RoundRobinWriter())
+        >>> len(ensemble), type(ensemble[1]).__name__, len(ensemble[:1])
+        (2, 'RoundRobinWriter', 1)
+    """
+
+    def __init__(self, *writers):
+        self._rng_private = None
+        self._writers = writers
+
+    _rng = members_rng("_writers")
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        raise NotImplementedError
+
+    def dumps(self, path: Path):
+        # every member's files are written aside and published together
+        def write(directory):
+            for i, writer in enumerate(self._writers):
+                writer.dumps(directory / str(i))
+
+        write_aside(path, write)
+
+    def loads(self, path: Path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> list:
+        # every member's checkpoint is read and checked before any member changes
+        path = Path(path).absolute()
+        return [read_for_loading(writer, path / str(i)) for i, writer in enumerate(self._writers)]
+
+    def _apply_checkpoint(self, loaders: list) -> None:
+        for load in loaders:
+            load()
+
+    def add(self):
+        raise NotImplementedError
+
+    def extend(self):
+        raise NotImplementedError
+
+    _INDEX_ERROR = INDEX_ERROR
+
+    def __getitem__(self, index):
+        return select_members(
+            self, index, self._writers, lambda selection: WriterEnsemble(*pick(self._writers, selection)), kind="writers"
+        )
+
+    def __len__(self):
+        return len(self._writers)
+
+    def __repr__(self):
+        writers = textwrap.indent(f"writers={self._writers}", " " * 4)
+        return f"WriterEnsemble(\n{writers})"
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def __getstate__(self):
+        state = copy(self.__dict__)
+        state["_rng_private"] = None
+        return state
