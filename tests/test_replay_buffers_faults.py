@@ -354,6 +354,15 @@ DAMAGES = {
     "writer cursor behind the length": ("storage/storage_metadata.json", edit_json(len=20), ValueError),
     "writer cursor ahead of the length": ("writer/metadata.json", edit_json(cursor=13), ValueError),
     "priorities past the length": ("sampler/sumtree.memmap", set_leaves({20: 1.5}), ValueError),
+    # priorities the sampler cannot draw from
+    "min tree leaf 0": ("sampler/mintree.memmap", set_leaves({3: 0.0}, trees=("mintree",)), ValueError),
+    "a priority of 0": ("sampler/mintree.memmap", set_leaves({3: 0.0}, trees=("sumtree", "mintree")), ValueError),
+    "a priority 0 in fp32": ("sampler/mintree.memmap", set_leaves({3: 1e-50}), ValueError),
+    "min tree not the sum tree's": ("sampler/mintree.memmap", set_leaves({5: 7.0}, trees=("mintree",)), ValueError),
+    "max priority index past the capacity": (
+        "sampler/sampler_metadata.json", edit_json(_max_priority=[1.0, 32]), ValueError,
+    ),
+    "max capacity not the sampler's": ("sampler/sampler_metadata.json", edit_json(_max_capacity=64.0), RuntimeError),
 }
 
 

@@ -13,6 +13,7 @@ import torch
 import replay
 from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_object, real_number
 from .._checkpoint_publish import write_aside
+from .._priority_checkpoint_checks import check_max_priority_index, check_priority_leaves
 from .._sampler_priorities import (
     check_sampleable,
     check_update,
@@ -640,7 +641,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         max_capacity = real_number(file, "_max_capacity", metadata["_max_capacity"])
         if max_capacity != self._max_capacity:
             raise RuntimeError(
-                f"max capacity of loaded metadata ({max_capacity}) differs from self._max_capacity ({self._max_capacity})."
+                f"max capacity of loaded metadata ({max_capacity}) differs from self._max_capacity "
+                f"({self._max_capacity}) ({file})."
             )
         max_priority = metadata["_max_priority"]
         if not isinstance(max_priority, list) or len(max_priority) != 2:
@@ -649,6 +651,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             real_number(file, "_max_priority[0]", max_priority[0], allow_none=True, at_least=0),
             real_number(file, "_max_priority[1]", max_priority[1], allow_none=True, at_least=0),
         )
+        check_max_priority_index(file, max_priority[1], self._max_capacity)
         leaves = {}
         for name in ("sumtree", "mintree"):
             leaf_file = path / f"{name}.memmap"
@@ -660,6 +663,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
                 pos = int(np.argmax(bad))
                 raise MetadataError(f"{leaf_file}: leaf {pos} holds {values[pos]}, not a priority")
             leaves[name] = torch.from_numpy(values)
+        check_priority_leaves(path, leaves["sumtree"].numpy(), leaves["mintree"].numpy(), tree_dtype(self.dtype))
         try:
             trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
         except ValueError as err:
