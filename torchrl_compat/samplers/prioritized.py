@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from copy import deepcopy
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
@@ -137,12 +138,15 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         reduction: str = "max",
         max_priority_within_buffer: bool = False,
     ) -> None:
-        if alpha < 0:
+        # (``not x >= 0``, which refuses NaN too: every stored priority would be NaN)
+        if not alpha >= 0:
             raise ValueError(
                 f"alpha must be greater or equal than 0, got alpha={alpha}"
             )
-        if beta < 0:
+        if not beta >= 0:
             raise ValueError(f"beta must be greater or equal to 0, got beta={beta}")
+        if not -math.inf < eps < math.inf:
+            raise ValueError(f"eps must be a finite number, got eps={eps}")
 
         self._max_capacity = max_capacity
         self._alpha = alpha

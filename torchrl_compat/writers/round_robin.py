@@ -6,12 +6,13 @@ from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, is_tensor_collection
 from tensordict.utils import expand_as_right, is_tensorclass
 
 from torchrl_compat._checkpoint_checks import read_count
 from torchrl_compat._checkpoint_publish import write_aside
 from torchrl_compat._torchrl_lookup import torchrl_twin
+from torchrl_compat._writer_checks import check_batch_fits
 from torchrl_compat._writer_rows import shallow_copy, write_rows
 from .base import (
     WRITER_METADATA_FILE,
@@ -68,11 +69,17 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
 
     # ----------------------------------------------------------------- write
     def add(self, data: Any) -> int | torch.Tensor:
+        check_batch_fits(self._storage, data, None)
         index = self._cursor
         # the cursor moves before the write, so that concurrent writers take distinct rows
-        self._cursor = (index + 1) % self._storage._max_size_along_dim0(single_data=data)
+        cursor = (index + 1) % self._storage._max_size_along_dim0(single_data=data)
+        self._cursor = cursor
         self._write_count += 1
-        self._storage.set(index, data)
+        try:
+            self._storage.set(index, data)
+        except BaseException:
+            self._undo_move(index, cursor, 1)
+            raise
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
@@ -89,19 +96,44 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         ``leave_data=True`` writes what the batch would receive (see :meth:`_before_write`)
         without changing the caller's ``data``.
         """
+        check_batch_fits(self._storage, data, numel)
         start = self._cursor
         device = data.device if hasattr(data, "device") else None
         capacity = self._storage._max_size_along_dim0(batched_data=data)
         index = torch.arange(start, start + numel, dtype=torch.long, device=device)
         if start + numel > capacity:
             index.remainder_(capacity)
-        self._cursor = (start + numel) % capacity
+        cursor = (start + numel) % capacity
+        self._cursor = cursor
         self._write_count += numel
+        try:
+            self._write_rows(data, numel, start, index, capacity, leave_data)
+        except BaseException:
+            self._undo_move(start, cursor, numel)
+            raise
+        index = self._replicate_index(index)
+        _mark_updated(self._storage, index)
+        return index
+
+    def _write_rows(self, data, numel: int, start: int, index: torch.Tensor, capacity: int, leave_data: bool) -> None:
+        """Writes the batch at the rows ``index`` (from ``start`` on, wrapping at ``capacity``).
+
+        Of a batch larger than the capacity, only the last ``capacity`` items are written,
+        each row once: torchrl hands the storage all of them, and an indexed write to repeated
+        rows keeps, entry by entry, any one of the values written there (torn rows).
+        """
         extra = None
         if leave_data:
             extra = {"index": index}
         else:
-            self._before_write(data, index)
+            self._before_write(data, index)  # the caller's batch receives every index
+        full_index = None
+        if numel > capacity and (isinstance(data, torch.Tensor) or is_tensor_collection(data)):
+            skipped = numel - capacity
+            full_index = index
+            data, index, start = data[skipped:], index[skipped:], (start + skipped) % capacity
+            if extra is not None:
+                extra = {"index": index}
         arrays = self.__dict__.get("_leaf_arrays")
         if arrays is None:
             arrays = self.__dict__["_leaf_arrays"] = {}
@@ -110,9 +142,17 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
                 data = shallow_copy(data)
                 self._before_write(data, index)
             self._storage.set(index, data)
-        index = self._replicate_index(index)
-        _mark_updated(self._storage, index)
-        return index
+        if full_index is not None and hasattr(self._storage, "_last_cursor"):
+            # the cursor torchrl's storage records: every index of the batch
+            self._storage.__dict__.pop("_last_run", None)
+            self._storage._last_cursor = full_index
+
+    def _undo_move(self, start: int, cursor: int, numel: int) -> None:
+        """Puts the cursor and write count back after a write that failed (unless another
+        writer moved the cursor since)."""
+        if self._cursor == cursor:
+            self._cursor = start
+        self._write_count -= numel
 
     def _before_write(self, data, index: torch.Tensor) -> None:
         """What the batch receives before it is written (nothing here)."""
@@ -195,12 +235,18 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
     """
 
     def add(self, data: Any) -> int | torch.Tensor:
+        check_batch_fits(self._storage, data, None)
         index = self._cursor
         capacity = self._storage._max_size_along_dim0(single_data=data)
-        self._cursor = (index + 1) % capacity
+        cursor = (index + 1) % capacity
+        self._cursor = cursor
         self._write_count += 1
-        self._before_write(data, index)
-        self._storage.set(index, data)
+        try:
+            self._before_write(data, index)
+            self._storage.set(index, data)
+        except BaseException:
+            self._undo_move(index, cursor, 1)
+            raise
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
