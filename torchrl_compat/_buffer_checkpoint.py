@@ -99,7 +99,9 @@ def _check_parts_agree(path: Path, buffer, storage_state, sampler_state, writer_
     from torchrl_compat.samplers import PrioritizedSampler
     from torchrl_compat.writers import RoundRobinWriter
 
-    if not isinstance(storage_state, StorageCheckpoint) or storage_state.rows is None:
+    # (a storage with ndim > 1 counts its length as torchrl 0.11 does, which its cursor
+    # does not follow: only 1-D storages are checked)
+    if not isinstance(storage_state, StorageCheckpoint) or storage_state.rows is None or len(storage_state.rows) != 1:
         return
     length = storage_state.length
     if isinstance(buffer._writer, RoundRobinWriter) and isinstance(writer_state, int):

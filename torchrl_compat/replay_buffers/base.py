@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_map
 from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
 from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
+from torchrl_compat._buffer_processes import SharedWriteLock
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat.samplers import (
     PrioritizedSampler,
@@ -406,7 +407,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
 
     def share(self, shared: bool = True):
         self.shared = shared
-        self._write_lock = multiprocessing.Lock() if shared else _NO_LOCK
+        # taken by every write; in a forked child it first refuses writes that would stay there
+        self._write_lock = SharedWriteLock(self) if shared else _NO_LOCK
         return self
 
     @_maybe_delay_init
