@@ -15,22 +15,37 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict, is_tensor_collection
 
+from torchrl_compat.storages import TensorStorage
+
 __all__ = ["check_batch_fits"]
 
 
-def _pairs(dest, data, prefix=()):
-    """``(key, stored tensor, tensor written)`` for each entry both ``data`` and ``dest`` hold."""
-    if type(dest) is TensorDict and type(data) is TensorDict:
-        stored = dest._tensordict
-        for key, value in data._tensordict.items():
-            leaf = stored.get(key)
-            if leaf is None:
-                continue
-            if type(value) is TensorDict:
-                yield from _pairs(leaf, value, prefix + (key,))
+def _plain_pairs(dest: TensorDict, data: TensorDict, numel, out: list, prefix=()) -> None:
+    """Appends to ``out`` the ``(key, stored, written)`` pairs of two plain tensordicts whose
+    dtype or shape differ from what an indexed write takes as is (the usual batch adds none):
+    one pass over the entries, without tensordict's generic machinery."""
+    stored = dest._tensordict
+    for key, value in data._tensordict.items():
+        leaf = stored.get(key)
+        if leaf is None:
+            continue
+        if type(value) is TensorDict:
+            if type(leaf) is TensorDict:
+                _plain_pairs(leaf, value, numel, out, prefix + (key,))
+            continue
+        try:
+            if numel is None:  # one item, copied (cast) into its row
+                same = value.shape == leaf.shape[1:]
             else:
-                yield prefix + (key,), leaf, value
-        return
+                same = value.dtype is leaf.dtype and value.shape[0] == numel and value.shape[1:] == leaf.shape[1:]
+        except (AttributeError, IndexError):  # not tensors, or a 0-d one: checked below
+            same = False
+        if not same:
+            out.append((prefix + (key,), leaf, value))
+
+
+def _pairs(dest, data):
+    """``(key, stored tensor, tensor written)`` for each entry both ``data`` and ``dest`` hold."""
     for key, value in data.items(include_nested=True, leaves_only=True):
         leaf = dest.get(key, None)
         if leaf is not None:
@@ -53,12 +68,15 @@ def check_batch_fits(storage, data, numel: int | None) -> None:
     Raises:
         RuntimeError: naming the entry, its shape and dtype, and what the storage holds.
     """
-    from torchrl_compat.storages import TensorStorage
-
-    if not isinstance(storage, TensorStorage) or not storage.initialized:
+    if not getattr(storage, "initialized", False) or not isinstance(storage, TensorStorage):
         return
     dest = storage._storage
-    if isinstance(dest, torch.Tensor) and isinstance(data, torch.Tensor):
+    if type(dest) is TensorDict and type(data) is TensorDict:
+        pairs = []
+        _plain_pairs(dest, data, numel, pairs)
+        if not pairs:
+            return
+    elif isinstance(dest, torch.Tensor) and isinstance(data, torch.Tensor):
         pairs = (((), dest, data),)
     elif is_tensor_collection(dest) and is_tensor_collection(data):
         pairs = _pairs(dest, data)

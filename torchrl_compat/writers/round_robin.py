@@ -96,7 +96,6 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         ``leave_data=True`` writes what the batch would receive (see :meth:`_before_write`)
         without changing the caller's ``data``.
         """
-        check_batch_fits(self._storage, data, numel)
         start = self._cursor
         device = data.device if hasattr(data, "device") else None
         capacity = self._storage._max_size_along_dim0(batched_data=data)
@@ -137,7 +136,11 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         arrays = self.__dict__.get("_leaf_arrays")
         if arrays is None:
             arrays = self.__dict__["_leaf_arrays"] = {}
-        if not write_rows(self._storage, start, index, data, arrays, extra):
+        # What the storage would refuse is refused before anything is written (the caller
+        # then puts the cursor back); a batch copied whole by replay.copy_rows needs no check.
+        storage, batch, rows = self._storage, data, index.shape[0]
+        if not write_rows(storage, start, index, data, arrays, extra, lambda: check_batch_fits(storage, batch, rows)):
+            check_batch_fits(storage, data, rows)
             if leave_data:
                 data = shallow_copy(data)
                 self._before_write(data, index)
