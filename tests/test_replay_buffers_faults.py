@@ -383,6 +383,39 @@ def test_damaged_checkpoint_leaves_the_buffer_as_it_was(tmp_path, damage):
     assert_same_transformed(target, transformed_buffer(1))
 
 
+IN_PLACE_DAMAGES = ["storage metadata missing", "storage leaf truncated", "sum tree truncated",
+                    "writer cursor past the capacity", "priorities past the length"]
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("damage", IN_PLACE_DAMAGES)
+def test_damaged_checkpoint_of_a_storage_living_in_it(tmp_path, damage):
+    # the buffer's storage lives in the checkpoint it loads: a damaged one changes nothing,
+    # neither the buffer (its storage included) nor the checkpoint
+    name, spoil, error = DAMAGES[damage]
+    if damage == "writer cursor past the capacity":
+        spoil = edit_json(cursor=CAPACITY + 3)
+    elif damage == "priorities past the length":
+        spoil = set_leaves({CAPACITY - 1: 1.5})
+    case = CASES["prioritized memmap in place"]
+    path = tmp_path / "ckpt"
+    rb = case.make(path)
+    case.write(rb, 1)
+    rb.dumps(path)
+    case.write(rb, 2)
+    spoil(path / name)
+    files = directory_state(path)
+    with pytest.raises(error, match=os.path.basename(name).replace(".", r"\.")):
+        rb.loads(path)
+    assert_same_buffer(rb, case.reference(path, 2))
+    assert directory_state(path) == files
+    # whole again, it loads
+    rb.dumps(path)
+    case.write(rb, 3)
+    rb.loads(path)
+    assert_same_buffer(rb, case.reference(path, 2))
+
+
 def test_loads_takes_every_part(tmp_path):
     transformed_buffer(3).dumps(tmp_path / "ckpt")
     target = transformed_buffer(2)
