@@ -45,3 +45,10 @@ __all__.append("install_segment_trees")
 from torchrl_compat._install import install, uninstall  # noqa: E402
 
 __all__ += ["install", "uninstall"]
+
+# torchrl 0.14 exports its trajectory-boundary routine with the replay-buffer classes.
+from torchrl_compat._releases import since as _since  # noqa: E402
+from torchrl_compat.utils import find_start_stop_traj  # noqa: E402
+
+if _since("find_start_stop_traj_public"):
+    __all__.append("find_start_stop_traj")

@@ -39,8 +39,11 @@ STORAGE_DIR, SAMPLER_DIR, WRITER_DIR = "storage", "sampler", "writer"
 RNG_STATE_DIR = "rng_state"
 TRANSFORM_FILE = "transform.t"
 BUFFER_METADATA_FILE = "buffer_metadata.json"
+PREFETCH_FILE = "prefetch.pkl"
 # every entry a buffer checkpoint may hold; the rest of the directory is not the buffer's
-BUFFER_ENTRIES = (STORAGE_DIR, SAMPLER_DIR, WRITER_DIR, RNG_STATE_DIR, TRANSFORM_FILE, BUFFER_METADATA_FILE)
+BUFFER_ENTRIES = (
+    STORAGE_DIR, SAMPLER_DIR, WRITER_DIR, RNG_STATE_DIR, TRANSFORM_FILE, BUFFER_METADATA_FILE, PREFETCH_FILE,
+)
 
 
 def dump_buffer(buffer, path) -> None:
@@ -52,7 +55,7 @@ def dump_buffer(buffer, path) -> None:
     path = Path(path).absolute()
     rng = buffer._rng
     transform_state = buffer._transform.state_dict()
-    metadata = {"batch_size": buffer._batch_size}
+    metadata = {"batch_size": buffer._batch_size, **buffer._release_metadata()}
     previous = published_path(path)
 
     def write(directory: Path) -> None:
@@ -66,6 +69,7 @@ def dump_buffer(buffer, path) -> None:
             torch.save(transform_state, directory / TRANSFORM_FILE)
         with open(directory / BUFFER_METADATA_FILE, "w") as file:
             json.dump(metadata, file)
+        buffer._dump_release_entries(directory)
 
     write_aside(path, write)
 
@@ -136,6 +140,7 @@ def load_buffer(buffer, path) -> None:
     if transform_file.exists():
         transform_loads.append((buffer._transform, read_torch_file(transform_file), transform_file))
     batch_size = _read_batch_size(path / BUFFER_METADATA_FILE)
+    release_entries = buffer._read_release_entries(path)
     # the transform may still refuse its state (load_state_dict checks it): first, undone
     # if what follows fails
     restore_transform = load_module_states(transform_loads)
@@ -150,3 +155,4 @@ def load_buffer(buffer, path) -> None:
     if generator is not None:
         buffer.set_rng(generator)
     buffer._batch_size = batch_size
+    buffer._apply_release_entries(release_entries)

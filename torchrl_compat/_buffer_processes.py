@@ -42,7 +42,8 @@ def _check_write_from(buffer, owner_pid: int) -> None:
             f"Samplers of type {type(sampler)} cannot be shared between processes: this buffer "
             f"(shared=True) comes from process {owner_pid}, and the priorities written in process "
             f"{pid} would stay in this process's copy of the sampler. Write from process "
-            f"{owner_pid}, or use a sampler without state."
+            f"{owner_pid}, or make the buffer with sync=False (torchrl 0.13+: each process then "
+            "samples by the priorities it keeps itself)."
         )
     if not isinstance(storage, TensorStorage):
         return

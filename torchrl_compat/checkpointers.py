@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDict
 from tensordict.memmap import MemoryMappedTensor
-from torch.utils._pytree import tree_flatten_with_path, tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten_with_path, tree_map
 
 from torchrl_compat._checkpoint_checks import load_module_states, read_for_loading, read_torch_file
 from torchrl_compat._checkpoint_publish import (

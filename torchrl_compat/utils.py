@@ -32,6 +32,7 @@ __all__ = [
     "SINGLE_TENSOR_BUFFER_NAME",
     "TED2Flat",
     "TED2Nested",
+    "find_start_stop_traj",
     "pin_memory_output",
     "tree_iter",
     "unravel_index",
@@ -785,3 +786,119 @@ class H5Combine:
             for i, part in enumerate(parts):
                 dest[i].copy_(part)
         return result
+
+
+# -----------------------------------------------------------------------------
+# trajectory boundaries
+
+
+def _check_trajectory_signal(trajectory, end, cursor, at_capacity) -> None:
+    """The input errors of torchrl 0.14's ``find_start_stop_traj``, raised before any work."""
+    if (trajectory is None) == (end is None):
+        raise TypeError(
+            "Exactly one of `trajectory` and `end` must be provided, got "
+            f"trajectory={trajectory} and end={end}."
+        )
+    signal = trajectory if trajectory is not None else end
+    if signal.ndim == 0:
+        raise RuntimeError("Expected the end-of-trajectory signal to be at least 1-dimensional.")
+    if signal.shape[0] == 0:
+        raise RuntimeError("Cannot recover trajectory boundaries from an empty (T=0) input.")
+    if at_capacity and cursor is not None:
+        if isinstance(cursor, torch.Tensor) and not cursor.numel():
+            raise RuntimeError("cursor must not be an empty tensor.")
+        if isinstance(cursor, range) and not len(cursor):
+            raise RuntimeError("cursor must not be an empty range.")
+
+
+def _trajectory_bounds(*, trajectory=None, end=None, at_capacity, cursor=None, on_cpu=True):
+    """``(start, stop, lengths)`` with torchrl 0.14's semantics, computed where the signal
+    lives: ``replay``'s C pass on CPU (``on_cpu``), torch ops elsewhere."""
+    import replay
+    from . import _torch_slices
+
+    _check_trajectory_signal(trajectory, end, cursor, at_capacity)
+    if trajectory is not None and trajectory.shape[0] == 1 and not at_capacity:
+        # A single filled step is one trajectory (torchrl 0.11 found none there).
+        end, trajectory = torch.ones_like(trajectory, dtype=torch.bool), None
+    if isinstance(cursor, torch.Tensor):
+        cursor = cursor.reshape(-1)
+    signal = trajectory if trajectory is not None else end
+    if on_cpu and signal.device.type == "cpu":
+        return replay.find_start_stop_traj(
+            trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+        )
+    return _torch_slices.find_start_stop_traj(
+        trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+    )
+
+
+def find_start_stop_traj(
+    *,
+    trajectory: torch.Tensor | None = None,
+    end: torch.Tensor | None = None,
+    at_capacity: bool,
+    cursor: int | torch.Tensor | range | None = None,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recover trajectory boundaries from trajectory ids or end-of-trajectory flags.
+
+    The routine :class:`~torchrl_compat.samplers.SliceSampler` and its subclasses use. It
+    reads the storage layout of the replay buffers: circular storages where a trajectory
+    may span the wrap point, and partially filled storages whose last filled row closes
+    every trajectory.
+
+    Keyword Args:
+        trajectory (torch.Tensor, optional): trajectory ids in storage order, time along dim
+            ``0`` (shape ``[T, *B]``). A boundary is wherever the id changes between two
+            consecutive steps. Exclusive with ``end``.
+        end (torch.Tensor, optional): end-of-trajectory flags in storage order (shape
+            ``[T, *B]``); ``True`` marks the last step of a trajectory. Exclusive with
+            ``trajectory``.
+        at_capacity (bool): whether the storage is full and behaves as a circular buffer:
+            a trajectory without an end after the last row continues at row ``0``. If
+            ``False``, the last row is always an end.
+        cursor (int, torch.Tensor or range, optional): the last written row (e.g.
+            ``storage._last_cursor``). Only used when ``at_capacity=True``: the row under the
+            cursor is an end, as the data that followed it has been overwritten.
+        device (torch.device, optional): where to compute the boundaries. The results are
+            returned on the input's device. Defaults to ``None`` (where the input lives).
+
+    Returns:
+        ``(start, stop, lengths)``: ``[N, 1 + len(B)]`` int64 tensors holding each
+        trajectory's first and last (inclusive) time index in column ``0`` and its batch
+        coordinates in the others, and the ``[N]`` lengths. For a trajectory spanning the
+        wrap point, ``start[i, 0] > stop[i, 0]``.
+
+    Raises:
+        TypeError: if neither or both of ``trajectory`` and ``end`` are given.
+        RuntimeError: for a 0-dimensional or empty signal, an empty cursor, or a cursor
+            that is not an integer, a 1-d tensor or a range.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_compat.utils import find_start_stop_traj
+        >>> end = torch.zeros(10, dtype=torch.bool)
+        >>> end[2] = end[7] = True
+        >>> start, stop, lengths = find_start_stop_traj(end=end, at_capacity=True, cursor=4)
+        >>> start.squeeze(-1).tolist(), stop.squeeze(-1).tolist(), lengths.tolist()
+        ([8, 3, 5], [2, 4, 7], [5, 2, 3])
+
+    .. note:: On CPU the signal is scanned once by a C kernel with the GIL released (torchrl
+        runs about ten torch ops over it); elsewhere by torch ops that synchronise with the
+        host once (``nonzero``).
+    """
+    _check_trajectory_signal(trajectory, end, cursor, at_capacity)
+    source = trajectory if trajectory is not None else end
+    if device is not None and torch.device(device) != source.device:
+        device = torch.device(device)
+        result = _trajectory_bounds(
+            trajectory=None if trajectory is None else trajectory.to(device),
+            end=None if end is None else end.to(device),
+            at_capacity=at_capacity,
+            cursor=cursor,
+        )
+        return tuple(value.to(source.device) for value in result)
+    return _trajectory_bounds(
+        trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+    )

@@ -3,24 +3,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import multiprocessing
+import inspect
 import os
+import pickle
 import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import wraps
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import is_tensor_collection, TensorDict, unravel_key
+from tensordict import is_tensor_collection, LazyStackedTensorDict, TensorDict, unravel_key
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from torch.utils._pytree import tree_map
 
-from torchrl_compat import _buffer_transforms as _transforms, storages as _storages
-from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer
+from torchrl_compat import _buffer_prefetch as _prefetch, _buffer_transforms as _transforms, storages as _storages
+from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer, PREFETCH_FILE
+from torchrl_compat._releases import since
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
 from torchrl_compat._buffer_processes import SharedWriteLock
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
@@ -273,10 +275,32 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         dim_extend: int | None = None,
         checkpointer: Any | Callable[[], Any] | None = None,  # noqa: F821
         generator: torch.Generator | None = None,
+        consume_after_n_samples: int | None = None,
         shared: bool = False,
         compilable: bool | None = None,
         delayed_init: bool | None = None,
+        service_backend: str = "direct",
+        service_backend_options: dict[str, Any] | None = None,
+        transport: str = "auto",
+        transport_options: dict[str, Any] | None = None,
+        sample_unit: Any | None = None,
     ) -> None:
+        if not since("buffer_service_arguments"):
+            _refuse_newer_arguments(
+                consume_after_n_samples=consume_after_n_samples, service_backend=service_backend,
+                service_backend_options=service_backend_options, transport=transport,
+                transport_options=transport_options, sample_unit=sample_unit,
+            )
+        _check_service_arguments(service_backend, transport, transport_options)
+        consume_after_n_samples = _checked_consume_count(consume_after_n_samples)
+        if sample_unit is not None and not _is_sample_unit(sample_unit):
+            raise TypeError(
+                f"sample_unit must be a SampleUnit instance, got {type(sample_unit).__name__}."
+            )
+        self._sample_unit = sample_unit
+        self._service_shutdown = False
+        self._init_consume_after_n_samples = consume_after_n_samples
+        self._consume_after_n_samples = consume_after_n_samples
         self._delayed_init = delayed_init
         self._initialized = False
         self._init_storage = storage
@@ -310,6 +334,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
                 "When using prefetch, the batch-size must be specified in "
                 "advance. "
             )
+        if consume_after_n_samples is not None and prefetch:
+            raise ValueError("Prefetching is not supported when consume_after_n_samples is set.")
         if dim_extend is not None and dim_extend < 0:
             raise ValueError("dim_extend must be a positive value.")
         self._dim_extend = dim_extend
@@ -343,7 +369,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             self._writer = self._maybe_make_writer(self._init_writer)
             self._writer.register_storage(self._storage)
             self._get_collate_fn(self._init_collate_fn)
+            self._maybe_make_consuming_sampler()
             self._transform = self._maybe_make_transform(self._init_transform, self._init_transform_factory)
+            if self.shared:
+                self._share_replay_buffer_transform()
             if self._batch_size is None and getattr(self._sampler, "drop_last", False):
                 raise ValueError(
                     "Samplers with drop_last=True must work with a predictable batch-size. "
@@ -357,7 +386,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             for name in (
                 "_init_storage", "_init_sampler", "_init_writer", "_init_collate_fn",
                 "_init_transform", "_init_transform_factory", "_init_checkpointer",
-                "_init_generator", "_init_compilable",
+                "_init_generator", "_init_compilable", "_init_consume_after_n_samples",
             ):
                 setattr(self, name, None)
         except Exception:
@@ -409,6 +438,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self.shared = shared
         # taken by every write; in a forked child it first refuses writes that would stay there
         self._write_lock = SharedWriteLock(self) if shared else _NO_LOCK
+        if shared and getattr(self, "_initialized", False):
+            self._share_replay_buffer_transform()
         return self
 
     @_maybe_delay_init
@@ -577,7 +608,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     # ---------------------------------------------------------- persistence
     @_maybe_delay_init
     def state_dict(self) -> dict[str, Any]:
-        return {
+        if since("buffer_prefetch_state"):
+            with self._capture_prefetch_state() as prefetch_state:
+                return self._state_dict(prefetch_state)
+        return self._state_dict(None)
+
+    def _state_dict(self, prefetch_state) -> dict[str, Any]:
+        state = {
             "_storage": self._storage.state_dict(),
             "_sampler": self._sampler.state_dict(),
             "_writer": self._writer.state_dict(),
@@ -587,9 +624,30 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             if self._rng is not None
             else None,
         }
+        if since("buffer_prefetch_state"):
+            state["_consume_after_n_samples"] = self._consume_after_n_samples
+            # torchrl's order: the generator state, then the prefetch state
+            state["_rng"] = state.pop("_rng")
+            state["_prefetch_state"] = prefetch_state
+        return state
 
     @_maybe_delay_init
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not since("buffer_prefetch_state"):
+            self._load_state_dict(state_dict)
+            return
+        prefetch_state = state_dict.get("_prefetch_state")
+        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        self.synchronize()
+        with self._futures_lock:
+            self._clear_prefetch_queue_locked()
+            with self._replay_lock:
+                self._load_state_dict(state_dict)
+                self._consume_after_n_samples = state_dict.get("_consume_after_n_samples")
+                if prefetch_state is not None:
+                    self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"]))
+
+    def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._storage.load_state_dict(state_dict["_storage"])
         self._sampler.load_state_dict(state_dict["_sampler"])
         self._writer.load_state_dict(state_dict["_writer"])
@@ -840,25 +898,29 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             plan = self._read_plan()
             storage = self._storage
             with self._replay_lock, self._write_lock:
-                rows = None
-                if plan.uniform:
-                    index, rows = self._uniform_index(storage, batch_size)
-                    info = {"index": index}
+                if self._sample_unit is not None:
+                    index, info, data = self._sample_expanded(storage, batch_size)
+                    plan = None
                 else:
-                    index, info = self._sampler.sample(storage, batch_size)
-                    info["index"] = index
-                data = None
-                if plan.gather:
-                    data = gather_rows(
-                        storage,
-                        index,
-                        trusted=plan.trusted,
-                        info=self._info_in_batch(info, batch_size),
-                        arrays=self._leaf_arrays,
-                        numpy_index=rows,
-                    )
-                if data is None:
-                    data = storage.get(index)
+                    rows = None
+                    if plan.uniform:
+                        index, rows = self._uniform_index(storage, batch_size)
+                        info = {"index": index}
+                    else:
+                        index, info = self._sampler.sample(storage, batch_size)
+                        info["index"] = index
+                    data = None
+                    if plan.gather:
+                        data = gather_rows(
+                            storage,
+                            index,
+                            trusted=plan.trusted,
+                            info=self._info_in_batch(info, batch_size),
+                            arrays=self._leaf_arrays,
+                            numpy_index=rows,
+                        )
+                    if data is None:
+                        data = storage.get(index)
         if (plan is None or plan.collate) and not isinstance(index, INT_CLASSES):
             data = self._collate_fn(data)
         if self._has_transforms():
@@ -866,6 +928,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         if self._pin_memory:
             data = _pin_memory(data)
         return data, info
+
+    def _sample_expanded(self, storage, batch_size: int):
+        """The sampler's anchors expanded by the sample unit: ``(index, info, data)``."""
+        index, info = self._sampler.sample(storage, batch_size)
+        index, info = self._sample_unit.expand(index, info, storage)
+        info["index"] = index
+        return index, info, storage.get(index)
 
     @staticmethod
     def _uniform_index(storage, batch_size):
@@ -932,6 +1001,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             )
         if not self._prefetch:
             return self._sample(batch_size)
+        if since("buffer_prefetch_state"):
+            return self._prefetched_sample(batch_size)
         with self._futures_lock:
             while (
                 len(self._prefetch_queue)
@@ -1044,6 +1115,15 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     # -------------------------------------------------------------- pickling
     @_maybe_delay_init
     def __getstate__(self) -> dict[str, Any]:
+        if since("buffer_prefetch_state"):
+            with self._capture_prefetch_state() as prefetch_state:
+                state = self._pickled_state()
+                state["_update_executor_placeholder"] = None
+                state["_prefetch_state"] = prefetch_state
+                return state
+        return self._pickled_state()
+
+    def _pickled_state(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         if getattr(self, "_rng", None) is not None:
             state["_rng"] = TensorDict(rng_state=self._rng.get_state().clone(), device=self._rng.device)
@@ -1056,6 +1136,11 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         return state
 
     def __setstate__(self, state: dict[str, Any]):
+        prefetch_state = state.pop("_prefetch_state", None)
+        state.pop("_update_executor_placeholder", None)
+        state.setdefault("_sample_unit", None)
+        state.setdefault("_consume_after_n_samples", None)
+        state.setdefault("_service_shutdown", False)
         state.setdefault("_leaf_arrays", {})
         state.setdefault("_plan", None)
         rng = None
@@ -1074,6 +1159,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self.__dict__.update(state)
         if rng is not None:
             self.set_rng(rng)
+        if prefetch_state is not None:
+            with self._futures_lock:
+                # the unpickled queue is this buffer's alone: no copy needed
+                self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"], clone=False))
 
     # ----------------------------------------------------------- components
     @property
@@ -1099,3 +1188,385 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def transform(self):
         """The transform of the replay buffer (a ``Compose``)."""
         return self._transform
+
+    # ------------------------------------------------------------------------------------
+    # From torchrl 0.14: the direct service API, stats / can_sample / query, the prefetch
+    # state, consumed items and shared transforms.
+    _accepts_transport_backend = True
+    _is_tensordict = False
+
+    def start(self):
+        """Return this already-started direct replay buffer."""
+        if self._service_shutdown:
+            raise RuntimeError("A shut down replay buffer cannot be restarted.")
+        return self
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether this direct replay buffer remains available."""
+        return not self._service_shutdown
+
+    @property
+    def service_backend(self) -> str:
+        """The canonical deployment backend for this replay buffer."""
+        return "direct"
+
+    def client(self):
+        """Return ``self`` for the zero-overhead direct backend."""
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Wait for pending replay work and close this direct replay buffer.
+
+        Pending prefetched samples are allowed to finish before the executor is closed;
+        an exception raised while sampling ahead is raised here. Repeated calls are safe.
+        """
+        del timeout
+        with self._futures_lock:
+            if self._service_shutdown:
+                return
+            self._service_shutdown = True
+        try:
+            self.synchronize()
+        finally:
+            with self._futures_lock:
+                executor = getattr(self, "_prefetch_executor", None)
+                self._prefetch_executor = None
+            if executor is not None:
+                executor.shutdown(wait=True)
+
+    def synchronize(self) -> None:
+        """Wait for pending samples.
+
+        Prefetched results remain queued and are returned by subsequent calls to
+        :meth:`sample` in the same order. Background exceptions are propagated to the caller.
+        """
+        with self._futures_lock:
+            self._synchronize_futures_locked()
+
+    def _synchronize_futures_locked(self) -> None:
+        futures = tuple(self._prefetch_queue)
+        if futures:
+            wait(futures)
+        for future in futures:
+            future.result()
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """Returns a cheap, serializable snapshot of the buffer's operational state.
+
+        Scalars only (``size``, ``write_count``, ``prefetch_queue_size``, ``initialized``,
+        and ``capacity`` / ``utilization`` when the storage has a ``max_size``); the buffer
+        is neither changed nor initialized.
+
+        Examples:
+            >>> import torch
+            >>> from torchrl_compat import LazyTensorStorage, ReplayBuffer
+            >>> rb = ReplayBuffer(storage=LazyTensorStorage(10))
+            >>> _ = rb.extend(torch.arange(5))
+            >>> snapshot = rb.stats()
+            >>> snapshot["size"], snapshot["write_count"], snapshot["capacity"]
+            (5, 5, 10)
+        """
+        if not self.initialized:
+            stats = {"size": 0, "write_count": 0, "prefetch_queue_size": 0, "initialized": False}
+            storage = getattr(self, "_storage", None) or getattr(self, "_init_storage", None)
+            capacity = getattr(storage, "max_size", None)
+            if isinstance(capacity, int):
+                stats["capacity"] = capacity
+                stats["utilization"] = 0.0
+            return stats
+        with self._replay_lock:
+            size = len(self)
+            capacity = getattr(self._storage, "max_size", None)
+            write_count = getattr(self._writer, "_write_count", 0)
+            queued = len(self._prefetch_queue)
+        stats = {
+            "size": int(size),
+            "write_count": int(write_count),
+            "prefetch_queue_size": int(queued),
+            "initialized": True,
+        }
+        if capacity is not None:
+            stats["capacity"] = int(capacity)
+            stats["utilization"] = float(size) / capacity if capacity else 0.0
+        return stats
+
+    @_maybe_delay_init
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        """Returns whether the replay buffer can serve a sample batch.
+
+        Args:
+            batch_size (int, optional): requested batch size. Defaults to the
+                batch size configured on the replay buffer.
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+        if batch_size is None:
+            raise RuntimeError(
+                "batch_size not specified. Configure it on the replay buffer "
+                "or pass it to can_sample()."
+            )
+        with self._replay_lock, self._write_lock:
+            return self._sampler.can_sample(self._storage, batch_size)
+
+    @_maybe_delay_init
+    def query(self, predicate: Callable | None = None, *, trajectory_key=None) -> list:
+        """Filters the stored trajectories with a query predicate.
+
+        The trajectories are those torchrl's ``query`` module finds in the stored
+        (untransformed) content, followed through the wrap point; predicates and results
+        see the transformed values, as sampled batches do.
+
+        Args:
+            predicate (Callable[[Trajectory], bool], optional): a ``TrajectoryPredicate``
+                built from ``torchrl.data.traj``, or any callable mapping a trajectory to a
+                boolean. Defaults to None (return all trajectories).
+
+        Keyword Args:
+            trajectory_key (NestedKey, optional): entry holding per-transition trajectory
+                ids. Defaults to None (found as torchrl finds it).
+
+        Returns:
+            A list of matching trajectory views, oldest first.
+
+        .. note:: The trajectory views and predicates are torchrl's (``torchrl.data.
+            replay_buffers.query``): this method needs torchrl installed.
+        """
+        storage = self._storage
+        if not len(storage):
+            return []
+        with self._replay_lock:
+            source = storage[:]
+        if isinstance(source, (list, tuple)):
+            if not source:
+                return []
+            if not all(is_tensor_collection(item) for item in source):
+                raise TypeError(
+                    "ReplayBuffer.query requires a tensordict-backed storage, "
+                    f"got items of type {type(source[0])}."
+                )
+            if any(item.batch_dims for item in source):
+                raise TypeError(
+                    "ReplayBuffer.query on a list-based storage expects "
+                    "single-transition (scalar) items."
+                )
+            source = LazyStackedTensorDict.lazy_stack(list(source))
+        elif not is_tensor_collection(source):
+            raise TypeError(
+                "ReplayBuffer.query requires a tensordict-backed storage, "
+                f"got content of type {type(source)}."
+            )
+        query_module = torchrl_query_module()
+        transforms = list(self._transform.transforms) if self._has_transforms() else []
+        return query_module._query_source(
+            source,
+            transforms=transforms,
+            predicate=predicate,
+            trajectory_key=trajectory_key,
+            at_capacity=bool(storage._is_full),
+            cursor=getattr(storage, "_last_cursor_index", None),
+        )
+
+    # ---- prefetch state
+    def _prefetched_sample(self, batch_size: int):
+        """0.14's prefetching: the oldest batch sampled ahead (or one sampled now), then the
+        queue filled up to ``prefetch`` batches again."""
+        with self._futures_lock:
+            if self._prefetch_queue:
+                result = self._prefetch_queue.popleft().result()
+            else:
+                result = self._sample(batch_size)
+            while (
+                len(self._prefetch_queue) < min(self._sampler._remaining_batches, self._prefetch_cap)
+                and not self._sampler.ran_out
+            ):
+                self._prefetch_queue.append(self._prefetch_executor.submit(self._sample, batch_size))
+        return result
+
+    @contextlib.contextmanager
+    def _capture_prefetch_state(self, *, clone_queue: bool = True):
+        """The prefetch state, with the buffer held still (futures settled, the replay lock
+        taken) while the caller saves the other parts."""
+        with self._futures_lock:
+            self._synchronize_futures_locked()
+            results = tuple(future.result() for future in self._prefetch_queue) if self._prefetch else ()
+            with self._replay_lock:
+                queue = tuple(_prefetch.clone_result(result) for result in results) if clone_queue else results
+                yield {"version": _prefetch.PREFETCH_STATE_VERSION, "capacity": int(self._prefetch_cap), "queue": queue}
+
+    def _clear_prefetch_queue_locked(self) -> None:
+        futures = tuple(self._prefetch_queue)
+        for future in futures:
+            future.cancel()
+        if futures:
+            wait(futures)
+        self._prefetch_queue.clear()
+
+    # ---- what dumps / loads add to torchrl 0.11's layout (see _buffer_checkpoint)
+    def _release_metadata(self) -> dict:
+        if since("buffer_prefetch_state"):
+            return {"consume_after_n_samples": self._consume_after_n_samples}
+        return {}
+
+    def _dump_release_entries(self, directory) -> None:
+        if since("buffer_prefetch_state"):
+            with self._capture_prefetch_state(clone_queue=False) as prefetch_state:
+                with open(directory / PREFETCH_FILE, "wb") as file:
+                    pickle.dump(prefetch_state, file)
+
+    def _read_release_entries(self, path) -> dict | None:
+        if not since("buffer_prefetch_state"):
+            return None
+        from torchrl_compat._checkpoint_checks import read_json_object
+
+        prefetch_state = None
+        prefetch_file = path / PREFETCH_FILE
+        if prefetch_file.exists():
+            with open(prefetch_file, "rb") as file:
+                prefetch_state = pickle.load(file)
+        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        metadata = read_json_object(path / "buffer_metadata.json")
+        return {"prefetch": prefetch_state, "consume": metadata.get("consume_after_n_samples")}
+
+    def _apply_release_entries(self, entries: dict | None) -> None:
+        if entries is None:
+            return
+        self._consume_after_n_samples = entries["consume"]
+        with self._futures_lock:
+            self._clear_prefetch_queue_locked()
+            if entries["prefetch"] is not None:
+                self._prefetch_queue.extend(_prefetch.completed_futures(entries["prefetch"]["queue"], clone=False))
+
+    # ---- consumed items
+    def _maybe_make_consuming_sampler(self) -> None:
+        count = getattr(self, "_init_consume_after_n_samples", None)
+        if count is None:
+            return
+        raise NotImplementedError(
+            f"consume_after_n_samples={count}: items consumed after sampling are not supported "
+            "by torchrl_compat's buffers yet."
+        )
+
+    # ---- shared transforms
+    def _share_replay_buffer_transform(self) -> None:
+        if not since("buffer_shared_transforms"):
+            return
+        transform = getattr(self, "_transform", None)
+        if transform is not None:
+            self._share_transform_state(transform)
+
+    @classmethod
+    def _share_transform_state(cls, transform) -> None:
+        """Puts the state of ``transform`` (each one of a ``Compose``) in shared memory, so that
+        processes writing into a shared buffer update one state."""
+        if isinstance(transform, _transforms.Compose) or type(transform).__name__ == "Compose":
+            for part in transform:
+                cls._share_transform_state(part)
+            return
+        share_memory = getattr(transform, "share_memory_", None)
+        if callable(share_memory):
+            share_memory()
+            return
+        if getattr(transform, "requires_shared_write_state", False):
+            raise RuntimeError(
+                f"{type(transform).__name__} keeps replay-buffer write state "
+                "but does not implement share_memory_(). Use a centralized "
+                "writer, a Ray-backed transform, or a transform that supports "
+                "shared replay-buffer write state."
+            )
+
+
+_SERVICE_ARGUMENTS = (
+    "consume_after_n_samples", "service_backend", "service_backend_options",
+    "transport", "transport_options", "sample_unit",
+)
+
+
+def _release_signature(init):
+    """``init``'s signature as the followed release has it: before 0.14, without the service
+    arguments, sample units and consumed items; from 0.14, in torchrl's order."""
+    signature = inspect.signature(init)
+    params = signature.parameters
+    if not since("buffer_service_arguments"):
+        kept = [p for name, p in params.items() if name not in _SERVICE_ARGUMENTS]
+        return signature.replace(parameters=kept)
+    names = list(params)
+    names.remove("sample_unit")
+    names.insert(names.index("sampler") + 1, "sample_unit")
+    return signature.replace(parameters=[params[name] for name in names])
+
+
+_NEWER_DEFAULTS = {
+    "consume_after_n_samples": None, "service_backend": "direct", "service_backend_options": None,
+    "transport": "auto", "transport_options": None, "sample_unit": None,
+}
+
+
+def _refuse_newer_arguments(**values) -> None:
+    """Before 0.14 the constructor has none of these arguments: refuse them as Python would."""
+    for name, value in values.items():
+        if value is not _NEWER_DEFAULTS[name] and value != _NEWER_DEFAULTS[name]:
+            raise TypeError(f"ReplayBuffer.__init__() got an unexpected keyword argument '{name}'")
+
+
+def _check_service_arguments(service_backend, transport, transport_options) -> None:
+    if service_backend == "direct" and transport not in ("auto", "direct"):
+        raise ValueError("A direct ReplayBuffer only supports transport='auto' or 'direct'.")
+    if service_backend == "direct" and transport_options:
+        raise ValueError("transport_options are only valid for a remote ReplayBuffer.")
+    if service_backend not in ("direct", "ray"):
+        raise ValueError(
+            f"ReplayBuffer supports service_backend='direct' or 'ray', not {service_backend!r}."
+        )
+    if service_backend == "ray":
+        raise ValueError(
+            "service_backend='ray' builds a Ray replay buffer: it is not available here "
+            "(torchrl_compat's direct buffers only)."
+        )
+
+
+def _checked_consume_count(count):
+    if count is None:
+        return None
+    if isinstance(count, bool) or not isinstance(count, INT_CLASSES):
+        raise TypeError("consume_after_n_samples must be a positive integer.")
+    if count < 1:
+        raise ValueError("consume_after_n_samples must be a positive integer.")
+    return int(count)
+
+
+def _is_sample_unit(value) -> bool:
+    """Whether ``value`` is one of torchrl's sample units (``SampleUnit``), or quacks like one."""
+    units = torchrl_sample_units()
+    if units is not None:
+        return isinstance(value, units.SampleUnit)
+    return callable(getattr(value, "expand", None))
+
+
+def torchrl_sample_units():
+    try:
+        from torchrl.data.replay_buffers import sample_units
+    except ImportError:
+        return None
+    return sample_units
+
+
+def torchrl_query_module():
+    try:
+        from torchrl.data.replay_buffers import query
+    except ImportError as err:
+        raise ImportError(
+            "ReplayBuffer.query builds torchrl's trajectory views: it needs torchrl >= 0.14 installed."
+        ) from err
+    return query
+
+
+ReplayBuffer.__init__.__signature__ = _release_signature(ReplayBuffer.__init__)
+
+# Before 0.14 the buffers have none of these public members.
+if not since("buffer_stats_query"):
+    for _name in ("stats", "can_sample", "query"):
+        delattr(ReplayBuffer, _name)
+if not since("buffer_service_arguments"):
+    for _name in ("start", "is_alive", "service_backend", "client", "shutdown", "synchronize"):
+        delattr(ReplayBuffer, _name)

@@ -55,6 +55,12 @@ from .prioritized_slice import (
 from .ensemble import (
     SamplerEnsemble,
 )
+from .base import _REPLACEMENT_DISPATCH, _SamplerMeta as _SamplerMeta
+
+_REPLACEMENT_DISPATCH.update({
+    RandomSampler: SamplerWithoutReplacement,
+    SliceSampler: SliceSamplerWithoutReplacement,
+})
 
 __all__ = [
     "PrioritizedSampler",

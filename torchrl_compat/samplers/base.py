@@ -2,17 +2,57 @@
 from __future__ import annotations
 
 import warnings
-from abc import ABC, abstractmethod
+from abc import ABC, ABCMeta, abstractmethod
 from copy import copy
 from typing import Any
 
 import torch
 
+from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
 
+_TWIN = torchrl_twin("samplers", "Sampler")
 
-class Sampler(*(torchrl_twin("samplers", "Sampler") or (ABC,))):
+# A sampler class -> its without-replacement counterpart, read by :class:`_SamplerMeta`
+# (filled in by the package's ``__init__`` once both are defined).
+_REPLACEMENT_DISPATCH: dict[type, type] = {}
+
+
+class _SamplerMeta(type(_TWIN[0]) if _TWIN else ABCMeta):
+    """Metaclass that sends ``Cls(replacement=False, ...)`` to ``Cls``'s without-replacement
+    counterpart (:data:`_REPLACEMENT_DISPATCH`), from the release that has the argument.
+
+    ``replacement=True`` builds ``Cls`` itself; ``replacement=False`` on a class with no such
+    counterpart raises a :class:`TypeError`, unless the class is itself one. It derives from
+    torchrl's metaclass when torchrl has one, whose dispatch table only knows torchrl's classes.
+    """
+
+    # before 0.13 no __call__ of its own: ``inspect.signature`` then reads ``__init__``, as on
+    # torchrl's classes of that release
+    if since("sampler_replacement_argument"):
+
+        def __call__(cls, *args, **kwargs):
+            return _dispatch_replacement(cls, super(), args, kwargs)
+
+
+def _dispatch_replacement(cls, meta_super, args, kwargs):
+    """:class:`_SamplerMeta`'s call: ``replacement=`` popped and acted on."""
+    if "replacement" in kwargs:
+        replacement = kwargs.pop("replacement")
+        if not replacement:
+            counterpart = _REPLACEMENT_DISPATCH.get(cls)
+            if counterpart is not None:
+                return counterpart(*args, **kwargs)
+            if cls not in _REPLACEMENT_DISPATCH.values():
+                raise TypeError(
+                    f"{cls.__name__} has no without-replacement variant; "
+                    "cannot be instantiated with replacement=False."
+                )
+    return meta_super.__call__(*args, **kwargs)
+
+
+class Sampler(*(_TWIN or (ABC,)), metaclass=_SamplerMeta):
     """A generic sampler base class for composable Replay Buffers."""
 
     # Some samplers - mainly those without replacement -
@@ -29,6 +69,17 @@ class Sampler(*(torchrl_twin("samplers", "Sampler") or (ABC,))):
     @abstractmethod
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
         ...
+
+    def _sampleable_count(self, storage: Storage, batch_size: int) -> int | torch.Tensor:
+        # how many items a batch can be drawn from now
+        return len(storage)
+
+    def can_sample(self, storage: Storage, batch_size: int) -> bool:
+        """Returns whether the sampler can draw the requested batch."""
+        count = self._sampleable_count(storage, batch_size)
+        if isinstance(count, torch.Tensor):
+            return bool(count.gt(0).item())
+        return count > 0
 
     def add(self, index: int) -> None:
         return
@@ -102,3 +153,7 @@ class Sampler(*(torchrl_twin("samplers", "Sampler") or (ABC,))):
         for name in ("_shortest", "_trajectory_ends", "_preceding_of", "_info_keys_of", "_max_priority_record"):
             state.pop(name, None)
         return state
+
+# Before 0.14 samplers have no can_sample.
+if not since("sampler_can_sample"):
+    del Sampler.can_sample

@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 from .._checkpoint_publish import write_aside
 from .._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ._common import _STORAGE_ENSEMBLES, _randint
 from .base import Sampler
@@ -76,6 +77,13 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
 
     @p.setter
     def p(self, value):
+        if isinstance(value, str) and since("ensemble_sampleable_routing"):
+            if value != "sampleable":
+                raise ValueError(
+                    "The only dynamic SamplerEnsemble probability is 'sampleable'."
+                )
+            self._p = value
+            return
         if not isinstance(value, torch.Tensor) and value is not None:
             value = torch.tensor(value)
         if value is not None:
@@ -113,6 +121,8 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
                 ]
             )
             buffer_ids = torch.arange(len(samples))
+        elif since("ensemble_sampleable_routing"):
+            return self._sample_by_member(storage, sub_batch_size)
         else:
             if self.p is None:
                 buffer_ids = _randint(
@@ -156,6 +166,89 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
             ]
         )
         return samples, infos
+
+    def _member_weights(self, storage, sub_batch_size: int) -> torch.Tensor:
+        """``p="sampleable"``: each member weighted by what it can draw from now."""
+        counts = torch.tensor(
+            [
+                float(sampler._sampleable_count(member, sub_batch_size))
+                for member, sampler in zip(storage._storages, self._samplers)
+            ],
+            dtype=torch.float,
+            device=self._rng.device if self._rng is not None else "cpu",
+        )
+        if not counts.any():
+            raise RuntimeError("None of the replay-buffer ensemble members can be sampled.")
+        return counts / counts.sum()
+
+    def _sample_by_member(self, storage, sub_batch_size: int):
+        """The 0.14 draw: the buffers first, then one call per member drawn, for all the
+        sub-batches it serves (repeated while the member returns fewer records)."""
+        if isinstance(self.p, str):
+            buffer_ids = torch.multinomial(
+                self._member_weights(storage, sub_batch_size), self.num_buffer_sampled, True, generator=self._rng
+            )
+        elif self.p is None:
+            buffer_ids = _randint(
+                len(self._samplers), self.num_buffer_sampled, getattr(storage, "device", None), self._rng
+            )
+        else:
+            buffer_ids = torch.multinomial(self.p, self.num_buffer_sampled, True, generator=self._rng)
+        samples = [None] * self.num_buffer_sampled
+        infos = [None] * self.num_buffer_sampled
+        for member_id in buffer_ids.unique(sorted=True).tolist():
+            positions = (buffer_ids == member_id).nonzero().flatten().tolist()
+            wanted = sub_batch_size * len(positions)
+            parts, part_infos, remaining = [], [], wanted
+            while remaining:
+                part, part_info = self._samplers[member_id].sample(storage._storages[member_id], remaining)
+                if not isinstance(part, torch.Tensor):
+                    part = torch.stack(part, -1)
+                if not part.shape[0] or part.shape[0] > remaining:
+                    raise RuntimeError(
+                        f"Sampler {member_id} returned {part.shape[0]} "
+                        f"records for a requested batch of {remaining}."
+                    )
+                parts.append(part)
+                part_infos.append(part_info)
+                remaining -= part.shape[0]
+            member_info = _joined_infos(part_infos, [part.shape[0] for part in parts])
+            member_info = TensorDict.from_dict(member_info, batch_dims=0) if member_info else TensorDict()
+            chunks = torch.cat(parts).split(sub_batch_size, dim=0)
+            for chunk_id, position in enumerate(positions):
+                samples[position] = chunks[chunk_id]
+                start = chunk_id * sub_batch_size
+                chunk_info = member_info.clone(False)
+                for key, value in member_info.items(include_nested=True, leaves_only=True):
+                    if isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == wanted:
+                        chunk_info.set(key, value[start : start + sub_batch_size])
+                infos[position] = chunk_info
+        if all(samples[0].shape == sample.shape for sample in samples[1:]):
+            stacked = torch.stack(samples)
+        else:
+            stacked = torch.nested.nested_tensor(list(samples))
+        index = TensorDict(
+            {"index": stacked, "buffer_ids": buffer_ids}, batch_size=[self.num_buffer_sampled]
+        )
+        return index, torch.stack(infos)
+
+    def _sampleable_count(self, storage, batch_size: int) -> int:
+        return len(storage)
+
+    def can_sample(self, storage, batch_size: int) -> bool:
+        """Returns whether the selected ensemble strategy can serve a batch."""
+        if batch_size % self.num_buffer_sampled:
+            return False
+        sub_batch_size = batch_size // self.num_buffer_sampled
+        ready = [
+            sampler.can_sample(member, sub_batch_size)
+            for member, sampler in zip(storage._storages, self._samplers)
+        ]
+        if self.sample_from_all:
+            return all(ready)
+        if isinstance(self.p, str) or self.p is None:
+            return any(ready)
+        return any(is_ready and weight > 0 for is_ready, weight in zip(ready, self.p.tolist()))
 
     def dumps(self, path: Path):
         # Every member's files are written aside and published together: an interrupted
@@ -210,3 +303,24 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
     def __repr__(self):
         samplers = textwrap.indent(f"samplers={self._samplers}", " " * 4)
         return f"{self.__class__.__name__}(\n{samplers})"
+
+
+def _joined_infos(infos: list, sizes: list) -> dict:
+    """The infos of a member's successive draws as one: entries with one row per record
+    concatenated, others taken from the last draw that has them."""
+    if len(infos) == 1:
+        return infos[0]
+    joined = {}
+    for key in set().union(*(info.keys() for info in infos)):
+        values = [info.get(key) for info in infos]
+        if all(
+            isinstance(value, torch.Tensor) and value.ndim and value.shape[0] == size
+            for value, size in zip(values, sizes)
+        ):
+            joined[key] = torch.cat(values)
+        else:
+            joined[key] = next(value for value in reversed(values) if value is not None)
+    return joined
+
+if not since("sampler_can_sample"):
+    del SamplerEnsemble.can_sample

@@ -13,6 +13,7 @@ from .._checkpoint_checks import MetadataError, read_memmapped_state
 from .._checkpoint_publish import write_aside
 from .._sampler_storage import storage_device
 from .._storage_counters import compile_disable as _compile_disable
+from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
 from ..utils import unravel_index
@@ -318,6 +319,10 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
     def _storage_len(self, storage):
         return len(storage)
 
+    def can_sample(self, storage: Storage, batch_size: int) -> bool:
+        """Returns whether the storage can provide the requested batch."""
+        return len(storage) >= batch_size if self.drop_last else len(storage) > 0
+
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:  # noqa: F811
         len_storage = self._storage_len(storage)
         # Steady state (a stored permutation with at least one more full batch after this
@@ -379,7 +384,11 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.len_storage = state_dict["len_storage"]
-        self._sample_list = state_dict["_sample_list"]
+        sample_list = state_dict["_sample_list"]
+        if isinstance(sample_list, torch.Tensor) and since("load_state_dict_clones"):
+            # the sampler must not change with the caller's tensor
+            sample_list = sample_list.clone()
+        self._sample_list = sample_list
         self.drop_last = state_dict["drop_last"]
         self._ran_out = state_dict["_ran_out"]
 
@@ -392,3 +401,6 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
         if not self._has_sample_list():
             return before_first_epoch
         return self._remaining_in_epoch() / self.len_storage * 100
+
+if not since("sampler_can_sample"):
+    del SamplerWithoutReplacement.can_sample

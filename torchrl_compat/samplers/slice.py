@@ -1,19 +1,24 @@
 """:class:`SliceSampler`: slices of trajectories, read from the trajectory ends."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
-from tensordict.utils import NestedKey
+from tensordict import is_tensor_collection
+from tensordict.utils import NestedKey, unravel_key
 
 import replay
 from .. import _torch_slices
 from .._sampler_storage import flag_columns, gather_fields, snapshot
+from .._releases import keywords_since
+from .._releases import since
 from .._torchrl_lookup import torchrl_twin
+from .._fragmented_runs import fragmented_runs
 from .._trajectory_ends import TrajectoryEnds
 from ..storages import Storage, logger
-from ..utils import _auto_device
+from ..utils import _auto_device, _trajectory_bounds
 from ._common import (
     _CPU,
     _EMPTY_STORAGE_ERROR,
@@ -48,6 +53,69 @@ def _plain_slice_sampling(cls) -> bool:
             getattr(cls, name) is getattr(SliceSampler, name) for name in _SLICE_SAMPLING_STEPS
         )
     return plain
+
+
+_MISSING = object()
+
+
+def _revision_key(storage):
+    """What ``cache_values`` checks the kept trajectory bounds against, from torchrl 0.14 on:
+    the storage, its mutation revision and length (``None`` before 0.14, or for a storage
+    without a revision: the bounds are then kept until the next ``extend``)."""
+    if not since("slice_mutation_revision"):
+        return None
+    revision = _own_attribute(storage, "_mutation_revision")
+    if revision is _MISSING or revision is None:
+        return None
+    return (id(storage), int(revision), len(storage))
+
+
+def _last_cursor(storage):
+    """The storage's last written position, as the followed release reads it."""
+    if since("slice_mutation_revision"):
+        cursor = _own_attribute(storage, "_last_cursor_index")
+        if cursor is not _MISSING:
+            return cursor
+    return getattr(storage, "_last_cursor", None)
+
+
+def _own_attribute(storage, name):
+    """``storage.<name>``, or ``_MISSING`` where a storage of ours would only reach it through
+    the torchrl class it stands in for (torchrl's property, which our writes never update)."""
+    if name in getattr(storage, "__dict__", {}):
+        return storage.__dict__[name]
+    ours = type(storage).__module__.startswith("torchrl_compat")
+    for klass in type(storage).__mro__:
+        if name in vars(klass):
+            if ours and not klass.__module__.startswith("torchrl_compat"):
+                return _MISSING
+            return getattr(storage, name)
+    return _MISSING
+
+
+def _check_fragmented(cls, step_key, ends, trajectories, span, compile) -> None:
+    """The constructor errors of ``fragmented=True``."""
+    if cls.sample is not SliceSampler.sample:
+        raise NotImplementedError(
+            "fragmented=True currently supports SliceSampler with replacement only."
+        )
+    if step_key is None:
+        raise ValueError("step_key must be provided when fragmented=True.")
+    if ends is not None:
+        raise ValueError(
+            "fragmented=True requires trajectory and step identifiers; "
+            "the static ends argument cannot reconstruct interleaved "
+            "trajectories."
+        )
+    if trajectories is not None:
+        raise ValueError(
+            "The static trajectories argument is not supported with "
+            "fragmented=True; provide traj_key and step_key."
+        )
+    if any(span):
+        raise NotImplementedError("span is not supported with fragmented=True.")
+    if compile:
+        raise NotImplementedError("compile is not supported with fragmented=True.")
 
 
 class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
@@ -149,25 +217,62 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     # We use this whenever we need to sample N times too many transitions to then select only a 1/N fraction of them
     _batch_size_multiplier: int | None = 1
 
-    def __init__(
+    # Class-level defaults: samplers pickled under an earlier release (whose __dict__ lacks
+    # these attributes) keep working.
+    end_keys: tuple | None = None
+    init_key: NestedKey | None = "is_init"
+    pad_output: bool = False
+    fragmented: bool = False
+    step_key: NestedKey | None = "step_count"
+    _traj_key_auto: bool = False
+
+    def _init_slices(
         self,
         *,
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
+        step_key: NestedKey | None = "step_count",
+        fragmented: bool = False,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         cache_values: bool = False,
         truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
         strict_length: bool = True,
+        pad_output: bool = False,
         compile: bool | dict = False,
         span: bool | int | tuple[bool | int, bool | int] = False,
         use_gpu: torch.device | bool = False,
     ):
+        if isinstance(span, (bool, int)):
+            span = (span, span)
+        if fragmented:
+            _check_fragmented(type(self), step_key, ends, trajectories, span, compile)
+        if end_keys is not None and end_key is not None:
+            raise RuntimeError(
+                "`end_key` and `end_keys` are exclusive arguments: pass the "
+                "single boundary key through `end_key`, or the sequence of "
+                "keys to be OR-ed together through `end_keys`."
+            )
+        if pad_output and strict_length:
+            raise ValueError(
+                "pad_output=True is incompatible with strict_length=True: "
+                "padding only happens when short trajectories are kept, which "
+                "requires strict_length=False."
+            )
         self.num_slices = num_slices
         self.slice_len = slice_len
         self.end_key = end_key
+        if since("slice_end_keys_fragmented"):
+            self.step_key = step_key
+            self.fragmented = fragmented
+            self.end_keys = None if end_keys is None else tuple(unravel_key(key) for key in end_keys)
+            self.init_key = init_key
+        if since("slice_pad_output"):
+            self.pad_output = pad_output
         self.traj_key = traj_key
         self.truncated_key = truncated_key
         self.cache_values = cache_values
@@ -181,15 +286,17 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             self._gpu_device = _auto_device()
         else:
             self._gpu_device = torch.device(use_gpu)
-
-        if isinstance(span, (bool, int)):
-            span = (span, span)
         self.span = span
 
         if trajectories is not None or ends is not None:
             # A static signal given up front (trajectory ids first): its bounds are cached.
             given = "trajectories" if trajectories is not None else "ends"
-            if traj_key is not None or end_key:
+            if since("slice_end_keys_fragmented"):
+                if traj_key is not None or end_key or end_keys:
+                    raise RuntimeError(
+                        f"`{given}` and `end_key`, `end_keys` or `traj_key` are exclusive arguments."
+                    )
+            elif traj_key is not None or end_key:
                 raise RuntimeError(
                     f"`{given}` and `end_key` or `traj_key` are exclusive arguments."
                 )
@@ -199,18 +306,21 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 raise RuntimeError(
                     f"To be used, {given} requires `cache_values` to be set to `True`."
                 )
-            self._cache["stop-and-length"] = self._find_start_stop_traj(
+            self._cache[self._static_cache_key] = self._find_start_stop_traj(
                 trajectory=trajectories, end=ends, at_capacity=True
             )
 
         else:
             if traj_key is not None:
                 self._fetch_traj = True
-            elif end_key is not None:
+            elif end_key is not None or end_keys is not None:
                 self._fetch_traj = False
-            if end_key is None:
+            elif since("slice_traj_key_auto"):
+                # Neither given: the storage is asked at the first sample call.
+                self._traj_key_auto = True
+            if end_key is None and end_keys is None:
                 end_key = ("next", "done")
-            if traj_key is None:
+            if traj_key is None and not since("slice_traj_key_auto"):
                 traj_key = "episode"
             self.end_key = end_key
             self.traj_key = traj_key
@@ -224,6 +334,23 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         if self.compile:
             kwargs = compile if isinstance(compile, dict) else {}
             self._get_index = torch.compile(self._get_index, **kwargs)
+
+    # The constructor takes the keywords of the torchrl release followed.
+    __init__ = keywords_since(
+        _init_slices,
+        {
+            "end_keys": "slice_end_keys_fragmented",
+            "step_key": "slice_end_keys_fragmented",
+            "fragmented": "slice_end_keys_fragmented",
+            "init_key": "slice_end_keys_fragmented",
+            "pad_output": "slice_pad_output",
+        },
+        name="__init__",
+    )
+
+    @property
+    def _static_cache_key(self) -> str:
+        return "static-stop-and-length" if since("slice_mutation_revision") else "stop-and-length"
 
     def __getstate__(self):
         if get_spawning_popen() is not None and self.cache_values:
@@ -240,16 +367,46 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         return state
 
     def extend(self, index: torch.Tensor) -> None:
+        if self.fragmented:
+            return
         super().extend(index)
         if self.cache_values:
             self._cache.clear()
 
     def add(self, index: torch.Tensor) -> None:
+        if self.fragmented:
+            return
         super().add(index)
         if self.cache_values:
             self._cache.clear()
 
+    def mark_update(
+        self, index: int | torch.Tensor, *, storage: Storage | None = None
+    ) -> None:
+        # The fragmented runs are read again from the storage when its revision changes:
+        # nothing to record here. Cooperative, for samplers mixing this class with another.
+        super().mark_update(index, storage=storage)
+
+    def _end_stream(self, index: torch.Tensor, *, storage: Storage) -> None:
+        # A boundary patch changes no slot identity and must not look like a write.
+        self._cache.clear()
+
     def __repr__(self):
+        if since("slice_end_keys_fragmented"):
+            return (
+                f"{self.__class__.__name__}(num_slices={self.num_slices}, "
+                f"slice_len={self.slice_len}, "
+                f"end_key={self.end_key}, "
+                f"end_keys={self.end_keys}, "
+                f"traj_key={self.traj_key}, "
+                f"step_key={self.step_key}, "
+                f"fragmented={self.fragmented}, "
+                f"truncated_key={self.truncated_key}, "
+                f"strict_length={self.strict_length}, "
+                f"pad_output={self.pad_output})"
+            )
+        if since("slice_pad_output"):
+            return f"{self._repr_head()}, pad_output={self.pad_output})"
         return f"{self._repr_head()})"
 
     def _repr_head(self) -> str:
@@ -265,7 +422,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
     # ------------------------------------------------------------------ trajectories
     def _find_start_stop_traj(
-        self, *, trajectory=None, end=None, at_capacity: bool, cursor=None
+        self, *, trajectory=None, end=None, at_capacity: bool, cursor=None, storage=None, source=None
     ):
         signal = trajectory if trajectory is not None else end
         device = None
@@ -275,14 +432,20 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 trajectory = trajectory.to(self._gpu_device)
             else:
                 end = end.to(self._gpu_device)
-        if device is None and self._use_cpu_kernels and _on_cpu(signal):
+        if since("find_start_stop_traj_public"):
+            start_idx, stop_idx, lengths = _trajectory_bounds(
+                trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor,
+                on_cpu=self._use_cpu_kernels,
+            )
+        elif device is None and self._use_cpu_kernels and _on_cpu(signal):
             # One C pass over the signal, GIL released (the torch ops below take several).
             return replay.find_start_stop_traj(
                 trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
             )
-        start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
-            trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
-        )
+        else:
+            start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
+                trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
+            )
         if device is not None:
             return start_idx.to(device), stop_idx.to(device), lengths.to(device)
         return start_idx, stop_idx, lengths
@@ -328,6 +491,30 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             raise RuntimeError(_EMPTY_STORAGE_ERROR)
         return self._get_stop_and_length(storage)
 
+    def _sampleable_count(self, storage, batch_size: int) -> int | torch.Tensor:
+        """How many slices of ``batch_size`` can be drawn from ``storage`` (0: none), for
+        ``can_sample``."""
+        if len(storage) == 0:
+            return 0
+        seq_length, _ = self._adjusted_batch_size(batch_size)
+        if self.fragmented:
+            if self._traj_key_auto:
+                self._resolve_traj_key(storage)
+            if not self._fetch_traj or self.traj_key is None:
+                return 0
+            _, _, lengths = self._fragmented_runs(storage)
+        else:
+            try:
+                _, _, lengths = self._get_stop_and_length(storage)
+            except (KeyError, RuntimeError):
+                return 0
+        windows = lengths - seq_length + 1
+        if self.strict_length:
+            windows = windows.clamp_min(0)
+        else:
+            windows = torch.where(lengths > 0, windows.clamp_min(1), 0)
+        return windows.sum()
+
     @staticmethod
     def _check_signal_ndim(start_idx: torch.Tensor, storage) -> None:
         # The start / stop rows index the storage, so they need its number of dims.
@@ -339,15 +526,23 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             )
 
     def _get_stop_and_length(self, storage, fallback=True):
-        if self.cache_values and "stop-and-length" in self._cache:
-            return self._cache.get("stop-and-length")
+        if self.cache_values:
+            cached = self._cache.get(self._static_cache_key)
+            if cached is not None:
+                return cached
+            kept = self._cache.get("storage-stop-and-length")
+            if kept is not None and kept[0] == _revision_key(storage):
+                return kept[1]
+
+        if self._traj_key_auto:
+            self._resolve_traj_key(storage)
 
         if self._fetch_traj:
             # We first try with the traj_key
             try:
                 vals = self._tracked_bounds(storage, self._used_traj_key, from_ids=True)
                 if vals is not None:
-                    return self._keep_bounds(vals)
+                    return self._keep_bounds(vals, storage)
                 if isinstance(storage, _TENSOR_STORAGES):
                     trajectory = storage[:][self._used_traj_key]
                 else:
@@ -360,9 +555,9 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 vals = self._find_start_stop_traj(
                     trajectory=snapshot(trajectory),
                     at_capacity=storage._is_full,
-                    cursor=getattr(storage, "_last_cursor", None),
+                    cursor=_last_cursor(storage),
                 )
-                return self._keep_bounds(vals)
+                return self._keep_bounds(vals, storage)
             except KeyError:
                 if fallback:
                     self._fetch_traj = False
@@ -370,32 +565,99 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 raise
 
         else:
-            vals = self._tracked_bounds(storage, self.end_key, from_ids=False)
-            if vals is not None:
-                return self._keep_bounds(vals)
+            if self.end_keys is None:
+                vals = self._tracked_bounds(storage, self.end_key, from_ids=False)
+                if vals is not None:
+                    return self._keep_bounds(vals, storage)
             try:
-                try:
-                    done = storage[:][self.end_key]
-                except Exception:
-                    raise RuntimeError(
-                        "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
-                    )
+                if self.end_keys is not None:
+                    done = self._end_signal_from_keys(storage)
+                else:
+                    try:
+                        done = storage[:][self.end_key]
+                    except Exception:
+                        raise RuntimeError(
+                            "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
+                        )
+                    done = done.squeeze()
                 vals = self._find_start_stop_traj(
-                    end=snapshot(done.squeeze()[: len(storage)]),
+                    end=snapshot(done[: len(storage)]),
                     at_capacity=storage._is_full,
-                    cursor=getattr(storage, "_last_cursor", None),
+                    cursor=_last_cursor(storage),
                 )
-                return self._keep_bounds(vals)
+                return self._keep_bounds(vals, storage)
             except KeyError:
                 if fallback:
                     self._fetch_traj = True
+                    if self.traj_key is None:
+                        # No trajectory key either: the storage is asked for one on the retry.
+                        self._traj_key_auto = True
                     return self._get_stop_and_length(storage, fallback=False)
                 raise
 
-    def _keep_bounds(self, vals):
-        """``vals`` (start, stop, lengths), cached first with ``cache_values``."""
+    def _resolve_traj_key(self, storage) -> None:
+        """Finds the trajectory key in ``storage`` (once per sampler): ``("collector",
+        "traj_ids")`` (written by collectors), then ``"episode"``; without either, the
+        trajectories are read from the end key. The keys are read from the storage's
+        tensordict when it has one (no data read), else from its first row."""
+        self._traj_key_auto = False
+        keys = None
+        underlying = getattr(storage, "_storage", None)
+        if is_tensor_collection(underlying):
+            try:
+                keys = set(underlying.keys(include_nested=True))
+            except (RuntimeError, AttributeError, TypeError):
+                keys = None
+        if keys is None:
+            try:
+                first = storage[0:1]
+            except (IndexError, KeyError, RuntimeError):
+                first = None
+            if first is not None and hasattr(first, "keys"):
+                try:
+                    keys = set(first.keys(include_nested=True))
+                except (RuntimeError, AttributeError, TypeError):
+                    keys = None
+        for key in (("collector", "traj_ids"), "episode"):
+            if keys is not None and key in keys:
+                self.traj_key = key
+                self._fetch_traj = True
+                return
+        self._fetch_traj = False
+
+    def _end_signal_from_keys(self, storage) -> torch.Tensor:
+        """The ``end_keys`` entries of ``storage`` OR-ed together (missing ones skipped).
+
+        Raises:
+            KeyError: if none of them is in the storage (the caller then tries the
+                trajectory key).
+        """
+        try:
+            data = storage[:]
+        except Exception:
+            raise RuntimeError(
+                "Could not get a tensordict out of the storage, which is required for SliceSampler to compute the trajectories."
+            )
+        done = None
+        for key in self.end_keys:
+            value = data.get(key, default=None)
+            if value is None:
+                continue
+            value = value.squeeze()
+            done = value if done is None else done | value
+        if done is None:
+            raise KeyError(f"None of the end_keys {self.end_keys} could be found in the storage.")
+        return done
+
+    def _keep_bounds(self, vals, storage=None):
+        """``vals`` (start, stop, lengths), cached first with ``cache_values`` (until the next
+        ``extend``, or, from torchrl 0.14 on, until the storage's revision changes)."""
         if self.cache_values:
-            self._cache["stop-and-length"] = vals
+            revision = _revision_key(storage) if storage is not None else None
+            if revision is None:
+                self._cache[self._static_cache_key] = vals
+            else:
+                self._cache["storage-stop-and-length"] = (revision, vals)
         return vals
 
     def _tracked_bounds(self, storage, key, *, from_ids: bool):
@@ -442,6 +704,8 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
         if self._batch_size_multiplier is not None:
             batch_size = batch_size * self._batch_size_multiplier
+        if self.fragmented:
+            return self._sample_fragmented(storage, batch_size)
         if _plain_slice_sampling(type(self)) and _SLICE_SAMPLING_STEPS.isdisjoint(self.__dict__):
             sampled = self._sample_from_ends(storage, batch_size)
             if sampled is not None:
@@ -459,6 +723,66 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             storage_length=storage_length,
             storage=storage,
         )
+
+    def _fragmented_runs(self, storage):
+        """``(ordered_slots, run_offsets, run_lengths)`` of the storage's logical runs
+        (:func:`._fragmented_runs.fragmented_runs`), kept while the storage's revision and
+        length stay the same (read again at every call for a storage without a revision)."""
+        key = (self.traj_key, self.step_key, _revision_key(storage))
+        kept = self._cache.get("fragmented-runs")
+        if kept is not None and key[2] is not None and kept[0] == key:
+            return kept[1]
+        runs = fragmented_runs(storage, self.traj_key, self.step_key)
+        self._cache["fragmented-runs"] = (key, runs)
+        return runs
+
+    def _sample_fragmented(self, storage, batch_size: int):
+        """:meth:`sample` with ``fragmented=True``: slices along runs of consecutive steps
+        of one trajectory, wherever they lie in the storage."""
+        if len(storage) == 0:
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        if self._traj_key_auto:
+            self._resolve_traj_key(storage)
+        if not self._fetch_traj or self.traj_key is None:
+            raise RuntimeError(
+                "fragmented=True requires a trajectory identifier under traj_key; "
+                "end-of-trajectory flags alone cannot reconstruct interleaved data."
+            )
+        ordered_slots, run_offsets, lengths = self._fragmented_runs(storage)
+        if not lengths.numel():
+            raise RuntimeError("No logical trajectory runs are available for sampling.")
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        target = None
+        if self.strict_length:
+            eligible = lengths >= seq_length
+            if not eligible.any():
+                raise RuntimeError(
+                    "Did not find a single fragmented trajectory run with "
+                    f"sufficient length (length range: {lengths.min()} - "
+                    f"{lengths.max()} / required={seq_length})."
+                )
+            run_offsets, lengths = run_offsets[eligible], lengths[eligible]
+            run_idx = _randint(lengths.shape[0], num_slices, lengths.device, self._rng)
+            slice_lengths = torch.full((num_slices,), seq_length, dtype=torch.long, device=lengths.device)
+        else:
+            run_idx = _randint(lengths.shape[0], num_slices, lengths.device, self._rng)
+            slice_lengths = lengths[run_idx].clamp_max(seq_length)
+            target = seq_length if self.pad_output else None
+        available = lengths[run_idx] - slice_lengths + 1
+        relative = (_rand(num_slices, lengths.device, self._rng) * available).floor().to(torch.long)
+        packed_starts = run_offsets[run_idx] + relative
+        if target is not None:
+            steps = torch.arange(target, device=lengths.device)
+            mask = steps.unsqueeze(0) < slice_lengths.unsqueeze(1)
+            steps = torch.minimum(steps.unsqueeze(0), (slice_lengths - 1).unsqueeze(1))
+            index = ordered_slots[packed_starts.unsqueeze(1) + steps].reshape(-1, 1)
+            return self._padded_index_and_info(storage, index, slice_lengths, target, mask.reshape(-1))
+        packed = torch.repeat_interleave(packed_starts - (slice_lengths.cumsum(0) - slice_lengths), slice_lengths)
+        packed = packed + torch.arange(packed.shape[0], device=packed.device)
+        index = ordered_slots[packed].reshape(-1, 1)
+        truncated = torch.zeros((index.shape[0], 1), dtype=torch.bool, device=index.device)
+        truncated[slice_lengths.cumsum(0) - 1] = True
+        return self._index_and_info(storage, index, truncated)
 
     def _sample_from_ends(self, storage, batch_size: int):
         """:meth:`sample`'s result in the common case, read from the trajectory ends kept by a
@@ -482,10 +806,14 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             or not TrajectoryEnds.supports(storage)
         ):
             return None
+        if self._traj_key_auto:
+            self._resolve_traj_key(storage)
         if self._fetch_traj:
             tracker = self._tracker(self._used_traj_key, True)
-        else:
+        elif self.end_keys is None:
             tracker = self._tracker(self.end_key, False)
+        else:
+            return None  # several end signals OR-ed: read whole by the general path
         try:
             stops = tracker.stops(storage)
         except KeyError:
@@ -542,6 +870,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         storage,
     ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
         # start_idx and stop_idx are 2d tensors organized like a non-zero
+        target_seq_length = None
 
         def get_traj_idx(maxval):
             return _randint(maxval, num_slices, lengths.device, self._rng)
@@ -587,6 +916,8 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                     num_slices = traj_idx.shape[0]
 
                 # make seq_length a tensor with values clamped by lengths
+                if self.pad_output:
+                    target_seq_length = seq_length
                 seq_length = lengths[traj_idx].clamp_max(seq_length)
         else:
             if traj_idx is None:
@@ -602,6 +933,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             storage_length=storage_length,
             traj_idx=traj_idx,
             storage=storage,
+            **({"target_seq_length": target_seq_length} if target_seq_length is not None else {}),
         )
 
     def _has_shorter(self, lengths: torch.Tensor, seq_length) -> bool:
@@ -625,6 +957,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         storage_length: int,
         traj_idx: torch.Tensor | None = None,
         *,
+        target_seq_length: int | None = None,
         storage,
     ) -> tuple[torch.Tensor, dict]:
         # With strict_length=False seq_length is a tensor clamped by the trajectory lengths,
@@ -638,8 +971,13 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         uniform = _rand(num_slices, lengths.device, self._rng)
         index = truncated = gathered = None
         if num_slices and self._kernel_slices(start_idx):
-            # The done / terminated columns are read at the sampled rows in the same call.
-            flags = self._kernel_flags(storage) if start_idx.shape[1] == 1 else None
+            # The done / terminated (/ is_init) columns are read at the sampled rows in the
+            # same call, but for padded slices, which read them at the padded rows.
+            flags = (
+                self._kernel_flags(storage)
+                if start_idx.shape[1] == 1 and target_seq_length is None
+                else None
+            )
             try:
                 out = replay.sample_slice_index(
                     start_idx, lengths, traj_idx, uniform, seq_length, storage_length,
@@ -651,10 +989,42 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 index, truncated = out[0], out[1]
                 gathered = out[2] if flags is not None else None
         if index is None:
-            return self._index_with_torch(
-                lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
-            )
+            if target_seq_length is not None:
+                index, seq_length = self._slices_with_torch(
+                    lengths, start_idx, seq_length, storage_length, traj_idx, uniform
+                )
+                truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+            else:
+                return self._index_with_torch(
+                    lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
+                )
+        if target_seq_length is not None:
+            return self._pad_slices(storage, index, truncated, target_seq_length)
         return self._index_and_info(storage, index, truncated, gathered)
+
+    def _pad_slices(self, storage, index, truncated, target_seq_length: int):
+        """``pad_output=True``: every slice (rows of ``index``, its last one flagged in
+        ``truncated``) padded to ``target_seq_length`` rows by repeating its last row."""
+        stops = truncated.reshape(-1).nonzero().reshape(-1)
+        slice_lengths = torch.diff(stops, prepend=stops.new_full((1,), -1))
+        steps = torch.arange(target_seq_length, device=index.device)
+        mask = steps.unsqueeze(0) < slice_lengths.unsqueeze(1)
+        steps = torch.minimum(steps.unsqueeze(0), (slice_lengths - 1).clamp_min(0).unsqueeze(1))
+        rows = (stops - slice_lengths + 1).unsqueeze(1) + steps
+        return self._padded_index_and_info(
+            storage, index[rows.reshape(-1)], slice_lengths, target_seq_length, mask.reshape(-1)
+        )
+
+    def _padded_index_and_info(self, storage, index, slice_lengths, target_seq_length, mask):
+        """``(index, info)`` of padded slices: ``truncated`` on the last real row of each,
+        ``("collector", "mask")`` flagging the real rows, ``is_init`` on each first row."""
+        num_slices = slice_lengths.shape[0]
+        first_rows = torch.arange(num_slices, device=index.device) * target_seq_length
+        truncated = torch.zeros((index.shape[0], 1), dtype=torch.bool, device=index.device)
+        truncated[first_rows + (slice_lengths - 1).clamp_min(0)] = True
+        starts = torch.zeros(index.shape[0], dtype=torch.bool, device=index.device)
+        starts[first_rows] = True
+        return self._index_and_info(storage, index, truncated, mask=mask, starts=starts)
 
     def _index_with_torch(
         self, lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
@@ -664,43 +1034,93 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             lengths, start_idx, seq_length, storage_length, traj_idx, uniform
         )
         truncated = None
-        if self.truncated_key is not None:
+        if self.truncated_key is not None or self._init_marker_key() is not None:
             truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
         return self._index_and_info(storage, index, truncated)
 
-    def _index_and_info(self, storage, index, truncated, gathered=None):
+    def _index_and_info(self, storage, index, truncated, gathered=None, *, mask=None, starts=None):
         """``(index, info)`` as :meth:`sample` returns them, from the ``[rows, ndim]`` slice
-        indices and their truncation flags (and the done / terminated columns read there)."""
+        indices and their truncation flags (and the done / terminated / is_init columns read
+        there by the index kernel). ``mask`` (padded slices) goes to
+        ``("collector", "mask")``; ``starts`` flags the first row of every slice (by default
+        the rows after a truncated one)."""
         index = _as_long(index).unbind(-1)
-        if self.truncated_key is None:
+        init_key = self._init_marker_key()
+        if self.truncated_key is None and mask is None and init_key is None:
             return index, {}
-        return index, self._truncation_info(storage, index, truncated, gathered)
+        info = {}
+        if gathered is None:
+            gathered = self._gather_flags(storage, index, init_key)
+        if self.truncated_key is not None:
+            info.update(self._truncation_info(storage, index, truncated, gathered))
+        if mask is not None:
+            info[("collector", "mask")] = mask
+        stored_init = gathered[2]
+        if init_key is not None and stored_init is not None:
+            if starts is None:
+                starts = torch.ones(truncated.shape[0], dtype=torch.bool, device=truncated.device)
+                starts[1:] = truncated.reshape(-1)[:-1]
+            marker = stored_init  # a fresh tensor, read at the sampled rows
+            marker[starts.to(marker.device)] = True
+            info[init_key] = marker
+        return index, info
+
+    def _init_marker_key(self):
+        """The key under which each slice's first step is marked (``None``: not marked)."""
+        if not since("slice_init_marker"):
+            return None
+        return self.init_key if since("slice_end_keys_fragmented") else "is_init"
+
+    def _gather_flags(self, storage, index, init_key) -> list:
+        """``[done, terminated, is_init]`` read from ``storage`` at ``index`` (``None`` for
+        missing or unwanted entries, and for a storage that gives no tensordict)."""
+        keys = [None, None, init_key]
+        if self.truncated_key is not None:
+            keys[:2] = self._info_keys()[1:]
+        wanted = [key for key in keys if key is not None]
+        if not wanted:
+            return [None, None, None]
+        try:
+            values = iter(gather_fields(storage, index, wanted))
+        except AttributeError:  # storage[index] gives no tensordict (.get)
+            if self.truncated_key is not None:
+                raise
+            return [None, None, None]
+        return [None if key is None else next(values) for key in keys]
 
     def _truncation_info(self, storage, index, truncated, gathered=None) -> dict:
         """The ``truncated`` / ``done`` / ``terminated`` entries of the info dictionary: the
         storage's done (or-ed with the truncation flags) and terminated at ``index``, from
-        ``gathered`` when the index kernel already read them."""
+        ``gathered`` when they were read already (fresh tensors)."""
         truncated_key, done_key, terminated_key = self._info_keys()
-        if gathered is not None:
-            done, terminated = gathered
-            if done is not None:
-                done.logical_or_(truncated)  # a fresh tensor of the kernel's
-        else:
-            done, terminated = gather_fields(storage, index, (done_key, terminated_key))
-            if done is not None:
-                done = done | truncated
+        if gathered is None:
+            gathered = self._gather_flags(storage, index, None)
+        done, terminated = gathered[0], gathered[1]
         if done is None:
             done = truncated.clone()
+        elif done.dtype is torch.bool and done.shape == truncated.shape:
+            done.logical_or_(truncated)
+        else:
+            done = done | truncated
         if terminated is None:
             terminated = torch.zeros_like(truncated)
         return {truncated_key: truncated, done_key: done, terminated_key: terminated}
 
     def _kernel_flags(self, storage):
-        """The done / terminated columns ``replay.sample_slice_index`` reads for the info
-        dictionary, or ``None`` (no info dictionary, or columns it cannot read)."""
-        if self.truncated_key is None:
+        """The done / terminated / is_init columns ``replay.sample_slice_index`` reads for the
+        info dictionary (``None`` entries for those not wanted), or ``None`` (nothing wanted,
+        or a column it cannot read)."""
+        init_key = self._init_marker_key()
+        keys = [None, None, init_key]
+        if self.truncated_key is not None:
+            keys[:2] = self._info_keys()[1:]
+        if all(key is None for key in keys):
             return None
-        return flag_columns(storage, self._info_keys()[1:])
+        columns = flag_columns(storage, [key for key in keys if key is not None])
+        if columns is None:
+            return None
+        columns = iter(columns)
+        return [None if key is None else next(columns) for key in keys]
 
     def _info_keys(self) -> tuple:
         """``(truncated_key, done_key, terminated_key)`` of the info dictionary."""
@@ -802,7 +1222,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         self.__dict__["__used_end_key"] = value
 
     def _empty(self):
-        pass
+        self._cache.pop("fragmented-runs", None)
 
     def dumps(self, path):
         # Nothing to save: the cache is rebuilt from the storage.
@@ -819,4 +1239,4 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        ...
+        self._cache.pop("fragmented-runs", None)

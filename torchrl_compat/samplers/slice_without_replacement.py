@@ -1,11 +1,14 @@
 """:class:`SliceSamplerWithoutReplacement`: slices of trajectories, each trajectory once per epoch."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from tensordict.utils import NestedKey
 
+from .._releases import keywords_since
+from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
 from .random import SamplerWithoutReplacement
@@ -74,30 +77,34 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
         ([0, 1, 2], True)
     """
 
-    def __init__(
+    def _init_slices(
         self,
         *,
         num_slices: int | None = None,
         slice_len: int | None = None,
         drop_last: bool = False,
         end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
         strict_length: bool = True,
         shuffle: bool = True,
         compile: bool | dict = False,
         use_gpu: bool | torch.device = False,
     ):
-        SliceSampler.__init__(
+        SliceSampler._init_slices(
             self,
             num_slices=num_slices,
             slice_len=slice_len,
             end_key=end_key,
+            end_keys=end_keys,
             traj_key=traj_key,
             cache_values=True,
             truncated_key=truncated_key,
+            init_key=init_key,
             strict_length=strict_length,
             ends=ends,
             trajectories=trajectories,
@@ -105,6 +112,13 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
             use_gpu=use_gpu,
         )
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
+
+    # The constructor takes the keywords of the torchrl release followed.
+    __init__ = keywords_since(
+        _init_slices,
+        {"end_keys": "slice_end_keys_fragmented", "init_key": "slice_end_keys_fragmented"},
+        name="__init__",
+    )
 
     def __repr__(self):
         return f"{self._repr_head()},{self._percent_left(0)}% sampled)"
@@ -151,3 +165,14 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement, *t
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         return SamplerWithoutReplacement.load_state_dict(self, state_dict)
+
+    if since("slice_without_replacement_dumps"):
+        # The permutation state goes to disk as SamplerWithoutReplacement's does.
+        def dumps(self, path):
+            return SamplerWithoutReplacement.dumps(self, path)
+
+        def loads(self, path):
+            return SamplerWithoutReplacement.loads(self, path)
+
+        _read_checkpoint = SamplerWithoutReplacement._read_checkpoint
+        _apply_checkpoint = SamplerWithoutReplacement._apply_checkpoint

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import abc
 import functools
+import multiprocessing as mp
 from copy import copy
 from typing import Any
 
 import torch
 
+from torchrl_compat._releases import since
 from torchrl_compat._storage_counters import compile_disable
 from torchrl_compat._storage_journal import ALL_ITEMS
 from torchrl_compat._torchrl_lookup import torchrl_twin
@@ -51,6 +53,7 @@ class Storage(*torchrl_twin("storages", "Storage")):
 
     ndim = 1
     max_size: int
+    supports_conditional_update: bool = False
     _default_checkpointer: StorageCheckpointerBase = StorageCheckpointerBase
     _rng: torch.Generator | None = None
 
@@ -148,6 +151,39 @@ class Storage(*torchrl_twin("storages", "Storage")):
         if buffer not in self._attached_entities:
             self._attached_entities.append(buffer)
 
+    # ------------------------------------------------ mutation revision, cursor
+    # ``_mutation_revision`` grows at every change of the stored items, so that what a
+    # reader derived from them (trajectory ends, a query's boundaries) can tell it is out
+    # of date; ``_last_cursor_index`` is the time coordinate written last. Storages that
+    # count their writes already (the tensor storages) read the revision from that count.
+
+    @property
+    def _mutation_revision(self) -> int:
+        """Monotonic revision of the storage's content, shared with forked processes."""
+        revision = self.__dict__.get("_mutation_revision_value")
+        if revision is None:
+            return 0
+        return revision if isinstance(revision, int) else revision.value
+
+    def _bump_mutation_revision(self) -> None:
+        """Marks the stored items as changed."""
+        revision = self.__dict__.get("_mutation_revision_value")
+        if self._compilable:
+            self.__dict__["_mutation_revision_value"] = (revision or 0) + 1
+            return
+        if revision is None:
+            revision = self.__dict__["_mutation_revision_value"] = mp.Value("q", 0)
+        with revision.get_lock():
+            revision.value += 1
+
+    @property
+    def _last_cursor_index(self) -> int | None:
+        """The last time coordinate written (``None`` before the first write)."""
+        return _time_coordinate(getattr(self, "_last_cursor", None), self.max_size)
+
+    def _set_last_cursor(self, cursor: Any) -> None:
+        self._last_cursor = cursor
+
     def __getitem__(self, item):
         return self.get(item)
 
@@ -227,9 +263,17 @@ class Storage(*torchrl_twin("storages", "Storage")):
         state = copy(self.__dict__)
         # generators don't pickle; the receiving buffer sets its own
         state["_rng"] = None
+        revision = state.pop("_mutation_revision_value", None)
+        if revision is not None:
+            state["mutation_revision__context"] = revision if isinstance(revision, int) else revision.value
         return state
 
     def __setstate__(self, state):
+        revision = state.pop("mutation_revision__context", None)
+        if revision is not None:
+            state["_mutation_revision_value"] = (
+                revision if state.get("_compilable", False) else mp.Value("q", revision)
+            )
         self.__dict__.update(state)
 
     def __contains__(self, item):
@@ -238,6 +282,28 @@ class Storage(*torchrl_twin("storages", "Storage")):
     @abc.abstractmethod
     def contains(self, item):
         ...
+
+
+def _time_coordinate(cursor, max_size: int) -> int | None:
+    """The last time coordinate a storage write at ``cursor`` touched, as torchrl reads it:
+    the last element of an index (of its first entry for a tuple of coordinates), the last
+    row of a slice or range within ``max_size``, the int itself; ``None`` for none."""
+    if isinstance(cursor, (tuple, list)) and cursor:
+        cursor = cursor[0]
+    if isinstance(cursor, torch.Tensor):
+        cursor = cursor.reshape(-1)
+        return int(cursor[-1]) if cursor.numel() else None
+    if isinstance(cursor, slice):
+        cursor = range(*cursor.indices(max_size))
+    if isinstance(cursor, range):
+        return int(cursor[-1]) if len(cursor) else None
+    if cursor is None or isinstance(cursor, (tuple, list)):
+        return None
+    try:
+        cursor = int(cursor)
+    except (TypeError, ValueError):
+        return None
+    return cursor if cursor >= 0 else None
 
 
 def _uniform_indices(storage, batch_size: int) -> torch.Tensor:
@@ -250,3 +316,7 @@ def _uniform_indices(storage, batch_size: int) -> torch.Tensor:
         generator=storage._rng,
         device=getattr(storage, "device", None),
     )
+
+# Before 0.14 storages have no supports_conditional_update.
+if not since("storage_mutation_revision"):
+    del Storage.supports_conditional_update

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections import OrderedDict
+from copy import deepcopy
 from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 from tensordict import is_tensor_collection, lazy_stack, TensorDict, TensorDictBase
 from torch.utils._pytree import tree_map
 
+from torchrl_compat._releases import since
 from torchrl_compat._storage_index import index_error
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import CompressedListStorageCheckpointer, ListStorageCheckpointer
@@ -117,6 +119,13 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
         *,
         set_cursor: bool = True,
     ):
+        try:
+            self._set(cursor, data, set_cursor=set_cursor)
+        finally:
+            # also after a failure part-way: readers must look again
+            self._bump_mutation_revision()
+
+    def _set(self, cursor, data, *, set_cursor: bool = True) -> None:
         if isinstance(cursor, INT_CLASSES):
             length = len(self._storage)
             if cursor > length:
@@ -136,7 +145,7 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
             self._set_item(cursor, self._to_device(data))
             return
         if _is_int(cursor):  # 0-d tensor or array
-            self.set(int(cursor), data, set_cursor=set_cursor)
+            self._set(int(cursor), data, set_cursor=set_cursor)
             return
         if isinstance(cursor, slice):
             self._set_slice(cursor, self._to_device(data))
@@ -232,21 +241,26 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
         }
 
     def load_state_dict(self, state_dict):
+        # from 0.13, copies: the storage must not change with the caller's tensors
+        clones = since("load_state_dict_clones")
         items = []
         for elt in state_dict["_storage"]:
             if isinstance(elt, torch.Tensor):
-                items.append(elt)
+                items.append(elt.clone() if clones else elt)
             elif isinstance(elt, (dict, OrderedDict)):
-                items.append(TensorDict().load_state_dict(elt, strict=False))
+                loaded = TensorDict().load_state_dict(elt, strict=False)
+                items.append(loaded.clone() if clones else loaded)
             else:
                 raise TypeError(
                     f"Objects of type {type(elt)} are not supported by ListStorage.load_state_dict"
                 )
         # swap only once everything converted, so a bad entry leaves the storage intact
         self._storage = items
+        self._bump_mutation_revision()
 
     def _empty(self):
         self._storage = []
+        self._bump_mutation_revision()
 
     def __getstate__(self):
         if get_spawning_popen() is not None:
@@ -539,6 +553,7 @@ class CompressedListStorage(ListStorage, *torchrl_twin("storages", "CompressedLi
         """Empty the storage."""
         self._storage = []
         self._metadata = []
+        self._bump_mutation_revision()
 
     def state_dict(self) -> dict[str, Any]:
         """Save the storage state."""
@@ -546,8 +561,12 @@ class CompressedListStorage(ListStorage, *torchrl_twin("storages", "CompressedLi
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load the storage state."""
-        self._storage = state_dict["_storage"]
-        self._metadata = state_dict["_metadata"]
+        storage = state_dict["_storage"]
+        if since("load_state_dict_clones"):
+            storage = [elt.clone() if isinstance(elt, torch.Tensor) else elt for elt in storage]
+        self._storage = storage
+        self._metadata = deepcopy(state_dict["_metadata"]) if since("load_state_dict_clones") else state_dict["_metadata"]
+        self._bump_mutation_revision()
 
     def to_bytestream(self, data_to_bytestream: torch.Tensor | np.array | Any) -> bytes:
         """Convert data to a byte stream."""

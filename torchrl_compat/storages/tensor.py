@@ -28,6 +28,7 @@ from torchrl_compat._storage_counters import (
     shared_counter,
 )
 from torchrl_compat._storage_index import filled_index
+from torchrl_compat._releases import since
 from torchrl_compat._storage_journal import ALL_ITEMS, RowRun, WriteJournal
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import TensorStorageCheckpointer
@@ -319,6 +320,18 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             return now, None
         return now, journal.since(count, now)
 
+    # The mutation revision is the shared write count: every write and every change that
+    # may touch any item counts already (see ``_note_write``), at no extra cost.
+    @property
+    def _mutation_revision(self) -> int:
+        raw = self.__dict__.get("_writes_shared")
+        if raw is not None:
+            return raw.value
+        return self.__dict__.get("_writes_value", 0) if self._compilable else self._writes_raw().value
+
+    def _bump_mutation_revision(self) -> None:
+        self._note_write(ALL_ITEMS)
+
     # ----------------------------------------------------------------- shapes
     @property
     def _storage_keys(self) -> list | None:
@@ -550,10 +563,12 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     # What load_state_dict makes of a saved tensor or tensordict when the storage holds
     # nothing yet (a memmap storage memory-maps them).
     def _tensor_from_state_dict(self, tensor):
-        return tensor
+        # from 0.13, a copy: the storage must not change with the caller's tensor
+        return tensor.clone() if since("load_state_dict_clones") else tensor
 
     def _tensordict_from_state_dict(self, state_dict):
-        return TensorDict().load_state_dict(state_dict, strict=False)
+        loaded = TensorDict().load_state_dict(state_dict, strict=False)
+        return loaded.clone() if since("load_state_dict_clones") else loaded
 
     def _after_tensordict_load(self):
         pass
