@@ -820,11 +820,11 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
                 pos = int(np.argmax(bad))
                 raise MetadataError(f"{leaf_file}: leaf {pos} holds {values[pos]}, not a priority")
             leaves[name] = torch.from_numpy(values)
-        check_priority_leaves(path, leaves["sumtree"].numpy(), leaves["mintree"].numpy(), tree_dtype(self.dtype))
         try:
             trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
         except ValueError as err:
             raise MetadataError(f"{path / 'sumtree.memmap'}: {err}") from None
+        check_priority_leaves(path, leaves["sumtree"].numpy(), leaves["mintree"].numpy(), tree_dtype(self.dtype))
         version = metadata.get("_schema_version", 0)
         if type(version) is not int:
             raise MetadataError(f"{file}: _schema_version must be an integer, got {version!r}")

@@ -46,6 +46,14 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         lock (torchrl's are ``mp.Value("i")``, locked at each access, and the write count
         wraps past ``2**31 - 1``).
 
+    .. note:: A batch the storage refuses (an entry of another dtype, or of a trailing shape
+        that does not broadcast to the storage's rows) raises, naming the entry, before
+        anything is written, and the cursor and write count stay where they were: torchrl's
+        move on, so that its next batch lands past the storage's length and rows never
+        written become visible. Of a batch larger than the capacity, the last ``capacity``
+        items are written, each row whole (torchrl's indexed write to repeated rows keeps,
+        entry by entry, any of the items written there); the indices returned are torchrl's.
+
     Examples:
         >>> import torch
         >>> from torchrl_compat import LazyTensorStorage
