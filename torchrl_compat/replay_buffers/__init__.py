@@ -66,6 +66,13 @@ __all__ = [
     "stack_tensors",
 ]
 
+# the result of ReplayBuffer.update_if_present, exported from the release that has it
+from torchrl_compat._conditional_update import ConditionalUpdateResult  # noqa: E402
+from torchrl_compat._releases import since  # noqa: E402
+
+if since("buffer_conditional_update"):
+    __all__.append("ConditionalUpdateResult")
+
 # Classes and functions keep the module path they had before the split, so pickles and
 # torchrl-style ``__module__`` lookups find them here.
 for _export in (
