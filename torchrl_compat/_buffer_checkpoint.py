@@ -108,9 +108,10 @@ def _check_parts_agree(path: Path, buffer, storage_state, sampler_state, writer_
     if not isinstance(storage_state, StorageCheckpoint) or storage_state.rows is None or len(storage_state.rows) != 1:
         return
     length = storage_state.length
-    if isinstance(buffer._writer, RoundRobinWriter) and isinstance(writer_state, int):
+    cursor = writer_state.get("cursor") if isinstance(writer_state, dict) else writer_state
+    if isinstance(buffer._writer, RoundRobinWriter) and isinstance(cursor, int):
         check_cursor_fits_length(
-            path / WRITER_DIR / "metadata.json", writer_state, length, storage_state.rows, storage_state.file
+            path / WRITER_DIR / "metadata.json", cursor, length, storage_state.rows, storage_state.file
         )
     if isinstance(buffer._sampler, PrioritizedSampler) and isinstance(sampler_state, dict) and "trees" in sampler_state:
         sum_tree, min_tree = sampler_state["trees"]
