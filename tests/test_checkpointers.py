@@ -196,32 +196,55 @@ def test_tensor_storage_loads_into_initialized(tmp_path, kind, writer, reader):
     assert_same(dst[:], src[:])
 
 
+def _files(path):
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def _live_homes(path):
+    return [p for p in os.listdir(path.parent) if p.startswith(f".{path.name}.live-")]
+
+
 @pytest.mark.parametrize("writer,reader", DIRECTIONS)
 def test_memmap_storage_dumps_into_own_scratch_dir(tmp_path, writer, reader):
-    # The documented pattern: the scratch dir is the checkpoint; only metadata is rewritten.
+    # The documented pattern: the scratch dir is the checkpoint, and its data is not copied.
     scratch = tmp_path / "storage"
     src = LIBS[writer].LazyMemmapStorage(CAPACITY, scratch_dir=scratch)
     fill(src, "tensordict", 1, full=False)
+    live_inode = os.stat(src._storage.get("obs").filename).st_ino
     src.dumps(scratch)
     assert src._storage.saved_path is not None
-    src.set(range(5, 7), make_data("tensordict", 1, 2, offset=99.0))
+    if writer == "ours":
+        # the checkpoint holds the storage's files (linked, not copied); the storage then
+        # writes to a copy of its own, and the published checkpoint never changes
+        assert os.stat(scratch / "obs.memmap").st_ino == live_inode
+        assert pathlib.Path(src._storage.get("obs").filename).parent == tmp_path / _live_homes(scratch)[0]
+        published = _files(scratch)
+        src.set(range(5, 7), make_data("tensordict", 1, 2, offset=99.0))
+        assert _files(scratch) == published
+        first = LIBS[reader].LazyMemmapStorage(CAPACITY)
+        first.loads(scratch)
+        assert len(first) == 5 and bool((first[:]["obs"] == src[:5]["obs"]).all())
+    else:
+        src.set(range(5, 7), make_data("tensordict", 1, 2, offset=99.0))
     src.dumps(scratch)
-    # the live storage still writes through to the same files
-    assert pathlib.Path(src._storage.get("obs").filename).parent == scratch
     dst = LIBS[reader].LazyMemmapStorage(CAPACITY)
     dst.loads(scratch)
     assert len(dst) == 7
     assert_same(dst[:], src[:])
 
 
-def test_memmap_loads_from_own_scratch_dir_reuses_files(tmp_path):
+def test_memmap_loads_from_own_scratch_dir(tmp_path):
     src = fill(ours.LazyMemmapStorage(CAPACITY), "tensordict", 1, full=False)
     src.dumps(tmp_path / "ckpt")
+    published = _files(tmp_path / "ckpt")
     dst = ours.LazyMemmapStorage(CAPACITY, scratch_dir=tmp_path / "ckpt")
     dst.loads(tmp_path / "ckpt")
     assert len(dst) == 5
     assert_same(dst[:], src[:])
-    assert pathlib.Path(dst._storage.get("obs").filename).parent == tmp_path / "ckpt"
+    # it writes to files of its own, beside the checkpoint
+    assert pathlib.Path(dst._storage.get("obs").filename).parent == tmp_path / _live_homes(tmp_path / "ckpt")[0]
+    dst.set(range(5), make_data("tensordict", 1, 5, offset=7.0))
+    assert _files(tmp_path / "ckpt") == published
 
 
 # -----------------------------------------------------------------------------
@@ -558,7 +581,9 @@ def test_in_place_dumps_interrupted_keeps_previous(tmp_path, monkeypatch):
     monkeypatch.setattr(ck, "_dump_json", broken)
     with pytest.raises(Interrupted):
         storage.dumps(scratch)
-    assert _leftovers(tmp_path, "storage") == [] and _checkpoint_publish.partial_siblings(scratch / "storage_metadata.json") == []
+    # nothing left but the storage's live home
+    assert _leftovers(tmp_path, "storage") == _live_homes(scratch) and len(_live_homes(scratch)) == 1
+    assert _checkpoint_publish.partial_siblings(scratch) == []
     # the previous metadata stays until the new one replaces it: the checkpoint still loads
     for lib in LIBS:
         dst = LIBS[lib].LazyMemmapStorage(CAPACITY)

@@ -94,27 +94,16 @@ class MemmapCase(TensorDictCase):
 
 
 class MemmapInPlaceCase(TensorDictCase):
-    """The storage lives in the checkpoint directory: its files are the live data, only the
-    metadata is published. Versions are appended, never overwritten, so that the rows the
-    previous metadata counts keep their values."""
+    """The storage lives in the checkpoint directory (its ``scratch_dir``): a dump links its
+    files into the checkpoint, and each version rewrites the rows the previous checkpoint
+    holds. A kill during a dump, or during the writes after it, must leave that checkpoint
+    as it was published."""
 
     def make(self, path, lib=ours):
         return lib.LazyMemmapStorage(CAPACITY, scratch_dir=path)
 
-    def write(self, storage, version):
-        n = 64
-        start = (version - 1) * n
-        storage.set(range(start, start + n), version_td(n, version))
-
     def fresh(self, path, lib):
         return lib.LazyMemmapStorage(CAPACITY)
-
-    def version(self, storage):
-        n = len(storage)
-        assert n % 64 == 0 and n > 0
-        expected = torch.arange(n) // 64 + 1
-        assert torch.equal(storage[:]["v"], expected)
-        return n // 64
 
 
 class CompressedCase(TensorDictCase):

@@ -181,3 +181,86 @@ def test_docstring_examples():
 
     result = doctest.testmod(publish, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+# -----------------------------------------------------------------------------
+# durability: flushed before the rename that publishes, the parent after it
+# -----------------------------------------------------------------------------
+@pytest.fixture
+def disk_events(monkeypatch):
+    """The fsyncs (the path flushed) and publishing renames, in order; the real calls run."""
+    events = []
+    real_fsync, real_rename, real_replace = os.fsync, os.rename, os.replace
+    real_exchange = publish._renameat2
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(src, dst, *args, **kwargs):
+        events.append(("rename", os.fsdecode(src), os.fsdecode(dst)))
+        return real_rename(src, dst, *args, **kwargs)
+
+    def replace(src, dst, *args, **kwargs):
+        events.append(("rename", os.fsdecode(src), os.fsdecode(dst)))
+        return real_replace(src, dst, *args, **kwargs)
+
+    def exchange(fd_a, a, fd_b, b, flags):
+        result = real_exchange(fd_a, a, fd_b, b, flags)
+        if result == 0:
+            events.append(("rename", os.fsdecode(a), os.fsdecode(b)))
+        return result
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    if real_exchange is not None:
+        monkeypatch.setattr(publish, "_renameat2", exchange)
+    return events
+
+
+def _publishes(events, path):
+    """The index of the rename that put something at ``path``."""
+    (index,) = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == str(path)]
+    return index
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name the flushed files")
+def test_write_aside_flushes_before_publishing(tmp_path, mode, disk_events):
+    path = tmp_path / "ckpt"
+    for version in ("1", "2"):
+        disk_events.clear()
+        written = []
+
+        def write(directory):
+            (directory / "sub").mkdir()
+            for name in ("a", "sub/b"):
+                (directory / name).write_text(version)
+                written.append(str(directory / name))
+            written.extend([str(directory / "sub"), str(directory)])
+
+        publish.write_aside(path, write)
+        at = _publishes(disk_events, path)
+        flushed = [e[1] for e in disk_events[:at] if e[0] == "fsync"]
+        # every file and directory, each directory after what it holds, all before the rename
+        assert sorted(flushed) == sorted(written) and len(flushed) == len(written)
+        position = {name: i for i, name in enumerate(flushed)}
+        for name in written:
+            parent = os.path.dirname(name)
+            if parent in position:
+                assert position[name] < position[parent], (name, flushed)
+        assert disk_events[at + 1:] == [("fsync", str(tmp_path))] or (
+            mode == "two renames" and ("fsync", str(tmp_path)) in disk_events[at + 1:]
+        )
+        assert (path / "sub" / "b").read_text() == version
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to name the flushed files")
+def test_publish_file_flushes_before_publishing(tmp_path, disk_events):
+    path = tmp_path / "file.json"
+    publish.publish_file(path, lambda file: file.write_text("{}"))
+    at = _publishes(disk_events, path)
+    (flushed,) = [e for e in disk_events[:at] if e[0] == "fsync"]
+    assert flushed[1].endswith("/file.json") and os.path.dirname(flushed[1]) != str(tmp_path)
+    assert disk_events[at + 1] == ("fsync", str(tmp_path))
+    assert path.read_text() == "{}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -134,8 +135,77 @@ def test_shared_buffer_across_processes(tmp_path, context):
 
 def test_shared_buffer_lock_is_a_process_lock():
     rb = O.ReplayBuffer(storage=O.LazyTensorStorage(4), shared=True)
-    assert type(rb._write_lock).__module__.startswith("multiprocessing")
+    assert type(rb._write_lock._lock).__module__.startswith("multiprocessing")
     assert O.ReplayBuffer(storage=O.LazyTensorStorage(4))._write_lock.__enter__() is None
+
+
+def _child_extend_reporting(rb, start, queue):
+    try:
+        rb.extend(items(torch.arange(start, start + 4)))
+        queue.put("written")
+    except RuntimeError as err:
+        queue.put(str(err))
+
+
+FORKED_WRITES_LOST = {
+    # what a forked child would write into: (the buffer, laid out in the parent or not, message)
+    "storage not initialized": (
+        lambda path: O.TensorDictReplayBuffer(storage=O.LazyMemmapStorage(40, scratch_dir=path), shared=True),
+        False,
+        "Cowardly refusing to write, in process .* that has not been initialized yet",
+    ),
+    "storage in private memory": (
+        lambda path: O.TensorDictReplayBuffer(storage=O.LazyTensorStorage(40), shared=True),
+        True,
+        "its tensors are in the private memory of each process",
+    ),
+    "prioritized sampler": (
+        lambda path: O.TensorDictPrioritizedReplayBuffer(
+            alpha=0.7, beta=0.5, storage=O.LazyMemmapStorage(40, scratch_dir=path), shared=True
+        ),
+        True,
+        "Samplers of type .*PrioritizedSampler.* cannot be shared between processes",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FORKED_WRITES_LOST))
+def test_forked_child_refuses_writes_that_would_stay_there(tmp_path, case):
+    # torchrl's children write into what only they see, exit 0, and the rows (or their
+    # priorities) never reach the parent, whose length counts them
+    make, laid_out, message = FORKED_WRITES_LOST[case]
+    rb = make(tmp_path / "mm")
+    if laid_out:
+        rb.extend(items(torch.arange(5)))
+    before = (len(rb), rb.write_count)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    children = [ctx.Process(target=_child_extend_reporting, args=(rb, 100 * (i + 1), queue)) for i in range(2)]
+    for child in children:
+        child.start()
+    reports = [queue.get(timeout=JOIN_TIMEOUT) for _ in children]
+    assert [join(child) for child in children] == [0, 0]
+    for report in reports:
+        assert re.search(message, report, re.S), report
+    assert (len(rb), rb.write_count) == before
+    # the parent goes on writing
+    rb.extend(items(torch.arange(50, 53)))
+    assert len(rb) == before[0] + 3
+
+
+def test_forked_children_write_a_shared_storage():
+    # what is shared (here an anonymous memory map, laid out before the fork) is written
+    rb = O.TensorDictReplayBuffer(storage=O.LazyMemmapStorage(40), shared=True)
+    rb.extend(items(torch.arange(5)))
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    children = [ctx.Process(target=_child_extend_reporting, args=(rb, 100 * (i + 1), queue)) for i in range(2)]
+    for child in children:
+        child.start()
+    assert [queue.get(timeout=JOIN_TIMEOUT) for _ in children] == ["written", "written"]
+    assert [join(child) for child in children] == [0, 0]
+    assert len(rb) == 13
+    assert sorted(rb[:]["obs"][:, 0].long().tolist()) == list(range(5)) + list(range(100, 104)) + list(range(200, 204))
 
 
 # ------------------------------------------------------------------ torch.compile

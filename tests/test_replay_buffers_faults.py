@@ -6,6 +6,7 @@ any moment leaves the previous checkpoint or the new one, whole, which torchrl 0
 buffer loads too. ``loads`` reads and checks every part before any part changes: a damaged
 file gives an error naming it, and the buffer and the checkpoint stay as they were.
 """
+import json
 import os
 import shutil
 
@@ -109,35 +110,13 @@ class MemmapCase(PrioritizedCase):
 
 
 class MemmapInPlaceCase(MemmapCase):
-    """The storage lives in the checkpoint's ``storage/`` directory: its files are the live
-    data. Versions are appended, never overwritten, so that the rows an older checkpoint
-    counts keep their values; the priorities, generator and batch size change with each."""
+    """The storage lives in the checkpoint's ``storage/`` directory (its ``scratch_dir``): a
+    dump links its files into the checkpoint, and each version rewrites the rows the
+    previous checkpoint holds. A kill during a dump, or during the writes after it, must
+    leave that checkpoint as it was published."""
 
     def storage(self, path, lib):
         return lib.LazyMemmapStorage(CAPACITY, scratch_dir=path / "storage")
-
-    def length(self, version):
-        return 64 * version
-
-    def write(self, rb, version):
-        start = self.length(version - 1)
-        rb.extend(version_data(64, version, start=start))
-        rb.update_priority(torch.arange(self.length(version)), priorities(version, self.length(version)))
-        rb._sampler._beta = float(version)
-        rb.set_rng(torch.Generator().manual_seed(version))
-        rb._batch_size = version
-
-    def version(self, rb):
-        n = len(rb)
-        assert n % 64 == 0 and n > 0
-        assert torch.equal(rb[:]["v"], torch.arange(n) // 64 + 1)
-        return n // 64
-
-    def steps_to(self, version):
-        return range(1, version + 1)
-
-    def one_version_samples(self):
-        return False
 
 
 class SliceCase(PrioritizedCase):
@@ -331,6 +310,29 @@ def misfit_transform_state(file):
     torch.save(state, file)
 
 
+def edit_json(**entries):
+    def spoil(file):
+        content = json.loads(file.read_text())
+        content.update(entries)
+        file.write_text(json.dumps(content))
+
+    return spoil
+
+
+def set_leaves(values, trees=("sumtree", "mintree")):
+    """Sets leaves ``{position: value}`` of the sampler's tree files (both by default)."""
+
+    def spoil(file):
+        for tree in trees:
+            tree_file = file.parent / f"{tree}.memmap"
+            leaves = np.fromfile(tree_file, dtype=np.float64)
+            for position, value in values.items():
+                leaves[position] = value
+            leaves.tofile(tree_file)
+
+    return spoil
+
+
 DAMAGES = {
     "storage metadata missing": ("storage/storage_metadata.json", remove, FileNotFoundError),
     "storage leaf truncated": ("storage/obs.memmap", truncate, ValueError),
@@ -347,6 +349,20 @@ DAMAGES = {
     "buffer metadata missing": ("buffer_metadata.json", remove, FileNotFoundError),
     "buffer metadata truncated": ("buffer_metadata.json", truncate, ValueError),
     "batch size not a count": ("buffer_metadata.json", lambda f: f.write_text('{"batch_size": "x"}'), ValueError),
+    # parts that do not fit together (transformed_buffer(1) holds 12 items in 32 rows)
+    "writer cursor past the capacity": ("writer/metadata.json", edit_json(cursor=40), ValueError),
+    "writer cursor behind the length": ("storage/storage_metadata.json", edit_json(len=20), ValueError),
+    "writer cursor ahead of the length": ("writer/metadata.json", edit_json(cursor=13), ValueError),
+    "priorities past the length": ("sampler/sumtree.memmap", set_leaves({20: 1.5}), ValueError),
+    # priorities the sampler cannot draw from
+    "min tree leaf 0": ("sampler/mintree.memmap", set_leaves({3: 0.0}, trees=("mintree",)), ValueError),
+    "a priority of 0": ("sampler/mintree.memmap", set_leaves({3: 0.0}, trees=("sumtree", "mintree")), ValueError),
+    "a priority 0 in fp32": ("sampler/mintree.memmap", set_leaves({3: 1e-50}), ValueError),
+    "min tree not the sum tree's": ("sampler/mintree.memmap", set_leaves({5: 7.0}, trees=("mintree",)), ValueError),
+    "max priority index past the capacity": (
+        "sampler/sampler_metadata.json", edit_json(_max_priority=[1.0, 32]), ValueError,
+    ),
+    "max capacity not the sampler's": ("sampler/sampler_metadata.json", edit_json(_max_capacity=64.0), RuntimeError),
 }
 
 
@@ -367,6 +383,39 @@ def test_damaged_checkpoint_leaves_the_buffer_as_it_was(tmp_path, damage):
     assert_same_transformed(target, transformed_buffer(1))
 
 
+IN_PLACE_DAMAGES = ["storage metadata missing", "storage leaf truncated", "sum tree truncated",
+                    "writer cursor past the capacity", "priorities past the length"]
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("damage", IN_PLACE_DAMAGES)
+def test_damaged_checkpoint_of_a_storage_living_in_it(tmp_path, damage):
+    # the buffer's storage lives in the checkpoint it loads: a damaged one changes nothing,
+    # neither the buffer (its storage included) nor the checkpoint
+    name, spoil, error = DAMAGES[damage]
+    if damage == "writer cursor past the capacity":
+        spoil = edit_json(cursor=CAPACITY + 3)
+    elif damage == "priorities past the length":
+        spoil = set_leaves({CAPACITY - 1: 1.5})
+    case = CASES["prioritized memmap in place"]
+    path = tmp_path / "ckpt"
+    rb = case.make(path)
+    case.write(rb, 1)
+    rb.dumps(path)
+    case.write(rb, 2)
+    spoil(path / name)
+    files = directory_state(path)
+    with pytest.raises(error, match=os.path.basename(name).replace(".", r"\.")):
+        rb.loads(path)
+    assert_same_buffer(rb, case.reference(path, 2))
+    assert directory_state(path) == files
+    # whole again, it loads
+    rb.dumps(path)
+    case.write(rb, 3)
+    rb.loads(path)
+    assert_same_buffer(rb, case.reference(path, 2))
+
+
 def test_loads_takes_every_part(tmp_path):
     transformed_buffer(3).dumps(tmp_path / "ckpt")
     target = transformed_buffer(2)
@@ -378,28 +427,65 @@ def test_loads_takes_every_part(tmp_path):
 # -----------------------------------------------------------------------------
 # the storage in the checkpoint, ensembles, what else the directory holds
 # -----------------------------------------------------------------------------
+def live_homes(path):
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.live-"))
+
+
 @pytest.mark.usefixtures("torchrl_trees")
-def test_storage_living_in_the_checkpoint_keeps_its_files(tmp_path):
+def test_storage_living_in_the_checkpoint_never_changes_it(tmp_path):
     case = CASES["prioritized memmap in place"]
     path = tmp_path / "ckpt"
     rb = case.make(path)
     case.write(rb, 1)
     rb.dumps(path)
-    obs_file = rb._storage._storage.get("obs").filename
-    assert os.path.dirname(obs_file) == str(path / "storage")
+    obs_file = path / "storage" / "obs.memmap"
     inode = os.stat(obs_file).st_ino
+    published = directory_state(path)
+    # the storage goes on writing elsewhere: the published checkpoint keeps its bytes
     case.write(rb, 2)
-    rb.dumps(path)
-    # the same file, under the same name, and the only link to it once published
-    assert os.stat(obs_file).st_ino == inode and os.stat(obs_file).st_nlink == 1
+    assert directory_state(path) == published
+    assert os.path.dirname(rb._storage._storage.get("obs").filename) == str(tmp_path / live_homes(path)[0])
     for lib in (O, TD):
         loaded = case.fresh(path, lib)
         loaded.loads(path)
-        assert_same_buffer(loaded, case.reference(path, 2))
-    # the storage goes on writing its data into the checkpoint directory
+        assert_same_buffer(loaded, case.reference(path, 1))
+    # the next dump links the storage's files again (no copy in the checkpoint) ...
     case.write(rb, 3)
-    written = torch.from_file(obs_file, size=CAPACITY * 8).reshape(CAPACITY, 8)
-    assert torch.equal(written[128:192], torch.full((64, 8), 3.0))
+    rb.dumps(path)
+    assert os.stat(obs_file).st_ino != inode
+    assert os.stat(obs_file).st_nlink == 1  # the storage has moved out of this one too
+    published = directory_state(path)
+    case.write(rb, 4)
+    assert directory_state(path) == published
+    loaded = case.fresh(path, O)
+    loaded.loads(path)
+    assert_same_buffer(loaded, case.reference(path, 3))
+    # ... and the storage keeps one home, removed with it
+    assert len(live_homes(path)) == 1
+    assert torch.equal(rb[:]["v"], torch.full((case.length(4),), 4))
+    del rb, loaded
+    import gc
+
+    gc.collect()
+    assert live_homes(path) == []
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+def test_loads_into_a_storage_living_in_the_checkpoint_never_changes_it(tmp_path):
+    case = CASES["prioritized memmap in place"]
+    path = tmp_path / "ckpt"
+    rb = case.make(path)
+    case.write(rb, 1)
+    rb.dumps(path)
+    del rb
+    published = directory_state(path)
+    # a new process's buffer, its storage in the checkpoint, loads it and goes on
+    rb = case.make(path)
+    rb.loads(path)
+    assert_same_buffer(rb, case.reference(path, 1))
+    case.write(rb, 2)
+    assert directory_state(path) == published
+    assert_same_buffer(rb, case.reference(path, 2))
 
 
 def test_dumps_keeps_what_else_the_directory_holds(tmp_path):

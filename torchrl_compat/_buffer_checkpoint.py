@@ -22,13 +22,16 @@ from tensordict import TensorDict
 from torchrl_compat._checkpoint_checks import (
     MetadataError,
     load_module_states,
+    read_checkpoint_state,
     read_count,
-    read_for_loading,
     read_json_object,
     read_memmapped_state,
     read_torch_file,
 )
-from torchrl_compat._checkpoint_publish import carry_over, published_path, write_aside
+from torchrl_compat._checkpoint_publish import carry_over, published_path, reading, write_aside
+from torchrl_compat._priority_checkpoint_checks import check_cursor_fits_length, check_no_priority_past
+from torchrl_compat._sampler_trees import read_leaves, tree_dtype
+from torchrl_compat._storage_checkpoint_checks import StorageCheckpoint
 
 __all__ = ["dump_buffer", "load_buffer"]
 
@@ -93,6 +96,32 @@ def _read_batch_size(file: Path):
     return None if value is None else read_count(file, "batch_size", value)
 
 
+def _check_parts_agree(path: Path, buffer, storage_state, sampler_state, writer_state) -> None:
+    """Checks the storage's, sampler's and writer's checkpoints against each other (those of
+    our classes, whose states are known): the round-robin writer's cursor against the
+    storage's length and capacity, the priorities against the storage's length."""
+    from torchrl_compat.samplers import PrioritizedSampler
+    from torchrl_compat.writers import RoundRobinWriter
+
+    # (a storage with ndim > 1 counts its length as torchrl 0.11 does, which its cursor
+    # does not follow: only 1-D storages are checked)
+    if not isinstance(storage_state, StorageCheckpoint) or storage_state.rows is None or len(storage_state.rows) != 1:
+        return
+    length = storage_state.length
+    cursor = writer_state.get("cursor") if isinstance(writer_state, dict) else writer_state
+    if isinstance(buffer._writer, RoundRobinWriter) and isinstance(cursor, int):
+        check_cursor_fits_length(
+            path / WRITER_DIR / "metadata.json", cursor, length, storage_state.rows, storage_state.file
+        )
+    if isinstance(buffer._sampler, PrioritizedSampler) and isinstance(sampler_state, dict) and "trees" in sampler_state:
+        sum_tree, min_tree = sampler_state["trees"]
+        capacity = buffer._sampler._max_capacity
+        leaves = [read_leaves(tree, capacity).to(torch.float64).cpu().numpy() for tree in (sum_tree, min_tree)]
+        check_no_priority_past(
+            path / SAMPLER_DIR, *leaves, tree_dtype(buffer._sampler.dtype), length, storage_state.file
+        )
+
+
 def load_buffer(buffer, path) -> None:
     """Loads the checkpoint at ``path`` into ``buffer``, whole or not at all.
 
@@ -102,9 +131,10 @@ def load_buffer(buffer, path) -> None:
     naming its file, with the buffer as it was. The checkpoint is only read.
     """
     path = Path(path).absolute()
-    load_storage = read_for_loading(buffer._storage, path / STORAGE_DIR)
-    load_sampler = read_for_loading(buffer._sampler, path / SAMPLER_DIR)
-    load_writer = read_for_loading(buffer._writer, path / WRITER_DIR)
+    storage_state, load_storage = read_checkpoint_state(buffer._storage, path / STORAGE_DIR)
+    sampler_state, load_sampler = read_checkpoint_state(buffer._sampler, path / SAMPLER_DIR)
+    writer_state, load_writer = read_checkpoint_state(buffer._writer, path / WRITER_DIR)
+    _check_parts_agree(path, buffer, storage_state, sampler_state, writer_state)
     generator = _read_generator(path / RNG_STATE_DIR)
     transform_file = path / TRANSFORM_FILE
     transform_loads = []
@@ -116,7 +146,8 @@ def load_buffer(buffer, path) -> None:
     # if what follows fails
     restore_transform = load_module_states(transform_loads)
     try:
-        load_storage()
+        with reading(path):
+            load_storage()
     except BaseException:
         restore_transform()
         raise

@@ -32,6 +32,7 @@ from torchrl_compat.utils import _dtype_named
 __all__ = [
     "MetadataError",
     "load_module_states",
+    "read_checkpoint_state",
     "read_count",
     "read_float64_leaves",
     "read_for_loading",
@@ -171,6 +172,17 @@ def read_for_loading(component, path) -> Callable[[], None]:
     if read is None:
         return functools.partial(component.loads, path)
     return functools.partial(component._apply_checkpoint, read(path))
+
+
+def read_checkpoint_state(component, path):
+    """Reads and checks the checkpoint of ``component`` at ``path`` without changing anything:
+    ``(state, load)``, what was read (``None`` for a component without the two steps) and
+    the function that loads it."""
+    read = getattr(component, "_read_checkpoint", None)
+    if read is None:
+        return None, functools.partial(component.loads, path)
+    state = read(path)
+    return state, functools.partial(component._apply_checkpoint, state)
 
 
 def read_torch_file(file: Path):

@@ -26,6 +26,11 @@ a storage whose memory-mapped files live there (a ``LazyMemmapStorage`` whose ``
 is the checkpoint's) links them into the partial directory instead of copying them, and what
 the previous checkpoint holds besides its own entries is carried over (:func:`carry_over`).
 
+Durability: before a rename publishes anything, every file and directory written aside is
+flushed to the disk (``fsync``), and the directory holding ``path`` is flushed after it, the
+order SQLite and LMDB use. A power loss then leaves the previous checkpoint or the new one,
+whole, as a kill does: never a published name whose data never reached the disk.
+
 Nothing here runs at ``loads``: reading a checkpoint never writes to it.
 """
 from __future__ import annotations
@@ -46,16 +51,24 @@ except ImportError:  # pragma: no cover - not on Windows
 
 __all__ = [
     "PARTIAL_TAG",
+    "LIVE_TAG",
     "carry_over",
+    "make_locked_sibling",
+    "outermost_target",
     "partial_siblings",
     "publish_file",
     "published_path",
+    "reading",
     "remove_abandoned",
+    "sync_directory",
+    "sync_tree",
     "write_aside",
 ]
 
 PARTIAL_TAG = ".partial-"
 OLD_TAG = ".old-"
+# the directory a storage living in a checkpoint writes to once moved out of it
+LIVE_TAG = ".live-"
 
 
 def partial_siblings(path: Path) -> list[Path]:
@@ -75,7 +88,7 @@ def _sibling(path: Path, tag: str) -> Path:
 
 def _is_leftover(name: str) -> bool:
     """Whether ``name`` is the partial or old sibling of some entry."""
-    return name.startswith(".") and (PARTIAL_TAG in name or OLD_TAG in name)
+    return name.startswith(".") and (PARTIAL_TAG in name or OLD_TAG in name or LIVE_TAG in name)
 
 
 # -----------------------------------------------------------------------------
@@ -104,11 +117,11 @@ def _open_locked(path: Path, block: bool) -> int | None:
     return None
 
 
-def _make_locked(path: Path, make) -> tuple[Path, int | None]:
+def _make_locked(path: Path, make, tag: str = PARTIAL_TAG) -> tuple[Path, int | None]:
     """Creates a fresh locked sibling of ``path`` with ``make(name)``: ``(name, fd)`` (no
     fd without ``fcntl``: nothing is locked, and nothing is cleaned up either)."""
     while True:
-        name = _sibling(path, PARTIAL_TAG)
+        name = _sibling(path, tag)
         make(name)
         if fcntl is None:
             return name, None
@@ -116,6 +129,12 @@ def _make_locked(path: Path, make) -> tuple[Path, int | None]:
         fd = _open_locked(name, block=True)
         if fd is not None:
             return name, fd
+
+
+def make_locked_sibling(path: Path, tag: str) -> tuple[Path, int | None]:
+    """A new directory ``.<name><tag><id>`` beside ``path`` and the fd holding its lock
+    (``None`` without ``fcntl``); :func:`remove_abandoned` leaves it while the fd is open."""
+    return _make_locked(Path(path), os.mkdir, tag)
 
 
 def _close(fd: int | None) -> None:
@@ -134,10 +153,12 @@ def _remove(entry: Path) -> None:
 
 
 def remove_abandoned(path) -> list[Path]:
-    """Removes the partial siblings of ``path`` left by interrupted writes.
+    """Removes the partial siblings of ``path`` left by interrupted writes, and the homes of
+    storages moved out of it whose process is gone.
 
     An entry is abandoned when no process holds its lock: its writer was killed (a live
-    writer, in this process or another, holds it until it is done). Without ``fcntl``
+    writer, in this process or another, holds it until it is done; a storage's home is held
+    for as long as the storage lives). Without ``fcntl``
     nothing can be told apart, and nothing is removed. If ``path`` is missing while a
     previous checkpoint waits under an ``.old-`` name (a two-rename publish cut between its
     renames), that checkpoint is renamed back to ``path`` first.
@@ -157,7 +178,7 @@ def remove_abandoned(path) -> list[Path]:
         return []
     removed = []
     # old checkpoints first: one may have to be restored before the rest is judged
-    for tag in (OLD_TAG, PARTIAL_TAG):
+    for tag in (OLD_TAG, PARTIAL_TAG, LIVE_TAG):
         prefix = f".{path.name}{tag}"
         for name in names:
             if not name.startswith(prefix):
@@ -207,6 +228,43 @@ def published_path(path) -> Path:
         if path == aside or aside in path.parents:
             return target / path.relative_to(aside)
     return path
+
+
+# The checkpoints being read (loads) in this thread, outermost first.
+_READING = contextvars.ContextVar("_READING", default=())
+
+
+def outermost_target(path) -> Path:
+    """The outermost checkpoint being written (by :func:`write_aside`, in this thread) or
+    read (inside :func:`reading`) around ``path``; ``path`` itself outside both."""
+    frames = _WRITING_ASIDE.get()
+    if frames:
+        return frames[0][1]
+    read = _READING.get()
+    if read:
+        return read[0]
+    return Path(path).absolute()
+
+
+class reading:
+    """Marks ``path`` as a checkpoint being read while the ``with`` block runs (see
+    :func:`outermost_target`).
+
+    Args:
+        path (str or Path): the checkpoint.
+    """
+
+    def __init__(self, path):
+        self._path = Path(path).absolute()
+        self._token = None
+
+    def __enter__(self):
+        self._token = _READING.set(_READING.get() + (self._path,))
+        return self
+
+    def __exit__(self, *exc):
+        _READING.reset(self._token)
+        return False
 
 
 LINK, COPY = "link", "copy"
@@ -281,6 +339,41 @@ def carry_over(source, dest, *, skip=(), how=None) -> None:
         except FileNotFoundError:
             if os.path.lexists(entry.path):
                 raise
+
+
+# -----------------------------------------------------------------------------
+# Durability
+# -----------------------------------------------------------------------------
+def _fsync_path(path, flags: int = os.O_RDONLY) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_directory(path) -> None:
+    """Flushes the entries of directory ``path`` (names created, renamed or removed) to the disk."""
+    _fsync_path(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def sync_tree(root) -> None:
+    """Flushes every file under ``root`` (``root`` itself if it is a file), then every
+    directory, deepest first, to the disk: what a rename is about to publish.
+
+    A file that is also a live memory map (a storage's file linked into a checkpoint) gets
+    the pages written through the map flushed with it. Symbolic links are not followed.
+    """
+    root = Path(root)
+    if not root.is_dir() or root.is_symlink():
+        _fsync_path(root)
+        return
+    for directory, _, files in os.walk(root, topdown=False):
+        for name in files:
+            file = os.path.join(directory, name)
+            if not os.path.islink(file):
+                _fsync_path(file)
+        sync_directory(directory)
 
 
 # -----------------------------------------------------------------------------
@@ -366,9 +459,11 @@ def write_aside(path, write_fn) -> None:
     """Runs ``write_fn(tmp_dir)`` into a sibling directory, then publishes it as ``path``.
 
     ``path`` is untouched until ``write_fn`` has returned, and the previous content is only
-    removed once the new one is in place. Abandoned siblings of earlier interrupted writes
-    are removed first (:func:`remove_abandoned`). While ``write_fn`` runs,
-    :func:`published_path` maps paths under the sibling directory to their place under ``path``.
+    removed once the new one is in place. What ``write_fn`` wrote is flushed to the disk
+    before the rename, and the parent directory after it (:func:`sync_tree`). Abandoned
+    siblings of earlier interrupted writes are removed first (:func:`remove_abandoned`).
+    While ``write_fn`` runs, :func:`published_path` maps paths under the sibling directory
+    to their place under ``path``.
 
     Args:
         path (str or Path): the checkpoint directory.
@@ -399,7 +494,10 @@ def write_aside(path, write_fn) -> None:
                 write_fn(tmp)
             finally:
                 _WRITING_ASIDE.reset(token)
+            # the content reaches the disk before the name that publishes it
+            sync_tree(tmp)
             previous = _publish_directory(tmp, path)
+            sync_directory(path.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -412,7 +510,8 @@ def write_aside(path, write_fn) -> None:
 def publish_file(path, write_fn) -> None:
     """Runs ``write_fn(tmp_file)``, then renames the file it wrote onto ``path``.
 
-    Readers see the previous file or the new one, never a prefix of the new one. The file is
+    Readers see the previous file or the new one, never a prefix of the new one, and the
+    new one is flushed to the disk before the rename (its directory after it). The file is
     written inside a locked partial directory (the lock cannot be on the file itself: HDF5
     takes its own ``flock`` on the files it writes). Abandoned siblings of earlier
     interrupted writes are removed first.
@@ -426,7 +525,9 @@ def publish_file(path, write_fn) -> None:
     tmp, fd = _make_locked(path, os.mkdir)
     try:
         write_fn(tmp / path.name)
+        sync_tree(tmp / path.name)
         os.replace(tmp / path.name, path)
+        sync_directory(path.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         _close(fd)

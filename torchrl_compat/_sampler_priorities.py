@@ -20,11 +20,13 @@ import replay
 
 from ._sampler_storage import ravel
 from ._sampler_trees import is_replay_tree, read_leaves
+from ._sampler_trees import tree_dtype as trees_dtype_for
 from ._torch_sumtree import _TorchSumSegmentTree
 
 __all__ = [
     "EpsOperand",
     "MaxPriorityRecord",
+    "check_new_priorities",
     "check_sampleable",
     "check_update",
     "draw_with_kernel",
@@ -203,6 +205,30 @@ def check_update(index: torch.Tensor, priority: torch.Tensor, capacity: int, max
             f"priority must be finite and non-negative, got priority={float(flat[pos])} "
             f"at position {pos}"
         )
+
+
+def check_new_priorities(priority, sampler, entry) -> None:
+    """Checks, before a batch is written, the priorities it carries (its ``entry``) as the
+    prioritized ``sampler`` will take them once the batch is in: finite, non-negative, and
+    ``(priority + eps) ** alpha`` within the trees' dtype. O(batch), vectorised.
+
+    Raises:
+        ValueError: naming the priority, its position in the batch and the entry.
+    """
+    if not isinstance(priority, torch.Tensor) or priority.is_complex() or priority.dtype == torch.bool:
+        return
+    flat = priority.detach().reshape(-1)
+    bad = (~torch.isfinite(flat) | (flat < 0)) if flat.is_floating_point() else flat < 0
+    if bool(bad.any()):
+        pos = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"priority must be finite and non-negative, got priority={float(flat[pos])} at "
+            f"position {pos} of the batch's {entry!r} entry"
+        )
+    try:
+        stored_values(flat, sampler._eps, sampler._alpha, trees_dtype_for(sampler.dtype))
+    except ValueError as err:
+        raise ValueError(f"{err} (the batch's {entry!r} entry)") from None
 
 
 def ravel_rows(index: torch.Tensor, shape) -> torch.Tensor:

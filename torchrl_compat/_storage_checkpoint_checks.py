@@ -18,6 +18,7 @@ from torchrl_compat._checkpoint_publish import partial_siblings
 from torchrl_compat.utils import _str2dtype
 
 __all__ = [
+    "StorageCheckpoint",
     "TENSORDICT_METADATA_FILE",
     "check_memmap_file",
     "check_tensordict_layout",
@@ -29,6 +30,28 @@ __all__ = [
 
 # the metadata file ``TensorDict.memmap`` writes in each directory
 TENSORDICT_METADATA_FILE = "meta.json"
+
+
+class StorageCheckpoint:
+    """A storage checkpoint read and checked, not loaded yet: calling it loads it.
+
+    Args:
+        load (callable): loads what was read into the storage.
+
+    Keyword Args:
+        length (int): the storage length it holds.
+        rows (torch.Size or None): the shape of its data along the storage's ``ndim`` first
+            dimensions (``None`` if it holds no tensor).
+        file (Path): its metadata file, named in the errors about it.
+    """
+
+    __slots__ = ("_load", "length", "rows", "file")
+
+    def __init__(self, load, *, length: int, rows, file):
+        self._load, self.length, self.rows, self.file = load, length, rows, file
+
+    def __call__(self) -> None:
+        self._load()
 
 
 def missing_checkpoint_error(path: Path, what: str) -> FileNotFoundError:

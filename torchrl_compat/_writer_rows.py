@@ -41,7 +41,8 @@ _PLAIN_SET = TensorStorage.set
 
 
 def write_rows(
-    storage, start: int, index: torch.Tensor, data, arrays: dict | None = None, extra: dict | None = None
+    storage, start: int, index: torch.Tensor, data, arrays: dict | None = None, extra: dict | None = None,
+    check=None,
 ) -> bool:
     """Writes the batch ``data`` at rows ``start, start + 1, ...`` (wrapping once) of ``storage``.
 
@@ -55,6 +56,10 @@ def write_rows(
             :func:`~torchrl_compat._buffer_gather.array_of`), filled in as leaves are met.
         extra (dict, optional): top-level entries written as if ``data`` held them too
             (a tensordict's ``"index"``, left out of the caller's data).
+        check (callable, optional): called before leaves are copied one by one (a copy that
+            can stop part-way, on a leaf whose shape does not broadcast): it raises to refuse
+            the batch while nothing is written. ``replay.copy_rows`` checks every leaf
+            itself before it copies any.
 
     Returns:
         ``True`` once written; ``False``, having written nothing, when the storage or the
@@ -84,6 +89,8 @@ def write_rows(
         # every leaf a contiguous CPU tensor of its row shape: copied byte for byte
         storage._note_rows_written(index, numel, first_row=start)
         return True
+    if check is not None:
+        check()
     copies = [_as_arrays(leaf, value, {} if arrays is None else arrays) for leaf, value in pairs]
     # every leaf holds numel rows (a tensordict's leaves start with its batch size)
     first = min(numel, capacity - start)

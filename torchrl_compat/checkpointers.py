@@ -33,19 +33,23 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDict
 from tensordict.memmap import MemoryMappedTensor
-from torch.utils._pytree import tree_flatten_with_path, tree_leaves, tree_map
+from torch.utils._pytree import tree_flatten_with_path, tree_map
 
 from torchrl_compat._checkpoint_checks import load_module_states, read_for_loading, read_torch_file
 from torchrl_compat._checkpoint_publish import (
     COPY,
     LINK,
     carry_over,
+    outermost_target,
     publish_file,
     published_path,
+    reading,
     write_aside,
 )
+from torchrl_compat._storage_live_home import files_home, memmap_files, move_out
 from torchrl_compat._storage_checkpoint_checks import (
     TENSORDICT_METADATA_FILE,
+    StorageCheckpoint,
     check_memmap_file,
     check_tensordict_layout,
     format_keys,
@@ -78,56 +82,40 @@ COMPRESSED_INDICES_FILE = "data_indices.json"
 # -----------------------------------------------------------------------------
 # Where a storage lives
 # -----------------------------------------------------------------------------
-def _memmap_files(obj) -> list[str]:
-    """File names of the memory-mapped leaves of a storage's content."""
-    if obj is None:
-        return []
-    if is_tensor_collection(obj):
-        leaves = obj.values(include_nested=True, leaves_only=True)
-    elif isinstance(obj, torch.Tensor):
-        leaves = [obj]
-    else:
-        try:
-            leaves = tree_leaves(obj)
-        except Exception:
-            return []
-    files = []
-    for leaf in leaves:
-        if not isinstance(leaf, MemoryMappedTensor):
-            continue
-        try:
-            filename = leaf.filename
-        except RuntimeError:
-            # anonymous memory map (LazyMemmapStorage without scratch_dir): no file to protect
-            continue
-        if filename:
-            files.append(os.path.abspath(filename))
-    return files
-
-
 def _lives_under(storage, path: Path) -> bool:
     """Whether some memory-mapped file of ``storage`` (or of its sub-storages) is under ``path``."""
     root = str(Path(path).absolute()) + os.sep
     substorages = getattr(storage, "_storages", None)
     if substorages is not None:
         return any(_lives_under(sub, path) for sub in substorages)
-    return any(f.startswith(root) for f in _memmap_files(getattr(storage, "_storage", None)))
+    return any(f.startswith(root) for f in memmap_files(getattr(storage, "_storage", None)))
 
 
-def _link_live_files(storage, live: Path, directory: Path) -> None:
-    """Carries the files of a storage living in ``live`` into ``directory``, written aside to
-    replace ``live``: its memory-mapped files as hard links (the storage goes on writing
-    through them, under the same names once ``directory`` is published), the other files
-    (the ``meta.json`` describing them) as copies. Other memory-mapped files (the copy an
+def _lives_in_checkpoint(storage, path: Path) -> bool:
+    """Whether ``storage`` is a memory-mapped storage whose ``scratch_dir`` is the checkpoint
+    directory ``path`` (its files are there, or in the live home an earlier dump moved it
+    to)."""
+    scratch_dir = getattr(storage, "scratch_dir", None)
+    return (
+        scratch_dir is not None
+        and Path(scratch_dir).absolute() == Path(path).absolute()
+        and bool(memmap_files(getattr(storage, "_storage", None)))
+    )
+
+
+def _link_live_files(storage, home: Path, directory: Path) -> None:
+    """Carries the files of a storage living in ``home`` into the checkpoint ``directory``:
+    its memory-mapped files as hard links (no data is copied), the other files (the
+    ``meta.json`` describing them) as copies. Other memory-mapped files (the copy an
     earlier dump made) and the storage metadata, which this dump writes, are left out."""
-    live_files = set(_memmap_files(storage._storage))
+    live_files = set(memmap_files(storage._storage))
 
     def how(file: Path):
         if os.path.abspath(file) in live_files:
             return LINK
         return None if file.suffix == ".memmap" else COPY
 
-    carry_over(live, directory, skip=(STORAGE_METADATA_FILE,), how=how)
+    carry_over(home, directory, skip=(STORAGE_METADATA_FILE,), how=how)
 
 
 # -----------------------------------------------------------------------------
@@ -181,14 +169,13 @@ def _pytree_leaf(storage_tree, key: str, file):
     return node
 
 
-def _save_pytree_leaves(tree, path: Path, metadata: dict, live: Path) -> None:
+def _save_pytree_leaves(tree, path: Path, metadata: dict, home: Path) -> None:
     """Writes every leaf of ``tree`` to ``path / <key path>.memmap`` (``utils._save_pytree``'s
-    layout) and fills ``metadata``; a leaf already memory-mapped on that file in ``live`` is
-    left as it is (a storage dumped into its own directory, ``live``, or into a directory
-    replacing it, where the file is linked)."""
+    layout) and fills ``metadata``; a leaf already memory-mapped on that file in ``home`` is
+    left as it is (a storage living in the checkpoint: its file is linked into ``path``)."""
     for tensor_path, tensor in _pytree_leaf_paths(tree):
-        file = os.path.abspath(live / (tensor_path + ".memmap"))
-        if _memmap_files(tensor) != [file]:
+        file = os.path.abspath(home / (tensor_path + ".memmap"))
+        if memmap_files(tensor) != [file]:
             _save_pytree_common(tensor_path, path, tensor, metadata)
         else:
             metadata[tensor_path.replace("/", ".")] = {
@@ -493,14 +480,15 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         :meth:`dumps` writes into a sibling directory and renames it onto ``path`` once every
         file (``storage_metadata.json`` last) is written: if it is interrupted, ``path`` keeps
         the previous checkpoint, or stays absent, and no half-written checkpoint can be loaded.
-        torchrl overwrites the previous checkpoint file by file. The one exception is a
-        :class:`~torchrl_compat.LazyMemmapStorage` dumped into its own ``scratch_dir``: its
-        files *are* the live storage, so only ``storage_metadata.json`` is rewritten, aside
-        and renamed over the previous one: an interrupted dump leaves the previous metadata
-        in place, and the directory stays a complete checkpoint. When that directory is part
-        of a larger checkpoint written aside (a replay buffer's ``storage/``), the live files
-        are hard-linked into the new checkpoint, which replaces the directory whole: they
-        stay the storage's files, under the same names.
+        torchrl overwrites the previous checkpoint file by file. A
+        :class:`~torchrl_compat.LazyMemmapStorage` dumped into its own ``scratch_dir`` (or
+        whose ``scratch_dir`` is a replay buffer checkpoint's ``storage/``) has its files
+        hard-linked into the new checkpoint rather than copied; the storage then moves out
+        to a directory of its own beside the checkpoint (``.<name>.live-<id>``), with a copy
+        of its data, so that what it writes next never changes a published checkpoint
+        (torchrl's storage goes on writing into the checkpoint's files, under an older
+        ``storage_metadata.json``). A storage loaded from the checkpoint it lives in moves
+        out the same way.
 
     .. note::
         A pytree checkpoint written by torchrl 0.11 with ``ndim > 1`` has every leaf after the
@@ -526,44 +514,66 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         # where the checkpoint ends up: ``path`` itself, unless it is part of a larger
         # checkpoint being written aside
         live = published_path(path)
-        if _lives_under(storage, live):
+        if _lives_in_checkpoint(storage, live):
             return self._dumps_in_place(storage, path, live)
+        if _lives_under(storage, live):
+            raise ValueError(
+                f"Cannot dump the storage into {live}: its memory-mapped files are inside it "
+                f"({memmap_files(storage._storage)[0]}), but its scratch_dir is "
+                f"{getattr(storage, 'scratch_dir', None)}. Dump it into its scratch_dir, or elsewhere."
+            )
         write_aside(path, lambda tmp: self._write(storage, tmp))
 
-    def _write(self, storage, path: Path, live: Path | None = None):
-        """Writes the checkpoint into ``path``; the storage's files living in ``live`` (the
-        directory ``path`` is or will replace, where they are linked) are not written again."""
+    def _write(self, storage, path: Path, home: Path | None = None):
+        """Writes the checkpoint into ``path``; the storage's files living in ``home``, already
+        linked into ``path``, are not written again."""
         metadata = {}
         _storage = storage._storage
         for hook in self._save_hooks:
             _storage = hook(_storage, path=path)
         if is_tensor_collection(_storage):
             if (
-                live is not None
+                home is not None
                 and _storage.is_memmap()
                 and _storage.saved_path
-                and Path(_storage.saved_path).absolute() == live
+                and Path(_storage.saved_path).absolute() == home
             ):
-                # The files are the live data, described by the meta.json files written
-                # when the storage was created. torchrl calls memmap_refresh_() here, which
-                # rewrites them in place: a dump killed then leaves them truncated.
+                # The linked files are the data, described by the meta.json files copied
+                # beside them. torchrl calls memmap_refresh_() here, which rewrites the
+                # files in place: a dump killed then leaves them truncated.
                 check_tensordict_layout(path)
             else:
                 _storage.memmap(path, copy_existing=True)
             is_pytree = False
         else:
-            _save_pytree_leaves(_storage, path, metadata, path if live is None else live)
+            _save_pytree_leaves(_storage, path, metadata, path if home is None else home)
             is_pytree = True
         # Written last, in one rename: its presence marks the directory as a complete
-        # checkpoint, and in place the previous one stays complete until it is replaced.
+        # checkpoint.
         content = {"metadata": metadata, "is_pytree": is_pytree, "len": storage._len}
         publish_file(path / STORAGE_METADATA_FILE, lambda file: _dump_json(content, file))
 
     def _dumps_in_place(self, storage, path: Path, live: Path):
-        path.mkdir(exist_ok=True)
-        if path != live:
-            _link_live_files(storage, live, path)
-        self._write(storage, path, live=live)
+        """Dumps a storage whose ``scratch_dir`` is the checkpoint ``live`` (``path`` itself,
+        or the directory ``path`` is written aside to replace): its files are linked into the
+        checkpoint, not copied, then the storage moves out to a live home of its own, so
+        that what it writes next leaves the published checkpoint as it is."""
+        home = files_home(storage)
+        # save hooks write another layout: the data is written, not linked
+        link = not self._save_hooks
+
+        def write(directory: Path) -> None:
+            if link:
+                _link_live_files(storage, home, directory)
+            self._write(storage, directory, home=home if link else None)
+            move_out(storage, outermost_target(directory))
+
+        if path == live:
+            write_aside(path, write)
+        else:
+            # part of a larger checkpoint being written aside, which publishes it
+            path.mkdir(exist_ok=True)
+            write(path)
 
     @staticmethod
     def _read_storage_metadata(path: Path) -> dict:
@@ -614,20 +624,25 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         metadata_file = path / STORAGE_METADATA_FILE
         _len = metadata["len"]
         if metadata["is_pytree"]:
-            fill = self._read_pytree(storage, path, metadata["metadata"], metadata_file, _len)
+            fill, shape = self._read_pytree(storage, path, metadata["metadata"], metadata_file, _len)
         else:
-            fill = self._read_tensordict(storage, path, metadata_file, _len)
+            fill, shape = self._read_tensordict(storage, path, metadata_file, _len)
 
         def load():
             fill()
             storage._len = _len
+            if _lives_under(storage, path):
+                # the storage maps the checkpoint's files: it writes to files of its own
+                move_out(storage, outermost_target(path))
 
-        return load
+        rows = None if shape is None else torch.Size(tuple(shape)[: getattr(storage, "ndim", 1)])
+        return StorageCheckpoint(load, length=_len, rows=rows, file=metadata_file)
 
     def _read_pytree(self, storage, path, entries, metadata_file, _len):
         if self._load_hooks:
             raise RuntimeError("Loading hooks are not compatible with PyTree storages.")
         if not storage.initialized:
+            # torchrl's message, word for word (tests compare them)
             raise RuntimeError("Cannot fill a non-initialized pytree-based TensorStorage.")
         plan = []
         for key, md in entries.items():
@@ -670,7 +685,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                 source = MemoryMappedTensor.from_filename(filename=file, shape=shape, dtype=dtype)
                 dest.copy_(source if rows is None else source[:rows])
 
-        return fill
+        return fill, (plan[0][3].shape if plan else None)
 
     def _read_tensordict(self, storage, path, metadata_file, _len):
         check_tensordict_layout(path)
@@ -678,7 +693,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         if not self._load_hooks:
             self._check_len(storage, _len, _storage.batch_size, metadata_file)
             self._check_fits(storage, _storage, path)
-        return functools.partial(self._fill_tensordict, storage, path, _storage)
+        # with load hooks, what is on disk is not the storage's layout
+        rows = None if self._load_hooks else _storage.batch_size
+        return functools.partial(self._fill_tensordict, storage, path, _storage), rows
 
     def _fill_tensordict(self, storage, path, _storage):
         dest = storage._storage if storage.initialized else None
@@ -978,8 +995,9 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
         def load():
             restore = load_module_states(transform_states)
             try:
-                for load_sub in loaders:
-                    load_sub()
+                with reading(path):
+                    for load_sub in loaders:
+                        load_sub()
             except BaseException:
                 restore()
                 raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import inspect
-import multiprocessing
 import os
 import pickle
 import textwrap
@@ -30,6 +29,7 @@ from torchrl_compat import (
 from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer, PREFETCH_FILE
 from torchrl_compat._releases import since
 from torchrl_compat._buffer_gather import gather_rows, plain_storage
+from torchrl_compat._buffer_processes import SharedWriteLock
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat.samplers import (
     PrioritizedSampler,
@@ -478,7 +478,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
 
     def share(self, shared: bool = True):
         self.shared = shared
-        self._write_lock = multiprocessing.Lock() if shared else _NO_LOCK
+        # taken by every write; in a forked child it first refuses writes that would stay there
+        self._write_lock = SharedWriteLock(self) if shared else _NO_LOCK
         if shared and getattr(self, "_initialized", False):
             self._share_replay_buffer_transform()
         return self

@@ -9,6 +9,7 @@ from tensordict import is_tensor_collection, is_tensorclass, TensorDict, TensorD
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right
 
+from torchrl_compat._sampler_priorities import check_new_priorities
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy
 from torchrl_compat.samplers import PrioritizedSampler
@@ -157,6 +158,17 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                 f"and other types are not compatible with that class. "
                 "Please use a regular `ReplayBuffer` instead."
             )
+        if (update_priority is None or update_priority) and isinstance(self._sampler, PRIORITIZED_SAMPLERS):
+            # the batch's priorities are checked before it is written: a refused batch
+            # leaves the buffer as it was (torchrl finds out once the rows are in)
+            priority = self._entry(tensordicts, self.priority_key)
+            if priority is not None:
+                try:
+                    check_new_priorities(priority, self._sampler, self.priority_key)
+                except ValueError as err:
+                    raise RuntimeError(
+                        f"Failed to update priority of extended data: {err}. Nothing was written."
+                    ) from None
         writer = self._writer
         if (
             type(tensordicts) is TensorDict
@@ -185,7 +197,8 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
                     self.update_priority(index, vector)
             except Exception as e:
                 raise RuntimeError(
-                    "Failed to update priority of extended data. You can try to set update_priority=False in the extend method and update the priority manually."
+                    f"Failed to update priority of extended data ({type(e).__name__}: {e}). You can "
+                    "try to set update_priority=False in the extend method and update the priority manually."
                 ) from e
         return index
 

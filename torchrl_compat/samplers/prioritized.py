@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from copy import deepcopy
 from multiprocessing.context import get_spawning_popen
@@ -14,6 +15,7 @@ import torch
 import replay
 from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_object, real_number
 from .._checkpoint_publish import write_aside
+from .._priority_checkpoint_checks import check_max_priority_index, check_priority_leaves
 from .._releases import keywords_since
 from .._releases import since
 from .._sampler_device import (
@@ -182,12 +184,15 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         max_priority_within_buffer: bool = False,
         device: torch.device | str | None = None,
     ) -> None:
-        if alpha < 0:
+        # (``not x >= 0``, which refuses NaN too: every stored priority would be NaN)
+        if not alpha >= 0:
             raise ValueError(
                 f"alpha must be greater or equal than 0, got alpha={alpha}"
             )
-        if beta < 0:
+        if not beta >= 0:
             raise ValueError(f"beta must be greater or equal to 0, got beta={beta}")
+        if not -math.inf < eps < math.inf:
+            raise ValueError(f"eps must be a finite number, got eps={eps}")
 
         self._max_capacity = max_capacity
         self._alpha = alpha
@@ -941,7 +946,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         max_capacity = real_number(file, "_max_capacity", metadata["_max_capacity"])
         if max_capacity != self._max_capacity:
             raise RuntimeError(
-                f"max capacity of loaded metadata ({max_capacity}) differs from self._max_capacity ({self._max_capacity})."
+                f"max capacity of loaded metadata ({max_capacity}) differs from self._max_capacity "
+                f"({self._max_capacity}) ({file})."
             )
         max_priority = metadata["_max_priority"]
         if not isinstance(max_priority, list) or len(max_priority) != 2:
@@ -950,6 +956,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             real_number(file, "_max_priority[0]", max_priority[0], allow_none=True, at_least=0),
             real_number(file, "_max_priority[1]", max_priority[1], allow_none=True, at_least=0),
         )
+        check_max_priority_index(file, max_priority[1], self._max_capacity)
         leaves = {}
         for name in ("sumtree", "mintree"):
             leaf_file = path / f"{name}.memmap"
@@ -965,6 +972,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
         except ValueError as err:
             raise MetadataError(f"{path / 'sumtree.memmap'}: {err}") from None
+        check_priority_leaves(path, leaves["sumtree"].numpy(), leaves["mintree"].numpy(), tree_dtype(self.dtype))
         version = metadata.get("_schema_version", 0)
         if type(version) is not int:
             raise MetadataError(f"{file}: _schema_version must be an integer, got {version!r}")

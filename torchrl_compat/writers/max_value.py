@@ -14,6 +14,7 @@ from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_te
 from torchrl_compat._checkpoint_publish import write_aside
 from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import torchrl_twin
+from torchrl_compat._writer_checks import check_batch_fits
 from torchrl_compat.utils import _reduce, _str2dtype
 from .base import (
     TOP_VALUES_FILE,
@@ -124,6 +125,8 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
         The ``rank_key`` in the data passed to this module should be structured as [].
         If it has more dimensions, it will be reduced to a single value using the ``reduction`` method.
         """
+        # checked first: a refused item must leave the ranking as it was
+        check_batch_fits(self._storage, data, None)
         index = self.get_insert_index(data)
         if index is not None:
             data.set("index", index)
@@ -149,6 +152,9 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
                 f"tensordict.batch_size = {data.batch_size[1:]}"
             )
         numel = data.shape[0] if data.batch_dims else 0
+        # checked first: a refused batch must leave the ranking as it was
+        if numel:
+            check_batch_fits(self._storage, data, numel)
         ranks = self._batch_ranks(data, numel)
         # row in the storage -> position in the batch; a row taken twice keeps the later item
         rows = {}

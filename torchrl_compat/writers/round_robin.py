@@ -6,13 +6,14 @@ from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, is_tensor_collection
 from tensordict.utils import expand_as_right, is_tensorclass
 
 from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_tensor_file
 from torchrl_compat._checkpoint_publish import write_aside
 from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
+from torchrl_compat._writer_checks import check_batch_fits
 from torchrl_compat._writer_rows import shallow_copy, write_rows
 from torchrl_compat.utils import _is_int, _str2dtype
 from . import _generations
@@ -57,6 +58,14 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         lock (torchrl's are ``mp.Value("i")``, locked at each access, and the write count
         wraps past ``2**31 - 1``).
 
+    .. note:: A batch the storage refuses (an entry of another dtype, or of a trailing shape
+        that does not broadcast to the storage's rows) raises, naming the entry, before
+        anything is written, and the cursor and write count stay where they were: torchrl's
+        move on, so that its next batch lands past the storage's length and rows never
+        written become visible. Of a batch larger than the capacity, the last ``capacity``
+        items are written, each row whole (torchrl's indexed write to repeated rows keeps,
+        entry by entry, any of the items written there); the indices returned are torchrl's.
+
     Examples:
         >>> import torch
         >>> from torchrl_compat import LazyTensorStorage
@@ -90,11 +99,17 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
 
     # ----------------------------------------------------------------- write
     def add(self, data: Any) -> int | torch.Tensor:
+        check_batch_fits(self._storage, data, None)
         index = self._cursor
         # the cursor moves before the write, so that concurrent writers take distinct rows
-        self._cursor = (index + 1) % self._storage._max_size_along_dim0(single_data=data)
+        cursor = (index + 1) % self._storage._max_size_along_dim0(single_data=data)
+        self._cursor = cursor
         self._write_count += 1
-        self._storage.set(index, data)
+        try:
+            self._storage.set(index, data)
+        except BaseException:
+            self._undo_move(index, cursor, 1)
+            raise
         self._bump_generation(index, data)
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
@@ -118,25 +133,61 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         index = torch.arange(start, start + numel, dtype=torch.long, device=device)
         if start + numel > capacity:
             index.remainder_(capacity)
-        self._cursor = (start + numel) % capacity
+        cursor = (start + numel) % capacity
+        self._cursor = cursor
         self._write_count += numel
-        extra = None
-        if leave_data:
-            extra = {"index": index}
-        else:
-            self._before_write(data, index)
-        arrays = self.__dict__.get("_leaf_arrays")
-        if arrays is None:
-            arrays = self.__dict__["_leaf_arrays"] = {}
-        if not write_rows(self._storage, start, index, data, arrays, extra):
-            if leave_data:
-                data = shallow_copy(data)
-                self._before_write(data, index)
-            self._storage.set(index, data)
+        try:
+            self._write_rows(data, numel, start, index, capacity, leave_data)
+        except BaseException:
+            self._undo_move(start, cursor, numel)
+            raise
         self._bump_generation(index, data, run=(start, capacity))
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
+
+    def _write_rows(self, data, numel: int, start: int, index: torch.Tensor, capacity: int, leave_data: bool) -> None:
+        """Writes the batch at the rows ``index`` (from ``start`` on, wrapping at ``capacity``).
+
+        Of a batch larger than the capacity, only the last ``capacity`` items are written,
+        each row once: torchrl hands the storage all of them, and an indexed write to repeated
+        rows keeps, entry by entry, any one of the values written there (torn rows).
+        """
+        extra = None
+        if leave_data:
+            extra = {"index": index}
+        else:
+            self._before_write(data, index)  # the caller's batch receives every index
+        full_index = None
+        if numel > capacity and (isinstance(data, torch.Tensor) or is_tensor_collection(data)):
+            skipped = numel - capacity
+            full_index = index
+            data, index, start = data[skipped:], index[skipped:], (start + skipped) % capacity
+            if extra is not None:
+                extra = {"index": index}
+        arrays = self.__dict__.get("_leaf_arrays")
+        if arrays is None:
+            arrays = self.__dict__["_leaf_arrays"] = {}
+        # What the storage would refuse is refused before anything is written (the caller
+        # then puts the cursor back); a batch copied whole by replay.copy_rows needs no check.
+        storage, batch, rows = self._storage, data, index.shape[0]
+        if not write_rows(storage, start, index, data, arrays, extra, lambda: check_batch_fits(storage, batch, rows)):
+            check_batch_fits(storage, data, rows)
+            if leave_data:
+                data = shallow_copy(data)
+                self._before_write(data, index)
+            self._storage.set(index, data)
+        if full_index is not None and hasattr(self._storage, "_last_cursor"):
+            # the cursor torchrl's storage records: every index of the batch
+            self._storage.__dict__.pop("_last_run", None)
+            self._storage._last_cursor = full_index
+
+    def _undo_move(self, start: int, cursor: int, numel: int) -> None:
+        """Puts the cursor and write count back after a write that failed (unless another
+        writer moved the cursor since)."""
+        if self._cursor == cursor:
+            self._cursor = start
+        self._write_count -= numel
 
     def _before_write(self, data, index: torch.Tensor) -> None:
         """What the batch receives before it is written (nothing here)."""
@@ -324,12 +375,18 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
     """
 
     def add(self, data: Any) -> int | torch.Tensor:
+        check_batch_fits(self._storage, data, None)
         index = self._cursor
         capacity = self._storage._max_size_along_dim0(single_data=data)
-        self._cursor = (index + 1) % capacity
+        cursor = (index + 1) % capacity
+        self._cursor = cursor
         self._write_count += 1
-        self._before_write(data, index)
-        self._storage.set(index, data)
+        try:
+            self._before_write(data, index)
+            self._storage.set(index, data)
+        except BaseException:
+            self._undo_move(index, cursor, 1)
+            raise
         self._bump_generation(index, data)
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
