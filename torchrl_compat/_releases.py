@@ -70,6 +70,11 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     "buffer_shared_transforms": (0, 14),
     # ReplayBufferEnsemble: p="sampleable", routing_key, end_streams, stats
     "ensemble_sampleable_routing": (0, 14),
+    # consume_after_n_samples / ConsumingSampler: items sampled n times leave the buffer
+    # (len() counts the live ones) and writes fill their slots first
+    "buffer_consume_after_n_samples": (0, 14),
+    # ReplayBufferEnsemble members built from components are buffers too (``rb[0]`` is one)
+    "ensemble_members_from_components": (0, 14),
 }
 
 

@@ -164,6 +164,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             and self._dim_extend == 0
             and not self._has_transforms()
             and not is_compiling()
+            and not self._is_consuming()
         ):
             # what torchrl does through a shallow copy (see _inverse), without making it:
             # the writer writes the "index" entry beside the data
