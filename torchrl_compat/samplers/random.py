@@ -423,7 +423,8 @@ class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
 
     Examples:
         >>> import torch
-        >>> from torchrl_compat import ConsumingSampler, ListStorage, ReplayBuffer
+        >>> from torchrl_compat import ListStorage, ReplayBuffer
+        >>> from torchrl_compat.samplers import ConsumingSampler
         >>> rb = ReplayBuffer(storage=ListStorage(10), sampler=ConsumingSampler(), batch_size=3)
         >>> rb.extend([torch.tensor(i) for i in range(4)])
         tensor([0, 1, 2, 3])
