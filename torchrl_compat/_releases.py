@@ -57,6 +57,9 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # time coordinate (``_last_cursor_index``); samplers answer ``can_sample``
     "storage_mutation_revision": (0, 14),
     "sampler_can_sample": (0, 14),
+    # a shared_init LazyTensorStorage sets its device to the CPU (its memory maps') once
+    # initialized, warning when another was asked for
+    "storage_shared_init_cpu": (0, 14),
     # ---- replay buffers
     # constructor: sample_unit, consume_after_n_samples, service_backend(_options),
     # transport(_options); the direct service API (start, client, shutdown, synchronize...)

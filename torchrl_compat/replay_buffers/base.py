@@ -644,15 +644,14 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             self._load_state_dict(state_dict)
             return
         prefetch_state = state_dict.get("_prefetch_state")
-        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        self._validate_prefetch_state(prefetch_state)
         self.synchronize()
         with self._futures_lock:
             self._clear_prefetch_queue_locked()
             with self._replay_lock:
                 self._load_state_dict(state_dict)
                 self._consume_after_n_samples = state_dict.get("_consume_after_n_samples")
-                if prefetch_state is not None:
-                    self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"]))
+                self._restore_prefetch_queue_locked(prefetch_state)
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._storage.load_state_dict(state_dict["_storage"])
@@ -1420,6 +1419,40 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             wait(futures)
         self._prefetch_queue.clear()
 
+    # torchrl's names for the steps of saving and restoring the queue (the other parts of
+    # torchrl call them on a buffer)
+    def _clone_prefetch_result(self, result: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+        """A copy of one prefetched ``(batch, info)`` that shares no tensor with it."""
+        return _prefetch.clone_result(result)
+
+    def _validate_prefetch_state(self, prefetch_state: dict[str, Any] | None) -> None:
+        """Refuses a saved prefetch state this buffer cannot take (version, capacity, size)."""
+        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+
+    def _restore_prefetch_queue_locked(self, prefetch_state: dict[str, Any] | None, *, clone_queue: bool = True) -> None:
+        """Queues the saved batches as completed futures (the futures lock held)."""
+        self._validate_prefetch_state(prefetch_state)
+        if prefetch_state is not None:
+            self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"], clone=clone_queue))
+
+    def _dump_prefetch_state(self, path, prefetch_state: dict[str, Any]) -> None:
+        with open(path / PREFETCH_FILE, "wb") as file:
+            pickle.dump(prefetch_state, file)
+
+    def _load_prefetch_state(self, path) -> dict[str, Any] | None:
+        prefetch_file = path / PREFETCH_FILE
+        if not prefetch_file.exists():
+            return None
+        with open(prefetch_file, "rb") as file:
+            return pickle.load(file)
+
+    def _torchrl_checkpoint_detach_from_load_path(self):
+        """Lets the storage stop reading from the checkpoint it was loaded from, when its
+        checkpointer can."""
+        detach = getattr(self._storage.checkpointer, "_detach_from_load_path", None)
+        if detach is not None:
+            detach(self._storage)
+
     # ---- what dumps / loads add to torchrl 0.11's layout (see _buffer_checkpoint)
     def _release_metadata(self) -> dict:
         if since("buffer_prefetch_state"):
@@ -1429,20 +1462,15 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def _dump_release_entries(self, directory) -> None:
         if since("buffer_prefetch_state"):
             with self._capture_prefetch_state(clone_queue=False) as prefetch_state:
-                with open(directory / PREFETCH_FILE, "wb") as file:
-                    pickle.dump(prefetch_state, file)
+                self._dump_prefetch_state(directory, prefetch_state)
 
     def _read_release_entries(self, path) -> dict | None:
         if not since("buffer_prefetch_state"):
             return None
         from torchrl_compat._checkpoint_checks import read_json_object
 
-        prefetch_state = None
-        prefetch_file = path / PREFETCH_FILE
-        if prefetch_file.exists():
-            with open(prefetch_file, "rb") as file:
-                prefetch_state = pickle.load(file)
-        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        prefetch_state = self._load_prefetch_state(path)
+        self._validate_prefetch_state(prefetch_state)
         metadata = read_json_object(path / "buffer_metadata.json")
         return {"prefetch": prefetch_state, "consume": metadata.get("consume_after_n_samples")}
 
@@ -1452,8 +1480,8 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self._consume_after_n_samples = entries["consume"]
         with self._futures_lock:
             self._clear_prefetch_queue_locked()
-            if entries["prefetch"] is not None:
-                self._prefetch_queue.extend(_prefetch.completed_futures(entries["prefetch"]["queue"], clone=False))
+            # the queue read from the checkpoint is this buffer's alone: no copy needed
+            self._restore_prefetch_queue_locked(entries["prefetch"], clone_queue=False)
 
     # ---- consumed items (consume_after_n_samples, ConsumingSampler)
     def _maybe_make_consuming_sampler(self) -> None:
