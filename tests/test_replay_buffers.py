@@ -14,6 +14,8 @@ fixture), so the reference is torchrl's buffer and sampler code on our trees.
 from __future__ import annotations
 
 
+import sys
+
 import numpy as np
 import pytest
 import replay
@@ -43,10 +45,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @pytest.fixture
 def torchrl_trees(monkeypatch):
-    """torchrl's prioritized sampler on replay's trees where its compiled ones do not load."""
-    if TS.SumSegmentTreeFp32 is None:
-        for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
-            monkeypatch.setattr(TS, name, getattr(replay, name))
+    """torchrl's prioritized sampler on replay's trees where its compiled ones do not load
+    (in the samplers package, and in the module that defines the sampler from 0.14 on)."""
+    # the module whose globals the sampler's code reads (its __module__ names the package)
+    defining = sys.modules[TS.PrioritizedSampler.__init__.__globals__["__name__"]]
+    for module in {TS, defining}:
+        if getattr(module, "SumSegmentTreeFp32", None) is None:
+            for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
+                monkeypatch.setattr(module, name, getattr(replay, name))
 
 
 def make_td(n, seed=0, start=0):
