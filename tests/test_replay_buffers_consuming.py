@@ -11,6 +11,7 @@ from tensordict import TensorDict
 
 import torchrl_compat as O
 from torchrl_compat._releases import since
+from twin_checks import assert_api_matches, assert_no_torchrl_code
 
 T = pytest.importorskip("torchrl.data")
 
@@ -241,3 +242,9 @@ def test_empty_resets_everything():
         rb.empty()
     assert len(ours) == len(theirs) == 0
     _run_same(ours, theirs, [("extend", 4), ("sample", 2), ("add",), ("sample", 5)], seed=50)
+
+
+def test_consuming_sampler_stands_in_for_torchrl():
+    assert_api_matches(O.ConsumingSampler, T.ConsumingSampler)
+    assert_no_torchrl_code(O.ConsumingSampler)
+    assert "ConsumingSampler" in O.__all__

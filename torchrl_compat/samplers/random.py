@@ -445,6 +445,14 @@ class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
         self.max_sample_count = int(max_sample_count)
         self._empty()
 
+    @staticmethod
+    def _storage_device(storage: Storage | None):
+        """The device the counters live on: the storage's (``None`` when it says "auto")."""
+        if storage is None:
+            return None
+        device = getattr(storage, "device", None)
+        return None if device == "auto" else device
+
     # ------------------------------------------------------------------ state
     # _sample_count[i]: batches slot i was returned in since it was written; _live_mask[i]:
     # whether it can be drawn; _known_storage_len: the storage length last seen;
@@ -461,13 +469,15 @@ class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
                 )
             length = len(storage)
             min_capacity = max(min_capacity, length)
-            device = storage_device(storage)
+            device = self._storage_device(storage)
         else:
             length = self._known_storage_len
             device = None if self._sample_count is None else self._sample_count.device
         held = 0 if self._sample_count is None else self._sample_count.numel()
         capacity = max(held, int(min_capacity))
-        moved = self._sample_count is not None and device is not None and self._sample_count.device != device
+        moved = (
+            self._sample_count is not None and device is not None and self._sample_count.device != torch.device(device)
+        )
         if self._sample_count is None or self._live_mask is None or held < capacity or moved:
             self._reallocate(capacity, device)
         if storage is not None:
@@ -606,10 +616,13 @@ class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
         still_live = self._sample_count[index] < self.max_sample_count
         self._live_mask[index] = still_live
         self._append_free_indices(index[~still_live])
+        self._update_remaining_batches(batch_size, storage)
+        return index, {}
+
+    def _update_remaining_batches(self, batch_size: int, storage: Storage) -> None:
         left = self._num_sampleable(storage)
         self._remaining_batches = -(left // -batch_size)
         self._ran_out = left == 0
-        return index, {}
 
     @property
     def ran_out(self):
