@@ -742,7 +742,7 @@ cdef class _SumSegmentTree(_SegmentTree):
         return _numpy_to_like(out.reshape(shape), value)
 
     def sample_prioritized(self, num_valid, uniform=None, *, batch_size=None, seed=None,
-                           p_min=None, beta=None, relative_to=None):
+                           p_min=None, beta=None, relative_to=None, mass=None):
         """Draw leaves in proportion to their value, in one pass.
 
         Follows :class:`~torchrl.data.PrioritizedSampler`'s rules: the mass of draw ``k`` is
@@ -767,6 +767,11 @@ cdef class _SumSegmentTree(_SegmentTree):
             relative_to (float, optional): when given, the priorities are returned divided
                 by it, in the tree's precision (as dividing the tree-dtype tensor by it in
                 torch gives, bit for bit).
+            mass (array or tensor, optional): the prefix masses of the draws, given instead of
+                ``uniform``: draw ``k`` lands where :meth:`scan_lower_bound` puts ``mass[k]``
+                (rounded to the tree's dtype as it rounds its values), then is clamped and
+                moved off zero-valued leaves as above. This is how a caller draws the masses
+                with the RNG it must follow (``np.random.uniform(0.0, p_sum, n)``).
 
         Returns:
             ``(index, priority, weight)``: int64 indices, the leaf values (tree dtype) and the
@@ -774,7 +779,8 @@ cdef class _SumSegmentTree(_SegmentTree):
 
         Raises:
             IndexError: when ``num_valid`` is below 1, or the tree has no leaf.
-            ValueError: for a draw outside ``[0, 1]`` or NaN.
+            ValueError: for a draw outside ``[0, 1]`` or NaN, a NaN mass, or both ``uniform``
+                and ``mass`` given.
             RuntimeError: when no leaf in ``[0, num_valid)`` is positive.
         """
         cdef int64_t n, nv, mass_end, bad = 0
@@ -787,9 +793,16 @@ cdef class _SumSegmentTree(_SegmentTree):
         cdef double[::1] wv
         cdef double *wptr = NULL
         cdef rp_prng_state st
+        cdef bint given_mass = mass is not None
         wanted = _num_valid(num_valid)
-        like = uniform
-        us = _uniform_draws(uniform, batch_size, seed)
+        if given_mass:
+            if uniform is not None:
+                raise ValueError("give uniform or mass, not both")
+            like = mass
+            us = _as_value_array(mass, np.float64, "mass")
+        else:
+            like = uniform
+            us = _uniform_draws(uniform, batch_size, seed)
         n = us.shape[0]
         out_index = np.empty(n, dtype=np.int64)
         out_priority = np.empty(n, dtype=self._dtype)
@@ -805,19 +818,29 @@ cdef class _SumSegmentTree(_SegmentTree):
                 if self._fp64:
                     p64 = out_priority
                     with nogil:
-                        rc = rp_sumtree_sample_f64(&self._layout, self._t64, mass_end, nv, &uv[0], n,
-                                                   pmin, b, &oi[0], &p64[0], wptr, &bad)
+                        if given_mass:
+                            rc = rp_sumtree_sample_masses_f64(&self._layout, self._t64, mass_end, nv, &uv[0], n,
+                                                              pmin, b, &oi[0], &p64[0], wptr, &bad)
+                        else:
+                            rc = rp_sumtree_sample_f64(&self._layout, self._t64, mass_end, nv, &uv[0], n,
+                                                       pmin, b, &oi[0], &p64[0], wptr, &bad)
                 else:
                     p32 = out_priority
                     with nogil:
-                        rc = rp_sumtree_sample_f32(&self._layout, self._t32, mass_end, nv, &uv[0], n,
-                                                   pmin, b, &oi[0], &p32[0], wptr, &bad)
+                        if given_mass:
+                            rc = rp_sumtree_sample_masses_f32(&self._layout, self._t32, mass_end, nv, &uv[0], n,
+                                                              pmin, b, &oi[0], &p32[0], wptr, &bad)
+                        else:
+                            rc = rp_sumtree_sample_f32(&self._layout, self._t32, mass_end, nv, &uv[0], n,
+                                                       pmin, b, &oi[0], &p32[0], wptr, &bad)
             if rc == RP_ERR_INDEX:
                 raise IndexError(f"num_valid={num_valid}: a tree of size {self._size} has no leaf to draw")
             if rc == RP_ERR_EMPTY:
                 raise RuntimeError(
                     f"no positive priority among the first {num_valid} leaves: cannot sample")
             if rc == RP_ERR_VALUE:
+                if given_mass:
+                    raise ValueError(f"mass {us[bad]} at position {bad} is NaN")
                 raise ValueError(f"uniform draw {us[bad]} at position {bad} is not in [0, 1]")
         if relative_to is not None:
             _divide_in_place(out_priority, self._fp64, relative_to)

@@ -1,10 +1,11 @@
-"""Serve ``replay``'s segment trees to torchrl 0.11 as ``torchrl._torchrl``, and run
+"""Serve ``replay``'s segment trees to torchrl (0.11 to 0.14) as ``torchrl._torchrl``, and run
 ``torchrl_compat.install()`` from the start-up hook.
 
-torchrl 0.11.0 ships its segment trees in a C++ extension, ``torchrl._torchrl``, built
-against one torch release. On any other torch the extension fails to load,
-``torchrl.data.replay_buffers.samplers`` keeps ``SumSegmentTreeFp32 = None`` (and the three
-other tree names), and every prioritized sampler raises ``"SumSegmentTreeFp32 is not
+torchrl (0.11.0 to 0.14.1) ships its segment trees in a C++ extension, ``torchrl._torchrl``,
+built against one torch release. On any other torch the extension fails to load,
+``torchrl.data.replay_buffers.samplers`` (torchrl 0.14: its ``prioritized`` module too) keeps
+``SumSegmentTreeFp32 = None`` (and the three other tree names), and every prioritized sampler
+raises ``"SumSegmentTreeFp32 is not
 available"``. :func:`install_segment_trees` puts ``replay``'s four trees, which have the same
 API and load on every torch, wherever torchrl looks for its own.
 
@@ -190,7 +191,7 @@ def _patch_torchrl_modules(module, old_classes) -> list:
 
 
 def install_segment_trees(*, replace: bool = False, strict: bool = False) -> bool:
-    """Makes torchrl 0.11 use ``replay``'s segment trees wherever it looks for its own.
+    """Makes torchrl (0.11 to 0.14) use ``replay``'s segment trees wherever it looks for its own.
 
     ``replay.SumSegmentTreeFp32``, ``SumSegmentTreeFp64``, ``MinSegmentTreeFp32`` and
     ``MinSegmentTreeFp64`` become the module ``torchrl._torchrl`` (with a proper
@@ -225,7 +226,7 @@ def install_segment_trees(*, replace: bool = False, strict: bool = False) -> boo
     .. note:: ``replay``'s trees are stricter than torchrl's: an out-of-range index raises
         :class:`IndexError` and a NaN (or, in a sum tree, a negative or infinite) value
         raises :class:`ValueError`, where torchrl's trees write outside their buffer or
-        silently corrupt sampling. torchrl 0.11's samplers never send such values on valid
+        silently corrupt sampling. torchrl's samplers never send such values on valid
         use (``update_priority`` drops the ``-1`` indices that ``MaxValueWriter`` writes).
 
     Examples:
@@ -240,8 +241,8 @@ def install_segment_trees(*, replace: bool = False, strict: bool = False) -> boo
         if strict:
             raise ImportError(
                 "install_segment_trees(strict=True): torchrl is not installed, so there are "
-                "no torchrl segment trees to provide; install torchrl 0.11 "
-                "(pip install torchrl==0.11.0) or call it with strict=False."
+                "no torchrl segment trees to provide; install torchrl (0.11 to 0.14) "
+                "or call it with strict=False."
             )
         return False
     if not _is_available("replay"):

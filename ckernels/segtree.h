@@ -123,6 +123,18 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
                                    int64_t mass_end, int64_t num_valid, const double *uniform,   \
                                    int64_t n, double p_min, double beta, int64_t *out_index,     \
                                    SCALAR *out_priority, double *out_weight, int64_t *bad);      \
+    /* rp_sumtree_sample from given prefix masses: draw k lands where mass[k] falls, mass[k]     \
+     * being rounded to the tree's precision first (as scan_lower_bound takes its values), which \
+     * lets the caller draw the masses as torchrl's PrioritizedSampler does (numpy's or torch's  \
+     * RNG, scaled by the sum). A mass at or below 0 lands on the first positive leaf, one past  \
+     * the total on the last one (then clamped and moved as in rp_sumtree_sample). NaN:          \
+     * RP_ERR_VALUE with *bad = k; other return codes as rp_sumtree_sample; nothing written on   \
+     * error. O(n * 16 log16 size). */                                                           \
+    int rp_sumtree_sample_masses_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,   \
+                                          int64_t mass_end, int64_t num_valid,                   \
+                                          const double *mass, int64_t n, double p_min,           \
+                                          double beta, int64_t *out_index, SCALAR *out_priority, \
+                                          double *out_weight, int64_t *bad);                     \
     /* rp_sumtree_sample with the leaves exclude[0, n_exclude) treated as zero for this call      \
      * only (the tree is not modified): mass_k = uniform[k] * (sum of the other leaves of          \
      * [0, mass_end)), and a draw never lands on an excluded or zero-valued leaf. `exclude` is    \

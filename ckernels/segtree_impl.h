@@ -727,10 +727,49 @@ static int64_t FN(first_positive_at_or_after)(const rp_segtree_layout *layout, c
     return -1;
 }
 
+/* Draws k0..k0+g of a prioritized sample whose prefix masses are v[0, g): descend, clamp to
+ * num_valid - 1, move off a zero-valued leaf (nearest positive on the left, else on the right,
+ * below num_valid) and read the leaf's value. O(g * 16 log16 size). */
+static void FN(land_group)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t num_valid,
+                           double *v, int64_t g, int64_t *out_index, SCALAR *out_priority) {
+    FN(descend)(layout, tree, v, g, out_index);
+    for (int64_t k = 0; k < g; k++) {
+        int64_t i = out_index[k];
+        if (i >= num_valid) i = num_valid - 1;
+        if (!(tree[i] > 0)) {
+            const int64_t left = FN(last_positive_at_or_before)(layout, tree, i);
+            i = left >= 0 ? left : FN(first_positive_at_or_after)(layout, tree, i, num_valid);
+        }
+        out_index[k] = i;
+        out_priority[k] = tree[i];
+    }
+}
+
+/* The checks shared by the fused draws: the ranges, then a positive mass to draw from. */
+static int FN(check_draw)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t mass_end,
+                          int64_t num_valid, int64_t *bad, double *p_sum) {
+    if (num_valid < 1 || mass_end < num_valid || mass_end > layout->size) {
+        *bad = num_valid;
+        return RP_ERR_INDEX;
+    }
+    *p_sum = FN(query)(layout, tree, 0, mass_end, false);
+    if (!(*p_sum > 0)) return RP_ERR_EMPTY;
+    /* The mass may lie past num_valid only: then no draw can be moved onto a positive leaf. */
+    if (mass_end > num_valid && !(FN(query)(layout, tree, 0, num_valid, false) > 0)) return RP_ERR_EMPTY;
+    return RP_OK;
+}
+
+static void FN(weigh)(const SCALAR *priority, int64_t n, double p_min, double beta, double *out_weight) {
+    if (out_weight != NULL) {
+        for (int64_t k = 0; k < n; k++) out_weight[k] = pow((double)priority[k] / p_min, -beta);
+    }
+}
+
 int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t mass_end,
                           int64_t num_valid, const double *uniform, int64_t n, double p_min,
                           double beta, int64_t *out_index, SCALAR *out_priority,
                           double *out_weight, int64_t *bad) {
+    double p_sum = 0.0;
     if (num_valid < 1 || mass_end < num_valid || mass_end > layout->size) {
         *bad = num_valid;
         return RP_ERR_INDEX;
@@ -741,10 +780,8 @@ int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, i
             return RP_ERR_VALUE;
         }
     }
-    const double p_sum = FN(query)(layout, tree, 0, mass_end, false);
-    if (!(p_sum > 0)) return RP_ERR_EMPTY;
-    /* The mass may lie past num_valid only: then no draw can be moved onto a positive leaf. */
-    if (mass_end > num_valid && !(FN(query)(layout, tree, 0, num_valid, false) > 0)) return RP_ERR_EMPTY;
+    const int rc = FN(check_draw)(layout, tree, mass_end, num_valid, bad, &p_sum);
+    if (rc != RP_OK) return rc;
     double v[RP_DESCENT_GROUP];
     for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
         const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
@@ -753,21 +790,40 @@ int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, i
             /* A zero draw still has to land on a positive leaf: aim just above zero. */
             v[q] = mass > 0 ? mass : 4.9406564584124654e-324;
         }
-        FN(descend)(layout, tree, v, g, out_index + k0);
-        for (int64_t k = k0; k < k0 + g; k++) {
-            int64_t i = out_index[k];
-            if (i >= num_valid) i = num_valid - 1;
-            if (!(tree[i] > 0)) {
-                const int64_t left = FN(last_positive_at_or_before)(layout, tree, i);
-                i = left >= 0 ? left : FN(first_positive_at_or_after)(layout, tree, i, num_valid);
-            }
-            out_index[k] = i;
-            out_priority[k] = tree[i];
+        FN(land_group)(layout, tree, num_valid, v, g, out_index + k0, out_priority + k0);
+    }
+    FN(weigh)(out_priority, n, p_min, beta, out_weight);
+    return RP_OK;
+}
+
+int FN(rp_sumtree_sample_masses)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                 int64_t mass_end, int64_t num_valid, const double *mass, int64_t n,
+                                 double p_min, double beta, int64_t *out_index,
+                                 SCALAR *out_priority, double *out_weight, int64_t *bad) {
+    double p_sum = 0.0;
+    if (num_valid < 1 || mass_end < num_valid || mass_end > layout->size) {
+        *bad = num_valid;
+        return RP_ERR_INDEX;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        if (RP_UNLIKELY(isnan(mass[k]))) {
+            *bad = k;
+            return RP_ERR_VALUE;
         }
     }
-    if (out_weight != NULL) {
-        for (int64_t k = 0; k < n; k++) out_weight[k] = pow((double)out_priority[k] / p_min, -beta);
+    const int rc = FN(check_draw)(layout, tree, mass_end, num_valid, bad, &p_sum);
+    if (rc != RP_OK) return rc;
+    double v[RP_DESCENT_GROUP];
+    for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
+        const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
+        for (int64_t q = 0; q < g; q++) {
+            /* Rounded to the tree's precision, as scan_lower_bound takes its values. */
+            const double m = (double)(SCALAR)mass[k0 + q];
+            v[q] = m > 0 ? m : 4.9406564584124654e-324;
+        }
+        FN(land_group)(layout, tree, num_valid, v, g, out_index + k0, out_priority + k0);
     }
+    FN(weigh)(out_priority, n, p_min, beta, out_weight);
     return RP_OK;
 }
 

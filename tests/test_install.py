@@ -6,8 +6,6 @@ installed, reloads, the start-up hook) runs in fresh interpreters.
 """
 from __future__ import annotations
 
-import ast
-import inspect
 import os
 import pickle
 import shutil
@@ -23,6 +21,13 @@ import replay
 import torchrl.data
 import torchrl_compat
 import torchrl_compat_trees
+from install_support import (
+    classes_defined_in,
+    defining_module,
+    import_holders,
+    references,
+    snapshot,
+)
 from torchrl_compat._install import STAND_IN_MODULES
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -30,111 +35,27 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV_VARS = (torchrl_compat_trees.ENV_VAR, torchrl_compat_trees.INSTALL_ENV_VAR)
 
-# torchrl modules that hold torchrl's classes by name, or subclass them, or bind them as
-# default values or in module-level dicts (found by scanning torchrl 0.11).
-HOLDERS = (
-    "torchrl.data.replay_buffers.ray_buffer",  # RayReplayBuffer(ReplayBuffer), replay_buffer_cls=ReplayBuffer
-    "torchrl.data.datasets.atari_dqn",  # _AtariStorage(Storage)
-    "torchrl.data.datasets.openx",  # _StreamingSampler(Sampler), _StreamingStorage(Storage)
-    "torchrl.data.map.tdstorage",  # LazyTensorStorage, TensorStorage
-    "torchrl.trainers.trainers",  # REPLAY_BUFFER_CLASS = {"prioritized": ..., "circular": ...}
-    "torchrl.trainers.helpers.replay_buffer",  # make_replay_buffer()'s classes
-)
-
-
-def _import_holders():
-    import importlib
-
-    return [importlib.import_module(name) for name in HOLDERS]
 
 
 @pytest.fixture
 def installed():
-    _import_holders()
+    import_holders()
     replaced = torchrl_compat.install()
     yield replaced
     torchrl_compat.uninstall()
-
-
-def _torchrl_modules():
-    return {
-        name: module
-        for name, module in list(sys.modules.items())
-        if (name == "torchrl" or name.startswith("torchrl.")) and isinstance(module, types.ModuleType)
-    }
-
-
-def _references(targets):
-    """Where torchrl's modules refer to one of ``targets`` (a dict id -> class): globals,
-    module-level dicts and lists, default values, class attributes and base classes."""
-    fixed = {id(c) for c in vars(torchrl_compat).values() if isinstance(c, type)} | set(targets)
-    found = []
-
-    def look(value, where):
-        if id(value) in targets and targets[id(value)] is value:
-            found.append(where)
-
-    for name, module in _torchrl_modules().items():
-        for key, value in list(vars(module).items()):
-            look(value, f"{name}.{key}")
-            if key.startswith("__"):
-                continue
-            if isinstance(value, dict):
-                for k, v in list(value.items()):
-                    look(v, f"{name}.{key}[{k!r}]")
-            elif isinstance(value, list):
-                for k, v in enumerate(value):
-                    look(v, f"{name}.{key}[{k}]")
-            functions = []
-            if isinstance(value, types.FunctionType) and value.__module__ == name:
-                functions.append((f"{name}.{key}", value))
-            elif isinstance(value, type) and value.__dict__.get("__module__") == name and id(value) not in fixed:
-                for base in value.__bases__:
-                    look(base, f"{name}.{key}.__bases__")
-                for attr, member in vars(value).items():
-                    member = getattr(member, "__func__", member)
-                    if isinstance(member, types.FunctionType):
-                        functions.append((f"{name}.{key}.{attr}", member))
-                    elif not attr.startswith("__"):
-                        look(member, f"{name}.{key}.{attr}")
-            for where, function in functions:
-                for default in function.__defaults__ or ():
-                    look(default, f"{where} default")
-                for k, default in (function.__kwdefaults__ or {}).items():
-                    look(default, f"{where} default {k}")
-    return found
-
-
-def _snapshot():
-    """Everything install() may change, by identity."""
-    state = {}
-    for name, module in _torchrl_modules().items():
-        for key, value in list(vars(module).items()):
-            state[(name, key)] = id(value)
-            if isinstance(value, type) and value.__dict__.get("__module__") == name:
-                state[(name, key, "__bases__")] = tuple(id(b) for b in value.__bases__)
-                for attr, member in vars(value).items():
-                    member = getattr(member, "__func__", member)
-                    if isinstance(member, types.FunctionType):
-                        state[(name, key, attr)] = (
-                            tuple(map(id, member.__defaults__ or ())),
-                            tuple((k, id(v)) for k, v in (member.__kwdefaults__ or {}).items()),
-                        )
-            elif isinstance(value, dict) and not key.startswith("__"):
-                state[(name, key, "items")] = tuple((k, id(v)) for k, v in list(value.items()))
-    return state
 
 
 # =============================================================================
 # In this process
 # =============================================================================
 def test_returns_what_it_replaced(installed):
-    # Every class torchrl's source defines in these modules that torchrl_compat has too.
+    # Every class torchrl's source defines in these modules (torchrl 0.14: in the modules of
+    # these packages) that torchrl_compat has too.
     expected = {
-        node.name: module_name
+        name: module_name
         for module_name in STAND_IN_MODULES
-        for node in ast.parse(inspect.getsource(sys.modules[module_name])).body
-        if isinstance(node, ast.ClassDef) and isinstance(getattr(torchrl_compat, node.name, None), type)
+        for name in classes_defined_in(module_name)
+        if isinstance(getattr(torchrl_compat, name, None), type)
     }
     assert set(installed) == set(expected)
     # The storages, checkpointers and samplers (buffers and writers once they exist here).
@@ -153,19 +74,25 @@ def test_every_torchrl_module_exposes_ours(installed):
 
     for name, theirs in installed.items():
         ours = getattr(torchrl_compat, name)
-        for module in (torchrl.data, rbs, sys.modules[theirs.__module__]):
+        for module in (torchrl.data, rbs, sys.modules[theirs.__module__], defining_module(theirs)):
             if name in vars(module):
                 assert getattr(module, name) is ours, (module.__name__, name)
-    # Names other modules imported: the buffer's defaults and checks, the writers' base.
-    assert rbs.replay_buffers.ListStorage is torchrl_compat.ListStorage
-    assert rbs.replay_buffers.PrioritizedSampler is torchrl_compat.PrioritizedSampler
-    assert rbs.writers.Storage is torchrl_compat.Storage
-    assert rbs.samplers.TensorStorage is torchrl_compat.TensorStorage
-    assert rbs.storages.TensorStorageCheckpointer is torchrl_compat.TensorStorageCheckpointer
+    # Names other modules imported: the buffer's defaults and checks, the writers' base
+    # (torchrl 0.11: its five modules; 0.14: the modules of its packages).
+    def module_of(name):
+        return defining_module(installed[name])
+
+    assert module_of("ReplayBuffer").ListStorage is torchrl_compat.ListStorage
+    assert module_of("ReplayBuffer").PrioritizedSampler is torchrl_compat.PrioritizedSampler
+    assert module_of("Writer").Storage is torchrl_compat.Storage
+    assert module_of("SliceSampler").TensorStorage is torchrl_compat.TensorStorage
+    assert module_of("TensorStorage").TensorStorageCheckpointer is torchrl_compat.TensorStorageCheckpointer
+    assert sys.modules["torchrl.data.map.tdstorage"].LazyTensorStorage is torchrl_compat.LazyTensorStorage
     assert sys.modules["torchrl.trainers.helpers.replay_buffer"].LazyMemmapStorage is torchrl_compat.LazyMemmapStorage
     # Nowhere in torchrl is one of torchrl's replaced classes left.
-    assert _references({id(c): c for c in installed.values()}) == []
+    assert references({id(c): c for c in installed.values()}) == []
     # The segment trees, as install_segment_trees() puts them.
+    assert module_of("PrioritizedSampler").SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
     assert rbs.samplers.SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
 
 
@@ -206,6 +133,86 @@ def test_defaults_and_isinstance_checks_use_ours(installed):
     assert kwdefault is torchrl.data.ReplayBuffer
     trainers = sys.modules["torchrl.trainers.trainers"]
     assert trainers.REPLAY_BUFFER_CLASS["circular"] is torchrl.data.TensorDictReplayBuffer
+
+
+# torchrl's classes built on the ones install() replaces (torchrl 0.14): name -> the base
+# they take from torchrl's modules.
+BUILT_ON_OURS = {
+    "HERReplayBuffer": "TensorDictReplayBuffer",
+    "RemoteTensorDictReplayBuffer": "TensorDictReplayBuffer",
+    "ConsumingSampler": "Sampler",
+    "StalenessAwareSampler": "Sampler",
+    "PromptGroupSampler": "Sampler",
+    "StreamingSliceSampler": "SliceSampler",
+    "StoreStorage": "Storage",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILT_ON_OURS))
+def test_torchrls_classes_built_on_replaced_ones_derive_from_ours(name):
+    import torchrl.data.replay_buffers as rbs
+
+    cls = getattr(rbs, name, None)
+    if cls is None:
+        pytest.skip(f"torchrl {torchrl.__version__} has no {name}")
+    base = BUILT_ON_OURS[name]
+    theirs = getattr(rbs, base)
+    assert cls.__bases__ == (theirs,)
+    replaced = torchrl_compat.install()
+    try:
+        assert replaced[base] is theirs
+        assert cls.__bases__ == (getattr(torchrl_compat, base),)
+        assert issubclass(cls, getattr(torchrl_compat, base)) and issubclass(cls, theirs)
+        # The names its module reads at run time (defaults, isinstance checks) are ours.
+        module = defining_module(cls)
+        for held in ("RandomSampler", "TensorStorage", "Storage", "SliceSampler", "Sampler"):
+            if held in vars(module) and held in replaced:
+                assert getattr(module, held) is getattr(torchrl_compat, held), (module.__name__, held)
+    finally:
+        torchrl_compat.uninstall()
+    assert cls.__bases__ == (theirs,)
+    assert not issubclass(cls, getattr(torchrl_compat, base))
+
+
+def test_modules_building_torchrls_buffers_use_ours(installed):
+    """torchrl 0.14's offline-to-online buffer builds its online buffer from the module's
+    ``ReplayBuffer`` and ``LazyTensorStorage``; the sample units test storages against
+    ``TensorStorage``."""
+    import torchrl.data.replay_buffers as rbs
+
+    if not hasattr(rbs, "OfflineToOnlineReplayBuffer"):
+        pytest.skip(f"torchrl {torchrl.__version__} has no OfflineToOnlineReplayBuffer")
+    offline = torchrl.data.ReplayBuffer(storage=torchrl.data.LazyTensorStorage(4))
+    rb = rbs.OfflineToOnlineReplayBuffer(offline, online_capacity=3)
+    assert type(rb.online_buffer) is torchrl_compat.ReplayBuffer
+    assert type(rb.online_buffer.storage) is torchrl_compat.LazyTensorStorage
+    assert sys.modules["torchrl.data.replay_buffers.sample_units"].TensorStorage is torchrl_compat.TensorStorage
+
+
+def test_sampler_dispatch_table_keys_are_swapped():
+    """torchrl 0.14's ``RandomSampler(replacement=False)`` looks the class up in a dict keyed
+    by class: its keys follow install() and uninstall() too."""
+    base = sys.modules.get("torchrl.data.replay_buffers.samplers.base")
+    table = getattr(base, "_REPLACEMENT_DISPATCH", None)
+    if table is None:
+        pytest.skip(f"torchrl {torchrl.__version__} has no sampler dispatch table")
+    theirs = dict(table)
+    replaced = torchrl_compat.install()
+    try:
+        assert sys.modules["torchrl.data.replay_buffers.samplers"]._REPLACEMENT_DISPATCH is table
+        assert table == {
+            getattr(torchrl_compat, key.__name__): getattr(torchrl_compat, value.__name__)
+            for key, value in theirs.items()
+        }
+        assert type(torchrl.data.RandomSampler(replacement=False)) is torchrl_compat.SamplerWithoutReplacement
+        sampler = torchrl.data.SliceSampler(replacement=False, num_slices=2)
+        assert type(sampler) is torchrl_compat.SliceSamplerWithoutReplacement
+        assert type(torchrl.data.RandomSampler(replacement=True)) is torchrl_compat.RandomSampler
+    finally:
+        torchrl_compat.uninstall()
+    assert table == theirs and list(table) == list(theirs)
+    assert all(replaced[key.__name__] is key for key in table)
+    assert type(torchrl.data.RandomSampler(replacement=False)) is replaced["SamplerWithoutReplacement"]
 
 
 def test_torchrls_instances_are_refused(installed):
@@ -281,23 +288,23 @@ def test_stand_in_mechanism_on_a_module_of_each_kind():
 
 
 def test_idempotent(installed):
-    before = _snapshot()
+    before = snapshot()
     meta_path = list(sys.meta_path)
     assert torchrl_compat.install() == installed
-    assert _snapshot() == before
+    assert snapshot() == before
     assert sys.meta_path == meta_path
     watchers = [f for f in sys.meta_path if type(f).__name__ == "ImportWatcher"]
     assert len(watchers) == 1 and watchers[0].listener is not None
 
 
 def test_uninstall_restores_torchrls_classes_exactly():
-    _import_holders()
+    import_holders()
     assert torchrl.data.ListStorage.__module__.startswith("torchrl."), "installed already"
-    before = _snapshot()
+    before = snapshot()
     replaced = torchrl_compat.install()
-    assert _snapshot() != before
+    assert snapshot() != before
     assert torchrl_compat.uninstall() == replaced
-    assert _snapshot() == before
+    assert snapshot() == before
     assert not any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
     assert torchrl_compat.uninstall() == {}
 
@@ -349,7 +356,15 @@ rb = torchrl.data.ReplayBuffer(
 rb.extend(torch.arange(4))
 rb.update_priority(torch.arange(4), torch.tensor([0.0, 0.0, 5.0, 0.0]))
 print("SAMPLE", sorted(set(rb.sample().tolist())))
-"""
+# Nowhere in torchrl, submodules and the modules holding its classes included, is one of
+# torchrl's replaced classes left.
+sys.path.insert(0, %r)
+from install_support import import_holders, references
+import_holders()
+replaced_now = torchrl_compat.install()  # changes nothing: the dict of what is in force
+left = references({id(c): c for c in replaced_now.values()})
+assert left == [], left
+""" % os.path.join(ROOT, "tests")
 
 _CHECK_UNINSTALL = """
 replaced = torchrl_compat.uninstall()
@@ -359,6 +374,8 @@ assert torchrl.data.ReplayBuffer().storage.__class__ is replaced["ListStorage"]
 assert atari._AtariStorage.__bases__ == (replaced["Storage"],)
 assert atari.TensorStorage is replaced["TensorStorage"]
 assert not any(type(f).__name__ == "ImportWatcher" for f in sys.meta_path)
+ours = [getattr(torchrl_compat, name) for name in replaced]
+assert references({id(c): c for c in ours}) == []
 print("UNINSTALLED")
 """
 

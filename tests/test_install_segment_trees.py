@@ -30,6 +30,7 @@ import replay
 import torchrl_compat
 import torchrl_compat_trees
 from torchrl_compat_trees import ENV_VAR, EXTENSION_NAME, TREE_NAMES
+from torchrl_matrix_support import known_gaps  # noqa: F401 (autouse fixture: features of the installed torchrl ours lack)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLERS = "torchrl.data.replay_buffers.samplers"

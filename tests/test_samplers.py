@@ -6,6 +6,7 @@ here on ``NumpyTree``, a plain numpy model of the tree API (monkeypatched in its
 import inspect
 import json
 import pickle
+import sys
 
 import numpy as np
 import pytest
@@ -16,8 +17,12 @@ from torchrl.data.replay_buffers import LazyTensorStorage, ListStorage
 from torchrl.data.replay_buffers.storages import StorageEnsemble
 
 import torchrl_compat.samplers as ours
+from torchrl_compat._releases import since
 
 from twin_checks import assert_no_torchrl_code
+
+# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
+TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
 
 DEVICES = [
     "cpu",
@@ -73,10 +78,10 @@ def _tree_class(kind, dtype):
 
 @pytest.fixture
 def torchrl_trees(monkeypatch):
-    monkeypatch.setattr(trl, "SumSegmentTreeFp32", _tree_class("sum", np.float32))
-    monkeypatch.setattr(trl, "SumSegmentTreeFp64", _tree_class("sum", np.float64))
-    monkeypatch.setattr(trl, "MinSegmentTreeFp32", _tree_class("min", np.float32))
-    monkeypatch.setattr(trl, "MinSegmentTreeFp64", _tree_class("min", np.float64))
+    monkeypatch.setattr(TRL_PRIORITIZED, "SumSegmentTreeFp32", _tree_class("sum", np.float32))
+    monkeypatch.setattr(TRL_PRIORITIZED, "SumSegmentTreeFp64", _tree_class("sum", np.float64))
+    monkeypatch.setattr(TRL_PRIORITIZED, "MinSegmentTreeFp32", _tree_class("min", np.float32))
+    monkeypatch.setattr(TRL_PRIORITIZED, "MinSegmentTreeFp64", _tree_class("min", np.float64))
 
 
 def make_storage(n, filled=None, ndim=1, device="cpu"):
@@ -515,7 +520,8 @@ def test_prioritized_state_dict_cross_torchrl():
     ref, mine = _make_pair(n, alpha=0.5, beta=0.5)
     ref.update_priority(torch.arange(n), _priorities(n, 2))
     sd = ref.state_dict()
-    assert set(sd) == {"_alpha", "_beta", "_eps", "_max_priority", "_sum_tree", "_min_tree"}
+    versioned = {"_schema_version"} if since("prioritized_state_schema") else set()
+    assert set(sd) == {"_alpha", "_beta", "_eps", "_max_priority", "_sum_tree", "_min_tree"} | versioned
     mine.load_state_dict(sd)
     assert isinstance(mine._sum_tree, ours.SumSegmentTreeFp32)
     np.testing.assert_array_equal(mine._sum_tree[np.arange(n)], ref._sum_tree[np.arange(n)])

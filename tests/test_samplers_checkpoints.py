@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import time
 
 import numpy as np
@@ -22,6 +23,9 @@ import torchrl.data.replay_buffers.samplers as trl
 import replay
 import torchrl_compat.samplers as ours
 
+# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
+TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
+
 JOIN_TIMEOUT = 60
 TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
 fork_only = pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="needs fork")
@@ -30,7 +34,7 @@ fork_only = pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason=
 @pytest.fixture
 def torchrl_trees(monkeypatch):
     for name in TREE_NAMES:
-        monkeypatch.setattr(trl, name, getattr(replay, name))
+        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
 
 
 # ------------------------------------------------------------------------ versioned states

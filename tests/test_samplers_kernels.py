@@ -82,12 +82,16 @@ def test_prioritized_kernel_errors_match_torch_path():
 
 
 def test_prioritized_global_seed_reproduces():
+    """Without a generator the masses come from numpy's global RNG, as in torchrl: seeding
+    numpy reproduces a batch, whatever torch's RNG does in between."""
     storage = make_storage(100)
     sampler = ours.PrioritizedSampler(100, 1.0, 1.0)
     sampler.update_priority(torch.arange(100), torch.rand(100, generator=generator(0)))
+    np.random.seed(3)
     torch.manual_seed(3)
     a = sampler.sample(storage, 32)
-    torch.manual_seed(3)
+    np.random.seed(3)
+    torch.manual_seed(4)
     b = sampler.sample(storage, 32)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1]["priority_weight"], b[1]["priority_weight"])
     c = sampler.sample(storage, 32)

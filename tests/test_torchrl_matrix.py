@@ -1,4 +1,5 @@
-"""torchrl 0.11's replay buffers with ``torchrl_compat.install()`` in force, against torchrl.
+"""The installed torchrl's replay buffers (0.11 to 0.14) with ``torchrl_compat.install()``
+in force, against torchrl.
 
 Each case runs the same scenario on torchrl's own classes and on what torchrl's modules
 expose after ``install()`` (see ``torchrl_matrix_support``), and compares every step.
@@ -29,7 +30,7 @@ from torchrl_matrix_support import (
     TENSOR_STORAGES,
     tree_leaves,
 )
-from torchrl_matrix_support import installed_for_the_module  # noqa: F401 (autouse fixture)
+from torchrl_matrix_support import installed_for_the_module, known_gaps  # noqa: F401 (autouse fixtures)
 from torchrl_matrix_support import WARNING_FILTERS
 
 pytestmark = WARNING_FILTERS

@@ -1,5 +1,5 @@
-"""torchrl 0.11's buffers with ``install()`` in force: layouts, ensembles, checkpointers,
-``torch.compile``, transforms and buffer options, against torchrl.
+"""The installed torchrl's buffers (0.11 to 0.14) with ``install()`` in force: layouts,
+ensembles, checkpointers, ``torch.compile``, transforms and buffer options, against torchrl.
 
 Same method as ``test_torchrl_matrix.py`` (see ``torchrl_matrix_support``).
 """
@@ -31,7 +31,7 @@ from torchrl_matrix_support import (
     assert_records_equal,
     torchrl_own_classes,
 )
-from torchrl_matrix_support import installed_for_the_module  # noqa: F401 (autouse fixture)
+from torchrl_matrix_support import installed_for_the_module, known_gaps  # noqa: F401 (autouse fixtures)
 from torchrl_matrix_support import WARNING_FILTERS
 
 pytestmark = WARNING_FILTERS

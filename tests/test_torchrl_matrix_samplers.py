@@ -1,4 +1,5 @@
-"""torchrl 0.11's buffers with ``install()`` in force: every sampler and writer, against torchrl.
+"""The installed torchrl's buffers (0.11 to 0.14) with ``install()`` in force: every sampler
+and writer, against torchrl.
 
 Same method as ``test_torchrl_matrix.py``: one scenario, run on torchrl's classes and on what
 torchrl's modules expose after ``install()``, compared step by step. Samplers that shuffle
@@ -27,7 +28,7 @@ from torchrl_matrix_support import (
     SHUFFLING_SAMPLERS,
     tree_leaves,
 )
-from torchrl_matrix_support import installed_for_the_module  # noqa: F401 (autouse fixture)
+from torchrl_matrix_support import installed_for_the_module, known_gaps  # noqa: F401 (autouse fixtures)
 from torchrl_matrix_support import WARNING_FILTERS
 
 pytestmark = WARNING_FILTERS

@@ -1,14 +1,16 @@
 """Shared machinery of the torchrl matrix tests: data, records, and the two runs.
 
-Every matrix case runs one scenario twice, from the same seeds: once with torchrl 0.11's
-own classes in torchrl's modules (``torchrl_compat`` uninstalled for the run), once with
+Every matrix case runs one scenario twice, from the same seeds: once with the installed
+torchrl's own classes in torchrl's modules (``torchrl_compat`` uninstalled for the run), once with
 ``torchrl_compat.install()`` in force, each time taking every class from torchrl's modules
 by name, as torchrl code does. The scenario records what each step returns (or the type of
-exception it raises); the two records must be equal, tensor for tensor.
+exception it raises); the two records must be equal, tensor for tensor. A case that a
+feature of the installed torchrl ours lack so far fails is an expected failure (``GAPS``).
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import random
 import re
@@ -275,9 +277,10 @@ def _short(value, limit=600):
 def assert_records_equal(expected: Record, got: Record, torchrl_fails=None) -> None:
     """Fails listing every step where ``got`` (ours) differs from ``expected`` (torchrl).
 
-    ``torchrl_fails`` maps the label of a step where torchrl raises on valid input (a
-    torchrl bug) to ``(exception type name, check)``: torchrl must raise that type there,
-    and ``check(value, message)`` must accept what ours did instead.
+    ``torchrl_fails`` maps the label of a step where torchrl raises on valid input (a bug
+    of some torchrl release) to ``(exception type name, check)``: where the installed
+    torchrl raises that type there, ``check(value, message)`` must accept what ours did
+    instead; where it does not (a release with the bug fixed), ours must match it.
     """
     torchrl_fails = torchrl_fails or {}
     theirs = {label: (value, message) for label, value, message in expected.steps}
@@ -287,11 +290,10 @@ def assert_records_equal(expected: Record, got: Record, torchrl_fails=None) -> N
         if label not in ours:
             problems.append(f"{label}: torchrl_compat never got there (torchrl: {_short(value)})")
             continue
-        if label in torchrl_fails:
-            error, check = torchrl_fails[label]
-            if value != ("raises", error):
-                problems.append(f"{label}: torchrl no longer raises {error} ({_short(value)}, {message})")
-            elif not check(*ours[label]):
+        if label in torchrl_fails and value == ("raises", torchrl_fails[label][0]):
+            # A torchrl bug of the installed release: ours must do what the check accepts.
+            # Where the installed release has it fixed, ours must do what torchrl does.
+            if not torchrl_fails[label][1](*ours[label]):
                 problems.append(f"{label}: torchrl_compat {_short(ours[label])} where torchrl raises {message}")
             continue
         found = difference(ours[label][0], value)
@@ -422,3 +424,86 @@ def is_prioritized(rb):
     return "Prioritized" in type(rb.sampler).__name__
 
 
+
+
+# =============================================================================
+# Features of the installed torchrl that ours lack so far
+# =============================================================================
+def torchrl_own(name):
+    """torchrl's own class ``name`` (also while ours stand in for it in torchrl's modules)."""
+    cls = getattr(CLASSES, name)
+    return next(c for c in cls.__mro__ if c.__name__ == name and c.__module__.startswith("torchrl."))
+
+
+def _source_of(name, member):
+    return inspect.getsource(getattr(torchrl_own(name), member))
+
+
+class Gap:
+    """A feature of the installed torchrl that ours do not have yet, and the matrix cases
+    (test node names, a regular expression) that fail without it.
+
+    Args:
+        reason (str): the feature, as the ``xfail`` reason gives it.
+        torchrl_has (callable): whether the installed torchrl has the feature (found in
+            torchrl's own classes, so a release without it runs the cases as they are).
+        cases (str): the node names (``test_writers[RoundRobinWriter-ListStorage-ndim1]``)
+            the feature fails, matched in full.
+    """
+
+    def __init__(self, reason, torchrl_has, cases) -> None:
+        self.reason = reason
+        self.torchrl_has = torchrl_has
+        self.cases = re.compile(cases)
+
+
+_TENSOR_STORAGE = r"(LazyTensor|LazyMemmap|Tensor)Storage"
+GAPS = (
+    Gap(
+        "ReplayBuffer.dumps writing the prefetch state (prefetch.pkl), as torchrl 0.14's does",
+        lambda: hasattr(torchrl_own("ReplayBuffer"), "_dump_prefetch_state"),
+        rf"test_lifecycle\[(ReplayBuffer-{_TENSOR_STORAGE}-\w+|ReplayBuffer-CompressedListStorage-tensor(class)?"
+        rf"|TensorDict(Prioritized)?ReplayBuffer-{_TENSOR_STORAGE}-tensordict)-ndim\d\]|test_checkpointers\[.*\]",
+    ),
+    Gap(
+        "torchrl 0.14's prioritized semantics (new items get (max_p + eps) ** alpha, setting alpha "
+        "re-transforms the trees, the raw maximum is kept)",
+        lambda: hasattr(torchrl_own("PrioritizedSampler"), "_retransform_priority_trees"),
+        r"test_priorities\[(?!TensorDictPrioritizedReplayBuffer-None-Lazy(Tensor|Memmap)Storage-ndim2-max\]).*\]"
+        r"|test_sampling\[PrioritizedSliceSampler-(LazyTensor|Tensor)Storage-tensordict-ndim\d\]"
+        r"|test_max_priority_within_buffer",
+    ),
+    Gap(
+        "PrioritizedSampler.load_state_dict leaving its source intact, as torchrl 0.14's does (ours "
+        "take the trees out of it: loading it again raises KeyError '_sum_tree')",
+        lambda: hasattr(torchrl_own("PrioritizedSampler"), "_STATE_SCHEMA_VERSION"),
+        r"test_sampling\[PrioritizedSampler-(LazyTensor|List|Tensor)Storage-\w+-ndim\d\]",
+    ),
+    Gap(
+        "the writer's write count in its state_dict (_write_count), as torchrl 0.14's writers keep it",
+        lambda: "_write_count" in _source_of("RoundRobinWriter", "state_dict"),
+        r"test_writers\[(TensorDict)?RoundRobinWriter-\w+-ndim\d\]",
+    ),
+    Gap(
+        "state_dict and empty on ensembles (StorageEnsemble, WriterEnsemble, SamplerEnsemble), "
+        "which torchrl 0.14 implements",
+        lambda: "NotImplementedError" not in _source_of("StorageEnsemble", "state_dict"),
+        r"test_ensembles\[.*\]",
+    ),
+)
+
+
+def gaps_of(node_name) -> list:
+    """The reasons of the gaps of the installed torchrl that fail the case ``node_name``."""
+    return [gap.reason for gap in GAPS if gap.cases.fullmatch(node_name) and gap.torchrl_has()]
+
+
+@pytest.fixture(autouse=True)
+def known_gaps(request):
+    """Marks a matrix case ``xfail(strict=True)`` when a feature of the installed torchrl that
+    ours lack fails it (``GAPS``): it fails for that reason, and passes (XPASS, a failure)
+    once ours have the feature, which is when its entry goes."""
+    reasons = gaps_of(request.node.name)
+    if reasons:
+        request.node.add_marker(pytest.mark.xfail(reason="; ".join(reasons), strict=True))
+    yield

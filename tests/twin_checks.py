@@ -16,17 +16,40 @@ def params(fn):
     return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
-def assert_api_matches(ours, ref):
+# torchrl's Ray hook (its ray_buffer module): it wraps whatever class it is called on, so
+# the buffers inherit it from their twins (see the README).
+LEFT_TO_TORCHRL = frozenset({"as_remote"})
+
+
+def own_attribute(cls, member):
+    """``member`` as ``cls``'s own classes define it: looked up along its MRO without the
+    torchrl twins (which every class of ours lists last, and which would answer for any
+    member torchrl has); ``None`` when none of ours defines it."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith("torchrl.") or klass is object:
+            continue
+        if member in vars(klass):
+            return vars(klass)[member]
+    return None
+
+
+def assert_api_matches(ours, ref, left_to_torchrl=LEFT_TO_TORCHRL):
     """Same constructor and public members (kinds, property setters, parameter names, kinds
-    and defaults) as torchrl's class; our own bases in torchrl's order, its twin after."""
+    and defaults) as torchrl's class, the installed release's; our own bases in torchrl's
+    order, its twin after.
+
+    Each public member of the installed torchrl's class must be defined by one of our own
+    classes (the twin, listed last in our bases, would otherwise answer with torchrl's), but
+    those in ``left_to_torchrl``."""
     assert params(ours) == params(ref)
     public = {m for m in dir(ref) if not m.startswith("_")}
     public |= {"__init__", "__len__", "__getitem__", "__setitem__", "__iter__"}
-    for member in sorted(public):
-        if not hasattr(ref, member):
+    for member in sorted(public - set(left_to_torchrl)):
+        if not hasattr(ref, member) or inspect.getattr_static(ref, member) is vars(object).get(member):
             continue
-        assert hasattr(ours, member), member
-        ref_attr, our_attr = inspect.getattr_static(ref, member), inspect.getattr_static(ours, member)
+        our_attr = own_attribute(ours, member)
+        assert our_attr is not None, f"{ours.__name__}.{member} is torchrl's, not ours"
+        ref_attr = inspect.getattr_static(ref, member)
         assert isinstance(our_attr, property) == isinstance(ref_attr, property), member
         if isinstance(ref_attr, property):
             assert (our_attr.fset is None) == (ref_attr.fset is None), member

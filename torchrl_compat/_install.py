@@ -1,4 +1,4 @@
-"""Stand ``torchrl_compat``'s classes in for torchrl 0.11's own, in every torchrl module.
+"""Stand ``torchrl_compat``'s classes in for the installed torchrl's own, in every torchrl module.
 
 :func:`install` swaps, in every imported ``torchrl`` module, each reference to one of
 torchrl's storage, checkpointer, sampler, writer and replay-buffer classes for the
@@ -7,9 +7,19 @@ the ``ListStorage`` that ``ReplayBuffer._maybe_make_storage`` calls, the
 ``PrioritizedSampler`` that ``update_tensordict_priority`` tests against), default argument
 values bound when a function was defined, module-level dicts and lists, class attributes,
 and the base classes of torchrl's other classes built on them (``RayReplayBuffer``,
-the dataset buffers, ``_AtariStorage``), so that torchrl behaves as if its modules had
-defined our classes. torchrl's own classes of those names are left as they are: ours derive
-from them, and :func:`uninstall` hands them back.
+the dataset buffers, ``_AtariStorage``; from torchrl 0.14 ``HERReplayBuffer``,
+``StalenessAwareSampler``, ``StreamingSliceSampler``, ``StoreStorage`` and the others), so
+that torchrl behaves as if its modules had defined our classes. torchrl's own classes of
+those names are left as they are: ours derive from them, and :func:`uninstall` hands them
+back.
+
+torchrl 0.11 defines these classes in five modules (``storages.py``, ``samplers.py``, ...).
+torchrl 0.14 keeps ``checkpointers.py`` and turns the four others into packages with one
+module per family (``samplers/prioritized.py``, ``storages/tensor.py``,
+``writers/round_robin.py``, ``replay_buffers/base.py``, ...), whose ``__init__`` re-exports
+the classes and gives them the package as their ``__module__``. Both layouts are covered
+the same way: the classes are found by name in the five modules or packages, and every
+torchrl module, submodules included, is swapped.
 
 An :class:`~torchrl_compat_trees.ImportWatcher` keeps it that way for the torchrl modules
 imported afterwards, and makes sure that a ``torchrl_compat`` module executed while
@@ -119,7 +129,21 @@ class _Swap:
             if new is not None:
                 container[key] = new
                 changes += 1
+        if isinstance(container, dict):
+            changes += self._keys(container)
         return changes
+
+    def _keys(self, table: dict) -> int:
+        # Dicts keyed by class (torchrl 0.14's sampler _REPLACEMENT_DISPATCH, which its
+        # Sampler metaclass reads on `RandomSampler(replacement=False)`): rebuilt in place,
+        # in the same order, so every module holding the dict sees the new keys.
+        new_keys = [self.new_of(key) if isinstance(key, type) else None for key in table]
+        if not any(new is not None for new in new_keys):
+            return 0
+        items = [(new or key, value) for new, (key, value) in zip(new_keys, list(table.items()))]
+        table.clear()
+        table.update(items)
+        return sum(new is not None for new in new_keys)
 
     def _class(self, cls) -> int:
         if id(cls) in self._fixed:
@@ -268,15 +292,17 @@ def _stand_in_pairs() -> list:
 
 
 def install() -> dict:
-    """Makes torchrl 0.11 use ``torchrl_compat``'s classes wherever it uses its own.
+    """Makes the installed torchrl (0.11 to 0.14) use ``torchrl_compat``'s classes wherever it
+    uses its own.
 
     From this call on, every imported ``torchrl`` module that exposes one of torchrl's
     storage, checkpointer, sampler, writer or replay-buffer classes (``torchrl.data``,
     ``torchrl.data.replay_buffers`` and its ``storages``, ``samplers``, ``checkpointers``,
-    ``writers`` and ``replay_buffers`` modules, and every other module that imported them
-    by name) exposes the ``torchrl_compat`` class of the same name instead, wherever
+    ``writers`` and ``replay_buffers`` modules or packages and their submodules, and every
+    other module that imported them by name) exposes the ``torchrl_compat`` class of the same name instead, wherever
     ``torchrl_compat`` defines one. Default arguments bound when torchrl defined its
-    functions, module-level dicts and lists, class attributes and the base classes of
+    functions, module-level dicts (their values and their class keys) and lists, class
+    attributes and the base classes of
     torchrl's other classes (``RayReplayBuffer``, the dataset buffers) follow, so the
     defaults and ``isinstance`` checks inside torchrl's buffers use ours; torchrl modules
     imported later are treated the same way as they load. ``replay``'s segment trees are

@@ -15,11 +15,13 @@ Examples:
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 from importlib import metadata
 
-__all__ = ["BEHAVIOURS", "FOLLOWED", "OLDEST", "NEWEST", "followed_release", "since"]
+__all__ = ["BEHAVIOURS", "FOLLOWED", "OLDEST", "NEWEST", "followed_release", "keywords_since", "since"]
 
 OLDEST = (0, 11)
 NEWEST = (0, 14)
@@ -29,6 +31,30 @@ NEWEST = (0, 14)
 BEHAVIOURS: dict[str, tuple[int, int]] = {
     # ---- writers
     # ---- prioritized samplers
+    # PrioritizedSampler(device=...) and its ``device`` property: the trees follow a CUDA
+    # storage (or the given device); the prioritized buffers take ``sampler_device`` and
+    # ``sync``. The ``alpha`` setter refuses a negative value.
+    "prioritized_device_argument": (0, 13),
+    # ``default_priority`` is the raw largest priority (1.0 without one): new items get
+    # ``(max_p + eps) ** alpha``, where 0.11-0.12 applied alpha twice.
+    "prioritized_raw_default_priority": (0, 13),
+    # With ``max_priority_within_buffer``, the largest priority rebuilt from the trees is
+    # turned back into a raw priority (not kept as ``p ** alpha``); with alpha == 0 it is kept.
+    "prioritized_raw_max_within_buffer": (0, 13),
+    # ``load_state_dict`` copies the trees and the largest priority (0.11-0.12 alias them).
+    "prioritized_load_state_dict_copies": (0, 13),
+    # Setting ``alpha`` on a within-buffer sampler holding priorities warns, once (0.13 only:
+    # replaced by the re-transform below).
+    "prioritized_alpha_change_warns": (0, 13),
+    # Setting ``alpha`` re-transforms the stored ``(p + eps) ** alpha`` to the new exponent.
+    "prioritized_alpha_retransforms": (0, 14),
+    # state_dict / dumps carry ``_schema_version`` (1); an older checkpoint of a within-buffer
+    # sampler gets its largest priority rebuilt from the trees on load.
+    "prioritized_state_schema": (0, 14),
+    # PrioritizedSliceSampler.load_state_dict loads the priorities (0.11-0.12: a no-op).
+    "prioritized_slice_loads_state_dict": (0, 13),
+    # The prioritized buffers take ``sample_unit``, ``transport`` and ``transport_options``.
+    "prioritized_buffer_transport": (0, 14),
     # ---- slice samplers
     # without traj_key / end_key, the trajectory key is looked up in the storage at the
     # first sample: ("collector", "traj_ids"), then "episode", else the end key
@@ -124,3 +150,52 @@ FOLLOWED = followed_release()
 def since(behaviour: str) -> bool:
     """Whether ``behaviour`` (a key of :data:`BEHAVIOURS`) applies to the followed release."""
     return FOLLOWED >= BEHAVIOURS[behaviour]
+
+
+def keywords_since(function, keywords: dict[str, str] | None = None, *, name: str | None = None,
+                   **behaviour_of_keyword: str):
+    """``function`` with the signature of the followed release: a function written once with
+    every release's keywords loses those whose behaviour (a key of :data:`BEHAVIOURS`) does
+    not apply. ``inspect.signature`` then shows the release's signature, and passing one of
+    the dropped keywords raises the ``TypeError`` Python raises for an unknown keyword, as
+    that release's torchrl does.
+
+    Args:
+        function (callable): the full function (every release's keywords).
+        keywords (dict, optional): keyword -> behaviour; may also be given as keyword
+            arguments (``keywords_since(f, device="prioritized_device_argument")``).
+
+    Keyword Args:
+        name (str, optional): the name the returned function takes (``"__init__"`` for a
+            constructor written as a private method). Defaults to ``function``'s.
+
+    Examples:
+        >>> def make(size, *, device=None):
+        ...     return size, device
+        >>> make = keywords_since(make, device="prioritized_device_argument")
+        >>> make(3)
+        (3, None)
+    """
+    behaviours = {**(keywords or {}), **behaviour_of_keyword}
+    signature = inspect.signature(function)
+    unknown = set(behaviours) - set(signature.parameters)
+    if unknown:
+        raise ValueError(f"{function.__qualname__} has no parameter(s) {sorted(unknown)}")
+    missing = frozenset(keyword for keyword, behaviour in behaviours.items() if not since(behaviour))
+
+    @functools.wraps(function)
+    def with_release_keywords(*args, **kwargs):
+        refused = missing.intersection(kwargs)
+        if refused:
+            raise TypeError(f"{qualname}() got an unexpected keyword argument {min(refused)!r}")
+        return function(*args, **kwargs)
+
+    if name is not None:
+        with_release_keywords.__name__ = name
+        owner, _, _ = function.__qualname__.rpartition(".")
+        with_release_keywords.__qualname__ = f"{owner}.{name}" if owner else name
+    qualname = with_release_keywords.__qualname__
+    with_release_keywords.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in missing]
+    )
+    return with_release_keywords

@@ -1,8 +1,8 @@
 """Priority updates and prioritized draws, for :class:`PrioritizedSampler` and its slice variant.
 
-The rules are torchrl 0.11's (``PrioritizedSampler.update_priority`` and ``sample``): a leaf
+The rules are torchrl's (``PrioritizedSampler.update_priority`` and ``sample``): a leaf
 stores ``(priority + eps) ** alpha`` computed in torch, a draw takes a mass uniformly in
-``query(0, len(storage))``, finds its leaf, clamps it to the storage and steps off zero
+``query(0, len(storage))`` from the RNG torchrl takes it from, finds its leaf, clamps it to the storage and steps off zero
 leaves, and the importance weight is ``(p_i / p_min) ** -beta``. Everything a call could
 reject is checked before anything changes, and the trees refuse whole batches, so a rejected
 call leaves the sampler as it was.
@@ -13,6 +13,7 @@ import contextlib
 import math
 import threading
 
+import numpy as np
 import torch
 
 import replay
@@ -33,6 +34,8 @@ __all__ = [
     "largest_leaf",
     "ravel_rows",
     "stored_values",
+    "torchrl_masses",
+    "torchrl_uniforms",
 ]
 
 _UINT64_MASK = (1 << 64) - 1
@@ -221,21 +224,23 @@ def ravel_rows(index: torch.Tensor, shape) -> torch.Tensor:
     return ravel(index.unbind(-1), shape)
 
 
-def largest_leaf(sum_tree) -> tuple[torch.Tensor, torch.Tensor]:
+def largest_leaf(sum_tree, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(value, index)`` of the largest of the ``size`` leaves, as torchrl's rebuild of the
-    max priority gives them (a default-dtype value), with one reduction instead of torchrl's
-    Python loop over the capacity."""
+    max priority gives them, with one reduction instead of torchrl's Python loop over the
+    capacity: a value of ``dtype`` (the trees' from torchrl 0.13 on), else of the default
+    dtype (torchrl 0.11 builds a tensor from Python floats)."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
     if is_replay_tree(sum_tree):
         leaves = sum_tree.values()
         maxidx = int(leaves.argmax())
-        return torch.tensor(float(leaves[maxidx]), dtype=torch.get_default_dtype()), torch.tensor(maxidx)
+        return torch.tensor(float(leaves[maxidx]), dtype=dtype), torch.tensor(maxidx)
     leaves = read_leaves(sum_tree, sum_tree.size)
-    return leaves.to(torch.get_default_dtype()).max(0)
+    return leaves.to(dtype).max(0)
 
 
-def check_sampleable(sum_tree, min_tree, num_valid: int) -> float:
-    """``p_min`` of a draw among ``num_valid`` items, after torchrl's checks (made before any
-    random draw, so a refused call consumes none)."""
+def check_sampleable(sum_tree, min_tree, num_valid: int) -> tuple[float, float]:
+    """``(p_sum, p_min)`` of a draw among ``num_valid`` items, after torchrl's checks (made
+    before any random draw, so a refused call consumes none)."""
     p_sum = sum_tree.query(0, num_valid)
     if not p_sum > 0:
         raise RuntimeError(
@@ -246,60 +251,85 @@ def check_sampleable(sum_tree, min_tree, num_valid: int) -> float:
         raise RuntimeError(
             f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
         )
-    return p_min
+    return p_sum, p_min
+
+
+def torchrl_masses(batch_size: int, p_sum: float, generator) -> np.ndarray:
+    """The prefix masses of ``batch_size`` prioritized draws, from the RNG torchrl's
+    ``PrioritizedSampler.sample`` draws them from, with its arithmetic: numpy's global RNG
+    (``np.random.uniform(0.0, p_sum, batch_size)``, float64) without a generator, else
+    ``torch.rand(batch_size, generator=generator) * p_sum`` (float32)."""
+    if generator is None:
+        return np.random.uniform(0.0, p_sum, size=batch_size)
+    return _cpu_rand(batch_size, generator).mul_(p_sum).numpy()
+
+
+def torchrl_uniforms(batch_size: int, generator) -> np.ndarray:
+    """Draws in ``[0, 1)`` from the stream :func:`torchrl_masses` reads (one number per
+    draw), for draws whose mass the kernel scales itself."""
+    if generator is None:
+        return np.random.random_sample(batch_size)
+    return _cpu_rand(batch_size, generator).numpy()
+
+
+def _cpu_rand(batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """``torch.rand(batch_size, generator=generator)`` on the CPU (drawn on the generator's
+    device, as the generator must)."""
+    if generator.device.type == "cpu":
+        return torch.rand(batch_size, generator=generator)
+    return torch.rand(batch_size, generator=generator, device=generator.device).cpu()
 
 
 @contextlib.contextmanager
 def generator_kept_on_failure(generator):
-    """Restores ``generator`` (torch's global RNG when ``None``) if the block raises: a draw
-    that fails after taking its random numbers gives them back."""
-    state = generator.get_state() if generator is not None else torch.random.get_rng_state()
+    """Restores ``generator`` (torch's and numpy's global RNGs when ``None``) if the block
+    raises: a draw that fails after taking its random numbers gives them back."""
+    if generator is not None:
+        state = generator.get_state()
+    else:
+        state = torch.random.get_rng_state(), np.random.get_state()
     try:
         yield
     except BaseException:
         if generator is not None:
             generator.set_state(state)
         else:
-            torch.random.set_rng_state(state)
+            torch.random.set_rng_state(state[0])
+            np.random.set_state(state[1])
         raise
 
 
-def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, uniform=None, seed=None,
-                     batch_size=None, exclude=None):
-    """``(index, weight)`` from one fused ``replay`` kernel call: draw, descend, gather, weigh.
+def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, mass=None, uniform=None,
+                     seed=None, batch_size=None, exclude=None):
+    """``(index, weight)`` from one fused ``replay`` kernel call: descend, gather, divide.
 
-    Reads O(batch * log(size)) tree nodes: no pass over the leaves. The draws are ``uniform``
-    or, when it is ``None``, ``batch_size`` draws of the kernel's stream seeded with ``seed``.
+    Reads O(batch * log(size)) tree nodes: no pass over the leaves. The draws land at the
+    prefix masses ``mass`` or, without them, at ``uniform`` times the sum, or else at
+    ``batch_size`` draws of the kernel's stream seeded with ``seed``.
     """
-    # fp64 trees take the kernel's float64 weights. fp32 trees compute them from the fp32
-    # priorities in fp32, as torchrl does: float64 weights rounded to fp32 can differ from
-    # torchrl's by one ulp, and the two libraries should return the same weights.
-    fp64 = type(sum_tree) is replay.SumSegmentTreeFp64
+    # The kernel divides the priorities by p_min in the trees' precision (IEEE division:
+    # what torch's div gives) and torch raises them to -beta, as torchrl does: the two
+    # libraries then return the same weights to the bit (torch's vectorised pow and C's pow
+    # can differ by one ulp).
     options = {
         "batch_size": None if uniform is not None else batch_size,
         "seed": seed,
-        "p_min": p_min if fp64 else None,
-        "beta": beta if fp64 else None,
-        "relative_to": None if fp64 else p_min,
+        "relative_to": p_min,
     }
     try:
         if exclude is None:
-            index, priority, weight = sum_tree.sample_prioritized(num_valid, uniform, **options)
+            index, priority, _ = sum_tree.sample_prioritized(num_valid, uniform, mass=mass, **options)
         else:
             # The excluded leaves count as zero for this draw only: the tree is not modified.
             if isinstance(exclude, torch.Tensor):
                 exclude = exclude.detach().cpu().numpy()
-            index, priority, weight = sum_tree.sample_prioritized_excluding(num_valid, exclude, uniform, **options)
+            index, priority, _ = sum_tree.sample_prioritized_excluding(num_valid, exclude, uniform, **options)
     except RuntimeError:
         raise RuntimeError(
             f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
             f"outside the excluded ones sum to 0"
         ) from None
-    index = torch.from_numpy(index)
-    if fp64:
-        return index, torch.from_numpy(weight)
-    # priority / p_min came from the kernel in fp32 (IEEE division: what torch's div_ gives)
-    return index, torch.from_numpy(priority).pow_(-beta)
+    return torch.from_numpy(index), torch.from_numpy(priority).pow_(-beta)
 
 
 def draw_with_torch(sum_tree: _TorchSumSegmentTree, num_valid: int, p_min: float, beta: float,

@@ -30,6 +30,7 @@ __all__ = [
     "tree_device",
     "tree_dtype",
     "trees_fit",
+    "write_at",
     "write_leaves",
 ]
 
@@ -94,6 +95,15 @@ def write_leaves(tree, values: torch.Tensor) -> None:
         tree._set_all(values)
     elif values.numel():
         tree[np.arange(values.numel(), dtype=np.int64)] = values.detach().cpu().numpy()
+
+
+def write_at(tree, index: torch.Tensor, values: torch.Tensor) -> None:
+    """Sets the leaves ``index`` of ``tree`` to ``values`` (checked by the tree, written whole
+    or not at all)."""
+    if isinstance(tree, _TorchSegmentTree):
+        tree[index.to(tree.device)] = values.to(tree.device)
+    elif index.numel():
+        tree[index.detach().cpu().numpy()] = values.detach().cpu().numpy()
 
 
 def moved_trees(sum_tree, min_tree, dtype: torch.dtype, device, *, cpu_kernels: bool = True):

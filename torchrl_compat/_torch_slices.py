@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 _CURSOR_ERROR = "cursor should be an integer or a 1d tensor or a range."
 _SIGNAL_NDIM_ERROR = "Expected the end-of-trajectory signal to be at least 1-dimensional."
@@ -67,7 +68,9 @@ __all__ = [
     "end_to_start_stop",
     "excluded_start_positions",
     "excluded_tail",
+    "end_flags",
     "find_start_stop_traj",
+    "sample_slices_from_ends",
     "slice_indices",
     "stops_after_starts",
 ]
@@ -101,6 +104,15 @@ def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None)
         "is there a column without an end" test and for its boolean-mask shifts; here only
         ``nonzero`` does (and ``.item()`` of a CPU cursor, which costs no device sync).
     """
+    flags = end_flags(trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor)
+    return end_to_start_stop(flags, flags.shape[0])
+
+
+def end_flags(*, trajectory=None, end=None, at_capacity, cursor=None) -> torch.Tensor:
+    """The end-of-trajectory table :func:`find_start_stop_traj` reads its trajectories from
+    (same arguments): a bool ``[T, ...]`` tensor, ``True`` at the last step of every
+    trajectory, with the ends torchrl adds (the cursor of a full storage, the last row). No
+    host synchronisation for a device signal and cursor. O(T * columns)."""
     from_ids = trajectory is not None
     signal = trajectory if from_ids else end
     if signal is None:
@@ -109,8 +121,6 @@ def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None)
         raise _SignalDimError(_SIGNAL_NDIM_ERROR)
     full = bool(at_capacity)
     length = signal.shape[0]
-    ndim = signal.ndim
-    device = signal.device
 
     if from_ids:
         flags = signal[:-1] != signal[1:]
@@ -133,7 +143,69 @@ def find_start_stop_traj(*, trajectory=None, end=None, at_capacity, cursor=None)
             # A column without any end holds one trajectory ending at the last row. Done
             # unconditionally: testing first would cost a host sync.
             flags[-1] |= ~flags.any(0)
-    return end_to_start_stop(flags, length)
+    return flags
+
+
+def sample_slices_from_ends(
+    end: torch.Tensor,
+    seq_length: int,
+    traj_uniform: torch.Tensor,
+    start_uniform: torch.Tensor,
+):
+    """Slices of ``seq_length`` steps drawn from a 1-D end-of-trajectory table, with no host
+    synchronisation (every shape is known on the host).
+
+    A trajectory is drawn uniformly among those at least ``seq_length`` long (rank
+    ``floor(traj_uniform * count)`` in the order of :func:`end_to_start_stop`, the one that
+    wraps around the storage first), then a start uniformly among its positions that leave
+    room for the slice (``floor(start_uniform * (length - seq_length + 1))``): the draws of
+    ``SliceSampler`` with ``strict_length=True`` and no span, given the same trajectory ranks.
+
+    Args:
+        end (torch.Tensor): bool ``[T]`` table from :func:`end_flags` (every trajectory
+            closed), on the device the slices are drawn on.
+        seq_length (int): the length of every slice (at least 1).
+        traj_uniform (torch.Tensor): ``[num_slices]`` draws in ``[0, 1)``, one per slice.
+        start_uniform (torch.Tensor): ``[num_slices]`` draws in ``[0, 1)``, one per slice.
+
+    Returns:
+        ``(index, traj_rank, found)``: the int64 ``[num_slices * seq_length]`` storage
+        positions, slice after slice; the rank of each slice's trajectory among the long
+        enough ones; and a 0-d bool tensor, ``False`` when no trajectory is long enough
+        (the other results are then meaningless: the caller raises from it, when it can read
+        it without waiting).
+
+    O(T) for the table's running counts and O(num_slices * (log T + seq_length)) for the
+    draws, in about 25 kernels: the trajectories are never listed (listing them needs
+    ``nonzero``, whose output size only the device knows).
+    """
+    if end.ndim != 1:
+        raise ValueError(f"end must be a 1-D table, got shape {tuple(end.shape)}")
+    seq_length = int(seq_length)
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be at least 1, got seq_length={seq_length}")
+    flags = end if end.dtype == torch.bool else end != 0
+    steps = flags.shape[0]
+    device = flags.device
+    positions = torch.arange(steps, device=device)
+    # The last end at or before each step, then strictly before it (-1: none).
+    last_end = torch.cummax(torch.where(flags, positions, -1), 0).values
+    previous_end = F.pad(last_end[:-1], (1, 0), value=-1)
+    # Each end's trajectory starts after the previous end; the first one after the table's
+    # last end, one turn earlier (it wraps around the storage).
+    start = torch.where(previous_end >= 0, previous_end, last_end[-1] - steps) + 1
+    length = positions - start + 1
+    eligible = flags & (length >= seq_length)
+    running = eligible.long().cumsum(0)
+    count = running[-1]
+    rank = (traj_uniform.double() * count).floor().long()
+    rank = torch.minimum(rank, (count - 1).clamp_min(0))
+    stop = torch.searchsorted(running, rank + 1).clamp_max(steps - 1)
+    room = length[stop] - seq_length + 1
+    offset = torch.minimum((start_uniform.double() * room).floor().long(), room - 1)
+    first = start[stop] + offset
+    index = (first.unsqueeze(1) + torch.arange(seq_length, device=device)).remainder(steps)
+    return index.reshape(-1), rank, count > 0
 
 
 def end_to_start_stop(end: torch.Tensor, length: int):

@@ -5,29 +5,44 @@ These classes follow the segment-tree API of ``torchrl._torchrl`` (``tree[i]``,
 ``identity_element``, pickling) so that :class:`~torchrl_compat.samplers.PrioritizedSampler`
 can keep its priorities on the storage's device (typically CUDA) and sample there.
 
-Layout: the leaves are one flat tensor of the tree's dtype. Instead of maintaining internal
-nodes on every write (a dozen tiny kernels per tree level on a GPU), the reductions are
-rebuilt lazily, in one pass, the first time they are needed after a write:
+Layout: a 16-ary tree kept up to date at every write. The leaves are one flat tensor of the
+tree's dtype (leaf ``i`` at position ``i``, followed by one scratch slot that masked writes go
+to); level ``j >= 1`` holds the reductions of 16 nodes of level ``j - 1``, in float64 for sum
+trees (so their sums cannot drift: every parent is recomputed from its children) and in the
+tree's dtype for min trees::
 
-* sum trees keep a float64 inclusive prefix sum of the leaves; ``query`` is a difference of
-  two prefix sums and ``scan_lower_bound`` is a ``torch.searchsorted`` over it. Summing in
-  float64 means that the prefix sums cannot drift below the true sums of fp32 leaves, and
-  a mass drawn in ``[0, total)`` never lands on a zero-valued leaf;
-* min trees answer scalar queries with one reduction over the leaf range and batched
-  queries with a level table (a classic bottom-up segment tree over ``capacity`` leaves).
+    level 2:  [ 0 ]                                   root
+    level 1:  [ 0 ][ 1 ] ...                          node n reduces level-0 nodes 16n .. 16n+15
+    level 0:  [ 0 ][ 1 ] ... [15][16] ... [cap-1] [scratch]
 
-A write costs O(batch) (plus a sort to make duplicate indices deterministic: the last write
-wins, as it does in torchrl's trees on CPU); the first read after a write costs O(size).
-That trade suits replay buffers, where every sampling step follows at most one update.
+* a write of ``k`` leaves sorts them (the last write of a duplicated index wins, as in
+  torchrl's trees on CPU), writes the winners and recomputes their ancestors, level by level:
+  O(k log N) node reads, never a pass over the leaves (a level with fewer than ``16 k``
+  children is recomputed whole, which costs less);
+* a draw descends from the root, 16 children per level: O(batch log N);
+* range queries from 0 (``p_sum``, ``p_min``) read at most 16 nodes per level.
+
+Batched ``query`` and ``scan_lower_bound`` read lazily built caches (a float64 prefix sum, a
+binary level table), rebuilt in O(size) at the first such read after a write: they serve the
+torchrl tree API, not the samplers' steady state.
+
+Two ways to write and draw:
+
+* the torchrl tree API (``tree[i] = v``, ``query``, ``sample_prioritized``) checks its input
+  at once, which costs a host synchronisation per call when the tree lives on an accelerator;
+* :meth:`~_TorchSegmentTree.update_nonblocking` and
+  :meth:`~_TorchSumSegmentTree.draw_nonblocking` never synchronise with the host: a bad batch
+  is masked on the device (it changes nothing) and its error is raised by a later call, from
+  a status copied to the host asynchronously (see :class:`.DeferredChecks`).
 
 As torchrl's trees do, a tree keeps ``capacity`` leaves (the smallest power of two above
 ``size``): every index below it can be written and read, and a query from 0 that reaches
 ``size`` covers them all (torchrl's ``PrioritizedSampler`` relies on it when its storage is
 longer than the sampler). Unlike torchrl's trees, every index is checked
 (``0 <= i < capacity``) and values are validated (NaN always rejected; sum trees also reject
-negative and infinite values, and a write after which their total would not be finite in
-the tree's dtype). A batch with one bad entry is rejected whole, leaving the tree unchanged.
-Validation needs one host synchronisation per write when the tree lives on an accelerator.
+negative and infinite values, and, in the checked API, a write after which their total would
+not be finite in the tree's dtype). A batch with one bad entry is rejected whole, leaving the
+tree unchanged.
 """
 from __future__ import annotations
 
@@ -35,6 +50,9 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+
+from ._device_checks import DeferredChecks
 
 __all__ = [
     "sample_prioritized_leaves",
@@ -51,6 +69,25 @@ def _capacity_for(size: int) -> int:
     while capacity <= size:
         capacity <<= 1
     return capacity
+
+
+FANOUT = 16  # children per node
+_SHIFT = 4  # log2(FANOUT)
+# Status codes of the non-blocking calls (see DeferredChecks).
+_BAD_INDEX, _BAD_VALUE, _NOTHING_TO_DRAW, _ZERO_MINIMUM = 1, 2, 3, 4
+
+
+def _padded(count: int) -> int:
+    """``count`` rounded up to a whole number of rows of FANOUT nodes."""
+    return -(-count // FANOUT) * FANOUT
+
+
+def _level_sizes(capacity: int) -> list[int]:
+    """Node counts per level, leaves first, root (1 node) last."""
+    sizes = [capacity]
+    while sizes[-1] > 1:
+        sizes.append(-(-sizes[-1] // FANOUT))
+    return sizes
 
 
 def _is_integer_dtype(dtype: torch.dtype) -> bool:
@@ -72,10 +109,24 @@ class _TorchSegmentTree:
         self._size = size
         self._capacity = _capacity_for(size)
         device = torch.device("cpu") if device is None else torch.device(device)
-        # every leaf below the capacity, as torchrl's trees keep them
-        self._leaves = torch.full(
-            (self._capacity,), self.identity_element, dtype=self._dtype, device=device
+        self._allocate(device)
+
+    def _allocate(self, device: torch.device) -> None:
+        """Fresh levels, every node at the identity (see the module docstring's layout)."""
+        self._sizes = _level_sizes(self._capacity)
+        self._scratch = _padded(self._capacity)
+        # every leaf below the capacity, as torchrl's trees keep them, then the scratch slot
+        self._leaf_store = torch.full(
+            (self._scratch + 1,), self.identity_element, dtype=self._dtype, device=device
         )
+        self._leaves = self._leaf_store[: self._capacity]
+        node_dtype = torch.float64 if self._is_sum else self._dtype
+        self._nodes = [None] + [
+            torch.full((_padded(n),), self.identity_element, dtype=node_dtype, device=device)
+            for n in self._sizes[1:]
+        ]
+        self._fanout = torch.arange(FANOUT, device=device)
+        self._checks = DeferredChecks(device)
         self._invalidate()
 
     # ----------------------------------------------------------------- properties
@@ -111,6 +162,85 @@ class _TorchSegmentTree:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self._size}, device={self.device})"
+
+    # ----------------------------------------------------------------- levels
+    def _rows(self, level: int) -> torch.Tensor:
+        """Level ``level`` as ``[nodes of level + 1, FANOUT]`` rows of siblings."""
+        store = self._leaf_store if level == 0 else self._nodes[level]
+        return store[: _padded(self._sizes[level])].view(-1, FANOUT)
+
+    def _reduce(self, rows: torch.Tensor) -> torch.Tensor:
+        if self._is_sum:
+            return rows.sum(-1, dtype=torch.float64)
+        return rows.amin(-1)
+
+    def _combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b if self._is_sum else torch.minimum(a, b)
+
+    def _root(self) -> torch.Tensor:
+        return self._nodes[-1][0]
+
+    def _refresh(self, keys: torch.Tensor) -> None:
+        """Recomputes the ancestors of the leaves ``keys`` (int64, in ``[0, capacity)``), level
+        by level from their children. Duplicated ancestors get the same value from the same
+        children, so the order of the writes does not matter. O(len(keys) log capacity)."""
+        node = keys
+        count = keys.numel()
+        for level in range(len(self._sizes) - 1):
+            rows = self._rows(level)
+            parents = self._nodes[level + 1]
+            if count * FANOUT >= self._sizes[level]:
+                # as many reads as the batch would need: the whole level, without a gather
+                parents[: self._sizes[level + 1]] = self._reduce(rows)
+            else:
+                node = node >> _SHIFT
+                parents.index_put_((node,), self._reduce(rows[node]))
+
+    def _rebuild(self) -> None:
+        """Recomputes every level from the leaves, in O(capacity) (bulk loads only)."""
+        for level in range(len(self._sizes) - 1):
+            self._nodes[level + 1][: self._sizes[level + 1]] = self._reduce(self._rows(level))
+        self._invalidate()
+
+    def _write(self, index: torch.Tensor, values: torch.Tensor, accept=None) -> None:
+        """Writes ``values`` at the flat leaf positions ``index`` (same length, on the tree's
+        device) and refreshes their ancestors; the last write of a duplicated index wins.
+        ``accept`` (a 0-d bool tensor, optional) masks the whole batch on the device, in which
+        case ``index`` may hold bad entries (they are clamped, and nothing is written).
+        No host synchronisation. O(k log k + k log capacity)."""
+        if index.numel():
+            self._apply(self._plan(index, accept), values)
+
+    def _plan(self, index: torch.Tensor, accept=None, keep=None):
+        """``(keys, order, target)`` of a write at ``index`` (see :meth:`_write`): the sorted
+        clamped leaves, the sort's permutation and where each sorted value goes (its leaf for
+        the last write of each leaf, the scratch slot for the others). ``keep`` (a bool tensor
+        like ``index``, optional) drops entries one by one. Trees of one capacity share plans."""
+        keys = index if accept is None and keep is None else index.clamp(0, self._capacity - 1)
+        keys, order = torch.sort(keys, stable=True)
+        winner = torch.ones_like(keys, dtype=torch.bool)
+        if keep is None:
+            winner[:-1] = keys[1:] != keys[:-1]
+        else:
+            # the last kept write of each leaf: a dropped entry never hides an earlier one
+            kept = keep[order]
+            position = torch.where(kept, torch.arange(keys.numel(), device=keys.device), -1)
+            # runs of equal keys are contiguous: the largest kept position of each run
+            run_start = torch.ones_like(winner)
+            run_start[1:] = keys[1:] != keys[:-1]
+            run_id = run_start.long().cumsum(0) - 1
+            last_kept = torch.full_like(position, -1).scatter_reduce_(0, run_id, position, "amax")
+            winner = kept & (position == last_kept[run_id])
+        if accept is not None:
+            winner &= accept
+        # Losers and masked writes all go to the scratch slot, outside every row.
+        return keys, order, torch.where(winner, keys, self._scratch)
+
+    def _apply(self, plan, values: torch.Tensor) -> None:
+        keys, order, target = plan
+        self._leaf_store.index_put_((target,), values[order].to(self._dtype))
+        self._refresh(keys)
+        self._invalidate()
 
     # ----------------------------------------------------------------- caches
     def _invalidate(self) -> None:
@@ -243,26 +373,101 @@ class _TorchSegmentTree:
             return
         if values.numel() == 1:
             values = values.expand(idx.shape)
-        if idx.numel() > 1:
-            # Duplicate indices: keep the last write, deterministically on every device
-            # (index_put_ leaves the winner unspecified on CUDA).
-            unique, inverse = torch.unique(idx, sorted=True, return_inverse=True)
-            if unique.numel() != idx.numel():
-                last = torch.full_like(unique, -1)
-                last.scatter_reduce_(
-                    0, inverse, torch.arange(idx.numel(), device=idx.device), "amax"
-                )
-                idx, values = unique, values[last]
-        previous = self._leaves[idx]
-        self._leaves[idx] = values
+        previous = self._leaves[idx] if self._is_sum else None
+        self._write(idx, values)
         if self._is_sum:
             # Each value is finite; their sum must stay so in the tree's dtype, or sampling
             # from the total breaks: put the old leaves back and refuse the write.
-            total = self._leaves.sum(dtype=torch.float64)
+            total = self._root()
             if not bool(total <= torch.finfo(self._dtype).max):
-                self._leaves[idx] = previous
+                self._write(idx, previous)
                 raise self._total_error(values, float(total))
-        self._invalidate()
+
+    def update_nonblocking(self, index: torch.Tensor, value: torch.Tensor) -> None:
+        """Sets leaves ``index`` to ``value`` without any host synchronisation.
+
+        Args:
+            index (torch.Tensor): int64 leaf positions on the tree's device (any shape).
+            value (torch.Tensor): one value, or one per index, on the tree's device.
+
+        The checks of ``tree[index] = value`` (indices in ``[0, capacity)``, values finite and
+        non-negative for sum trees, not NaN for min trees) run on the device: a batch that
+        fails them is masked there, changing nothing, and the error (naming the first bad
+        entry) is raised by a later non-blocking call of this tree once the device has
+        finished the check (usually the next call), or by :meth:`check_errors`. The total's
+        overflow check of the blocking API is not made: float64 sums do not overflow.
+        Shapes, dtypes and devices are checked at once (they need no device data).
+        O(k log k + k log capacity), about ``8 + 4 log16(capacity)`` kernels.
+        """
+        self._checks.raise_ready()
+        idx, values = self._nonblocking_operands(index, value)
+        if not idx.numel():
+            return
+        self._write(idx, values, self._record_checks(idx, values))
+
+    def check_errors(self) -> None:
+        """Waits for the device checks of earlier non-blocking calls and raises the first
+        failed one (a host synchronisation: for explicit checks, not for the hot path)."""
+        self._checks.wait()
+
+    def _nonblocking_operands(self, index, value):
+        if not isinstance(index, torch.Tensor) or not _is_integer_dtype(index.dtype):
+            raise TypeError(f"index must be an integer tensor, got {type(index).__name__} "
+                            f"of dtype {getattr(index, 'dtype', None)}")
+        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
+            raise TypeError(f"value must be a floating-point tensor, got {type(value).__name__} "
+                            f"of dtype {getattr(value, 'dtype', None)}")
+        for name, tensor in (("index", index), ("value", value)):
+            if tensor.device != self.device:
+                raise ValueError(f"{name} must be on the tree's device {self.device}, got {tensor.device}")
+        idx = index.reshape(-1).long()
+        values = value.detach().reshape(-1).to(self._dtype)
+        if values.numel() == 1:
+            values = values.expand(idx.shape)
+        elif values.numel() != idx.numel():
+            raise ValueError(
+                f"value must be a scalar or have as many elements as index, got value of "
+                f"shape {tuple(value.shape)} and index of shape {tuple(index.shape)}"
+            )
+        return idx, values
+
+    def _record_checks(self, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """Queues the device-side checks of a write; returns whether it may be applied (a 0-d
+        bool tensor on the device)."""
+        bad_index = (idx < 0) | (idx >= self._capacity)
+        if self._is_sum:
+            bad_value = ~torch.isfinite(values) | (values < 0)
+        else:
+            bad_value = torch.isnan(values)
+        any_index, any_value = bad_index.any(), bad_value.any()
+        # The first bad index, else the first bad value (argmax: the first maximum).
+        bad = torch.where(any_index, bad_index, bad_value)
+        position = bad.to(torch.uint8).argmax()
+        code = torch.where(any_index, _BAD_INDEX, torch.where(any_value, _BAD_VALUE, 0))
+        culprit = torch.where(any_index, idx[position.reshape(1)].double(), values[position.reshape(1)].double())
+        status = torch.cat([code.double().reshape(1), position.double().reshape(1), culprit])
+        self._checks.record(status, self._deferred_error)
+        return ~(any_index | any_value)
+
+    def _deferred_error(self, code: int, position: int, value: float) -> Exception:
+        later = " (found on the device after an earlier non-blocking update, which changed nothing)"
+        if code == _BAD_INDEX:
+            error = self._index_error(int(value), position)
+            return IndexError(str(error) + later)
+        if code == _BAD_VALUE:
+            limit = "finite and non-negative" if self._is_sum else "not NaN"
+            return ValueError(
+                f"value {value} at position {position} is invalid: values must be {limit}{later}"
+            )
+        if code == _ZERO_MINIMUM:
+            return RuntimeError(
+                f"non-positive p_min: the smallest priority of the {position} sampleable items "
+                f"was {value} at an earlier non-blocking draw (its weights were meaningless)"
+            )
+        return RuntimeError(
+            "non-positive p_sum: an earlier non-blocking draw found no positive leaf among "
+            f"the {position} sampleable ones (its results were meaningless)"
+        )
 
     def _total_error(self, values: torch.Tensor, total: float) -> ValueError:
         largest = int(values.argmax())
@@ -287,19 +492,33 @@ class _TorchSegmentTree:
                 raise self._total_error(values, float(total))
         self._leaves[: self._size] = values
         self._leaves[self._size :] = self.identity_element
-        self._invalidate()
+        self._rebuild()
 
     # ----------------------------------------------------------------- queries
+    def _range_reduce(self, left: int, right: int) -> torch.Tensor:
+        """The reduction of leaves ``[left, right)`` (``0 <= left < right <= capacity``) as a
+        0-d tensor on the device (float64 for sums): at most two partial rows per level, no
+        host synchronisation. O(16 log16 capacity)."""
+        result = None
+        level = 0
+        while left < right:
+            store = self._leaf_store if level == 0 else self._nodes[level]
+            head_end = min(_padded(left), right)
+            tail_start = max(right // FANOUT * FANOUT, head_end)
+            for lo, hi in ((left, head_end), (tail_start, right)):
+                if lo < hi:
+                    part = self._reduce(store[lo:hi])
+                    result = part if result is None else self._combine(result, part)
+            left, right = head_end // FANOUT, tail_start // FANOUT
+            level += 1
+        return result
+
     def _scalar_query(self, left: int, right: int) -> float:
         left, right = self._query_range(left, right)
         if right <= left:
             return self.identity_element
-        if self._is_sum:
-            prefix = self._prefix_sums()
-            total = prefix[right] - prefix[left]
-            # Round through the tree's dtype, as a tree of that dtype reports its sums.
-            return float(total.to(self._dtype))
-        return float(self._leaves[left:right].amin())
+        # Round through the tree's dtype, as a tree of that dtype reports its sums.
+        return float(self._range_reduce(left, right).to(self._dtype))
 
     def query(self, left, right):
         scalar = (int, np.integer)
@@ -368,16 +587,16 @@ class _TorchSegmentTree:
             raise ValueError(
                 f"expected leaves of shape ({self._size},), got {tuple(leaves.shape)}"
             )
-        self._leaves = torch.full(
-            (self._capacity,), self.identity_element, dtype=self._dtype, device=state.get("device", "cpu")
-        )
+        self._capacity = _capacity_for(self._size)
+        self._allocate(torch.device(state.get("device", "cpu")))
         self._leaves[: self._size] = leaves
-        self._invalidate()
+        self._rebuild()
 
     def to(self, device) -> _TorchSegmentTree:
         """A copy of this tree with its leaves on ``device``."""
         out = type(self)(self._size, device=device)
         out._leaves.copy_(self._leaves)
+        out._rebuild()
         return out
 
 
@@ -428,6 +647,15 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
         if num_valid <= 0:
             raise RuntimeError("non-positive p_sum: there is no item to sample from")
         mass_end = self._capacity if num_valid >= self._size else num_valid
+        if exclude is None:
+            uniform = uniform.to(device=self.device, dtype=torch.float64).reshape(-1)
+            index, priority, total, reachable = self._draw(uniform, num_valid)
+            if not bool(reachable > 0):
+                raise RuntimeError(
+                    f"non-positive p_sum: the priorities of the {min(num_valid, mass_end)} "
+                    f"sampleable items sum to {float(reachable)}"
+                )
+            return index, priority, total
         return sample_prioritized_leaves(
             self._leaves[:mass_end],
             uniform,
@@ -435,6 +663,102 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
             exclude=exclude,
             num_valid=min(num_valid, mass_end),
         )
+
+
+    def draw_nonblocking(self, uniform: torch.Tensor, num_valid: int):
+        """:meth:`sample_prioritized` without ``exclude`` and without any host
+        synchronisation.
+
+        Args:
+            uniform (torch.Tensor): float draws in ``[0, 1)`` on the tree's device.
+            num_valid (int): leaves ``[0, num_valid)`` may be drawn (``len(storage)``).
+
+        Returns:
+            ``(index, priority, total)`` as :meth:`sample_prioritized` gives them.
+
+        When no leaf below ``num_valid`` is positive the results are meaningless, and the
+        ``RuntimeError`` ("non-positive p_sum") is raised by a later non-blocking call of this
+        tree (usually the next), or by :meth:`check_errors`. ``num_valid < 1`` raises at once.
+        O(batch log16 capacity), about ``3 + 9 log16(capacity)`` kernels (twice that when
+        ``size <= num_valid < capacity``, whose clamped draws need a second descent).
+        """
+        self._checks.raise_ready()
+        num_valid = int(num_valid)
+        if num_valid <= 0:
+            raise RuntimeError("non-positive p_sum: there is no item to sample from")
+        if uniform.device != self.device:
+            raise ValueError(f"uniform must be on the tree's device {self.device}, got {uniform.device}")
+        uniform = uniform.reshape(-1).to(torch.float64)
+        index, priority, total, reachable = self._draw(uniform, num_valid)
+        sampleable = min(num_valid, self._capacity)
+        code = torch.where(reachable > 0, 0, _NOTHING_TO_DRAW).double()
+        status = torch.stack([code, code.new_tensor(float(sampleable)), reachable.double()])
+        self._checks.record(status, self._deferred_error)
+        return index, priority, total
+
+    def _draw(self, uniform: torch.Tensor, num_valid: int):
+        """``(index, priority, total, reachable)`` of the draws ``uniform`` (float64, on the
+        device) by torchrl's rule (see :meth:`sample_prioritized`); ``reachable`` is the mass
+        of the leaves the draws may end on (not positive: the results are meaningless).
+        No host synchronisation."""
+        mass_end = self._capacity if num_valid >= self._size else num_valid
+        bounds = self._restriction(mass_end)
+        total = self._restricted_root(bounds)
+        index = self._descend(uniform * total, bounds)
+        reachable = total
+        if num_valid < mass_end:
+            # A storage longer than the sampler: draws past it are clamped to its last item,
+            # then moved left off a zero leaf, i.e. onto the last positive leaf below
+            # num_valid (the descent of an infinite mass in the leaves below num_valid).
+            below = self._restriction(num_valid)
+            last_positive = self._descend(uniform.new_full((1,), math.inf), below)
+            index = torch.where(index >= num_valid, last_positive, index)
+            reachable = self._restricted_root(below)
+        return index, self._leaves[index], total, reachable
+
+    def _restriction(self, end: int):
+        """What the descent needs to see only the leaves ``[0, end)``: per level, the node that
+        straddles ``end`` and its sum over leaves below ``end`` (``None`` for every leaf)."""
+        if end >= self._capacity:
+            return None
+        bounds = []
+        last = end - 1
+        partial = self._leaves[last].double()
+        for level in range(len(self._sizes)):
+            node = last >> (_SHIFT * level)
+            if level:
+                children = self._rows(level - 1)[node]
+                below = children[: (last >> (_SHIFT * (level - 1))) - node * FANOUT]
+                partial = partial + below.sum(dtype=torch.float64)
+            bounds.append((node, partial))
+        return bounds
+
+    def _restricted_root(self, bounds) -> torch.Tensor:
+        return self._root() if bounds is None else bounds[-1][1]
+
+    def _descend(self, mass: torch.Tensor, bounds) -> torch.Tensor:
+        """The leaf of each mass: the first whose inclusive prefix sum reaches it, never a
+        zero-valued one (a mass at or below 0 gives the first positive leaf, one past the
+        total the last positive leaf, whatever the rounding). O(batch * 16 log16 capacity)."""
+        # Strictly positive masses: the first child whose running sum reaches one is positive.
+        mass = mass.clamp_min(torch.finfo(torch.float64).tiny)
+        node = torch.zeros(mass.shape, dtype=torch.long, device=self.device)
+        for level in range(len(self._sizes) - 1, 0, -1):
+            rows = self._rows(level - 1)[node]
+            if rows.dtype != torch.float64:
+                rows = rows.double()
+            if bounds is not None:
+                straddling, partial = bounds[level - 1]
+                ids = (node * FANOUT).unsqueeze(1) + self._fanout
+                rows = torch.where(ids < straddling, rows, torch.where(ids == straddling, partial, 0.0))
+            running = rows.cumsum(1)
+            # Past the row's sum (rounding, or an infinite mass): its last positive child.
+            mass = torch.minimum(mass, running[:, -1])
+            child = (running < mass.unsqueeze(1)).sum(1)
+            before = F.pad(running, (1, 0)).gather(1, child.unsqueeze(1)).squeeze(1)
+            mass = mass - before
+            node = node * FANOUT + child
+        return node
 
 
 def sample_prioritized_leaves(

@@ -6,9 +6,11 @@ from typing import Any
 
 import torch
 
+from torchrl_compat._releases import keywords_since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.storages import ListStorage
+from . import _prioritized_sync as _sync
 from .base import ReplayBuffer
 
 
@@ -33,6 +35,16 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
         sampler (Sampler, optional): the sampler to be used. If none is provided,
             a default :class:`~torchrl_compat.PrioritizedSampler` with
             ``alpha``, ``beta``, and ``eps`` will be created.
+        sample_unit (SampleUnit, optional): what one sampled element is (torchrl 0.14+),
+            passed to the buffer. Defaults to ``None``.
+        sampler_device (torch.device or str, optional): the device of the priority trees
+            (torchrl 0.13+). Defaults to ``None``: a CUDA storage selects CUDA sampling, a
+            CPU storage CPU sampling. Cannot be used together with ``sampler``.
+        sync (bool, optional): whether the priority sampler is the buffer's (torchrl 0.13+).
+            With ``False``, writers use a shareable :class:`~torchrl_compat.RandomSampler`
+            and the learner owns a local prioritized sampler that gives the items written
+            since its last sample the default priority before sampling (1-D storages only).
+            Defaults to ``True``.
         collate_fn (callable, optional): merges a list of samples to form a
             mini-batch of Tensor(s)/outputs. The default value will be decided
             based on the storage type.
@@ -49,6 +61,9 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
         delayed_init (bool, optional): whether to initialize storage, writer, sampler and transform
             the first time the buffer is used rather than during construction.
             Defaults to ``False``.
+        transport (str, optional): the transport of a remote buffer owner (torchrl 0.14+),
+            passed to the buffer. Defaults to ``"auto"``.
+        transport_options (dict, optional): its options (torchrl 0.14+). Defaults to ``None``.
 
     .. note::
         Generic prioritized replay buffers (ie. non-tensordict backed) require
@@ -75,6 +90,9 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
         dtype: torch.dtype = torch.float,
         storage: Any | None = None,
         sampler: Any | None = None,
+        sample_unit: Any | None = None,
+        sampler_device: Any | None = None,
+        sync: bool = True,
         collate_fn: Callable | None = None,
         pin_memory: bool = False,
         prefetch: int | None = None,
@@ -82,11 +100,19 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
         batch_size: int | None = None,
         dim_extend: int | None = None,
         delayed_init: bool = False,
+        transport: str = "auto",
+        transport_options: dict[str, Any] | None = None,
     ) -> None:
         if storage is None:
             storage = ListStorage(max_size=1_000)
         if sampler is None:
-            sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype)
+            device = {} if sampler_device is None else {"device": sampler_device}
+            sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype, **device)
+        elif sampler_device is not None:
+            raise TypeError("sampler_device cannot be passed when sampler is provided.")
+        self._sync = sync
+        self._prioritized_sampler_write_count = 0
+        sampler, self._prioritized_sampler = _sync.prioritized_sampler_for(storage, sampler, sync, type(self).__name__)
         super().__init__(
             storage=storage,
             sampler=sampler,
@@ -97,4 +123,54 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
             batch_size=batch_size,
             dim_extend=dim_extend,
             delayed_init=delayed_init,
+            # The buffer's own 0.14 arguments, passed only when set (their defaults are its).
+            **_given(sample_unit=(sample_unit, None), transport=(transport, "auto"),
+                     transport_options=(transport_options, None)),
         )
+
+    __init__ = keywords_since(
+        __init__,
+        sampler_device="prioritized_device_argument",
+        sync="prioritized_device_argument",
+        sample_unit="prioritized_buffer_transport",
+        transport="prioritized_buffer_transport",
+        transport_options="prioritized_buffer_transport",
+    )
+
+    # ---- sync=False (torchrl 0.13+): a local prioritized sampler catching up with writes
+    @property
+    def prioritized_sampler(self):
+        """The sampler that owns the priority trees."""
+        return _sync.local_sampler(self)
+
+    def _catch_up_prioritized_sampler(self) -> None:
+        _sync.catch_up(self)
+
+    def _sample(self, batch_size: int):
+        if self.__dict__.get("_sync", True):
+            return super()._sample(batch_size)
+        return _sync.sample_local(self, batch_size)
+
+    def update_priority(self, index, priority) -> None:
+        if self.__dict__.get("_sync", True):
+            return super().update_priority(index, priority)
+        _sync.update_local(self, index, priority)
+
+    def empty(self, empty_write_count: bool = True):
+        super().empty(empty_write_count=empty_write_count)
+        if not self.__dict__.get("_sync", True):
+            _sync.local_sampler(self)._empty()
+            self._prioritized_sampler_write_count = 0
+
+    def set_rng(self, generator) -> None:
+        super().set_rng(generator)
+        if not self.__dict__.get("_sync", True) and self.__dict__.get("_prioritized_sampler") is not None:
+            self._prioritized_sampler._rng = generator
+
+    def __getstate__(self):
+        return _sync.state_for_pickling(self, super().__getstate__())
+
+
+def _given(**value_and_default) -> dict[str, Any]:
+    """The keyword arguments whose value is not their default."""
+    return {name: value for name, (value, default) in value_and_default.items() if value != default}

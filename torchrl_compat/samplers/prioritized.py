@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from copy import deepcopy
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
@@ -13,6 +14,8 @@ import torch
 import replay
 from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_object, real_number
 from .._checkpoint_publish import write_aside
+from .._releases import keywords_since
+from .._releases import since
 from .._sampler_priorities import (
     check_sampleable,
     check_update,
@@ -20,11 +23,12 @@ from .._sampler_priorities import (
     draw_with_torch,
     EpsOperand,
     generator_kept_on_failure,
-    kernel_seed,
     largest_leaf,
     MaxPriorityRecord,
     ravel_rows,
     stored_values,
+    torchrl_masses,
+    torchrl_uniforms,
 )
 from .._sampler_storage import storage_device
 from .._sampler_trees import (
@@ -35,6 +39,7 @@ from .._sampler_trees import (
     tree_device,
     tree_dtype,
     trees_fit,
+    write_at,
     write_leaves,
 )
 from .._torchrl_lookup import torchrl_twin
@@ -78,18 +83,30 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         max_priority_within_buffer (bool, optional): if ``True``, the max-priority
             is tracked within the buffer. When ``False``, the max-priority tracks
             the maximum value since the instantiation of the sampler. Defaults to ``False``.
+        device (torch.device or str, optional): the device that holds the priority trees
+            (from torchrl 0.13). Defaults to ``None``: the trees follow a CUDA storage, and
+            stay where they are for a CPU one.
+
+    New items get the default priority :attr:`default_priority`: from torchrl 0.13 on the raw
+    largest priority (``1.0`` before any), stored as ``(max_p + eps) ** alpha`` as any update;
+    torchrl 0.11 and 0.12 give ``(max_p + eps) ** alpha`` there, which the update raises to
+    ``alpha`` once more. From torchrl 0.14 on, setting :attr:`alpha` re-transforms the stored
+    values to the new exponent, and checkpoints carry a schema version.
 
     .. note:: On CPU, priorities live in ``replay``'s compiled segment trees (so prioritized
         replay works on any torch release, where torchrl 0.11 needs its trees compiled for
-        torch 2.9). A batch is drawn by one fused kernel call (draws, descents, priorities
-        and, for fp64 trees, importance weights) that reads O(batch * log(size)) tree nodes,
-        and an update makes one kernel call for both trees; without a buffer generator the
-        kernel's stream is seeded from torch's global RNG. When the sampler meets a storage
-        on an accelerator, the priorities move to trees made of torch ops on that device,
-        and sampling and updates then run there; each sample and each update synchronises
-        with the host once (to check the priorities and indices). There the device's ``pow``
-        computes the stored priorities and the weights, which can differ from torchrl's (whose
-        trees stay on CPU) in the last bit.
+        torch 2.9). A batch is drawn by one fused kernel call (descents, priorities and, for
+        fp64 trees, importance weights) that reads O(batch * log(size)) tree nodes, from
+        masses drawn as torchrl draws them: ``np.random.uniform(0.0, p_sum, batch_size)``
+        without a generator (so ``np.random.seed`` gives torchrl's batches), ``torch.rand``
+        with the buffer's generator. An update makes one kernel call for both trees. When
+        the sampler meets a storage on an accelerator (or is given ``device``), the
+        priorities move to trees made of torch ops on that device, and sampling and updates
+        then run there; each sample and each update synchronises with the host once (to
+        check the priorities and indices). There the device's ``pow`` computes the stored
+        priorities and the weights, which can differ from torchrl's in the last bit. Unlike
+        torchrl 0.13+, this needs no CUDA build of anything (torchrl raises without its CUDA
+        wheel), and the priorities move with the trees (torchrl starts empty trees).
 
     .. note:: As torchrl's, the trees hold ``capacity`` leaves, the next power of two above
         ``max_capacity``: a storage longer than the sampler gets priorities and draws up to
@@ -135,6 +152,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         dtype: torch.dtype = torch.float,
         reduction: str = "max",
         max_priority_within_buffer: bool = False,
+        device: torch.device | str | None = None,
     ) -> None:
         if alpha < 0:
             raise ValueError(
@@ -150,7 +168,10 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         self.reduction = reduction
         self.dtype = dtype
         self._max_priority_within_buffer = max_priority_within_buffer
+        self._requested_device = torch.device(device) if device is not None else None
         self._init()
+
+    __init__ = keywords_since(__init__, device="prioritized_device_argument")
 
     def __repr__(self):
         return f"{self.__class__.__name__}(alpha={self._alpha}, beta={self._beta}, eps={self._eps}, reduction={self.reduction})"
@@ -165,7 +186,58 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
 
     @alpha.setter
     def alpha(self, value):
+        if since("prioritized_device_argument") and value < 0:
+            raise ValueError(f"alpha must be greater or equal than 0, got alpha={value}")
+        old_alpha = self._alpha
+        if (
+            since("prioritized_alpha_change_warns")
+            and not since("prioritized_alpha_retransforms")
+            and value != old_alpha
+            and self._max_priority_within_buffer
+            and not self.__dict__.get("_warned_alpha_change")
+            and self._max_priority[0] is not None
+        ):
+            self.__dict__["_warned_alpha_change"] = True
+            warnings.warn(
+                "Changing alpha on a PrioritizedSampler with max_priority_within_buffer=True does "
+                f"not re-transform the (p + eps) ** alpha values already stored in the sum/min "
+                f"trees (alpha {old_alpha} -> {value}), and the max-priority recomputation "
+                "inverts tree values with the new alpha. This warning is emitted once per sampler."
+            )
         self._alpha = value
+        if since("prioritized_alpha_retransforms") and value != old_alpha:
+            self._retransform_priority_trees(old_alpha, value)
+
+    @property
+    def device(self) -> torch.device:
+        """The device that holds the priority trees."""
+        return self._device
+
+    def _retransform_priority_trees(self, old_alpha: float, new_alpha: float) -> None:
+        """Rewrites the stored values from ``(p + eps) ** old_alpha`` to ``(p + eps) **
+        new_alpha`` in one pass over the leaves; the raw largest priority needs no change.
+
+        Leaves never written hold 0 and stay 0. From ``old_alpha == 0`` every written leaf
+        holds 1 and the raw priorities are lost: the values are kept, with a warning.
+        """
+        values = read_leaves(self._sum_tree, self._max_capacity)
+        written = values > 0
+        if not bool(written.any()):
+            return
+        if old_alpha == 0:
+            warnings.warn(
+                "Changing alpha away from 0 on a PrioritizedSampler that already holds "
+                "priorities cannot recover the raw priorities from the sum/min trees (alpha == 0 "
+                "stores 1.0 for every written entry). Sampling stays uniform for those entries "
+                "until their priority is next updated, so annealing away from exactly 0 is "
+                "approximate."
+            )
+            return
+        index = written.nonzero().reshape(-1)
+        raw = (values[written].double() ** (1.0 / old_alpha) - self._eps).clamp_min(0)
+        new_values = ((raw + self._eps) ** new_alpha).to(tree_dtype(self.dtype))
+        write_at(self._sum_tree, index, new_values)
+        write_at(self._min_tree, index, new_values)
 
     @property
     def beta(self):
@@ -184,7 +256,10 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
 
     # ------------------------------------------------------------------ trees
     def _init(self) -> None:
-        device = tree_device(self._sum_tree) if "_sum_tree" in self.__dict__ else None
+        if "_sum_tree" in self.__dict__:
+            device = tree_device(self._sum_tree)
+        else:
+            device = self.__dict__.get("_requested_device")
         self._sum_tree, self._min_tree = make_trees(
             self._max_capacity, tree_dtype(self.dtype), device, cpu_kernels=self._use_cpu_kernels
         )
@@ -193,14 +268,18 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
     def _follow_storage(self, storage) -> None:
         """Puts the priorities in the trees chosen for the storage's device (kept where they
         are when the storage does not say): a CUDA storage is sampled on CUDA."""
-        device = getattr(storage, "device", None)
-        if (
-            (device is None or (type(device) is torch.device and device.type == "cpu"))
-            and self._use_cpu_kernels
-            and is_replay_tree(self._sum_tree)
-        ):
-            return  # the common case, checked before building a torch.device
-        device = storage_device(storage) or self._device
+        requested = self.__dict__.get("_requested_device")
+        if requested is None:
+            device = getattr(storage, "device", None)
+            if (
+                (device is None or (type(device) is torch.device and device.type == "cpu"))
+                and self._use_cpu_kernels
+                and is_replay_tree(self._sum_tree)
+            ):
+                return  # the common case, checked before building a torch.device
+            device = storage_device(storage) or self._device
+        else:
+            device = requested  # ``device=`` given: the trees stay there, whatever the storage
         if not trees_fit(self._sum_tree, device, self._use_cpu_kernels):
             self._sum_tree, self._min_tree = moved_trees(
                 self._sum_tree, self._min_tree, tree_dtype(self.dtype), device,
@@ -210,6 +289,29 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
     @property
     def _device(self) -> torch.device:
         return tree_device(self._sum_tree)
+
+    def _tree_device_from_storage(self, storage: Storage | None) -> torch.device | None:
+        """The device the trees are asked to be on: ``device=`` when given, else that of a
+        CUDA storage; ``None`` (stay) otherwise."""
+        requested = self.__dict__.get("_requested_device")
+        if requested is not None:
+            return requested
+        device = storage_device(storage) if storage is not None else None
+        return device if device is not None and device.type == "cuda" else None
+
+    def _maybe_init_from_storage(self, storage: Storage | None) -> None:
+        """Puts the trees where :meth:`_tree_device_from_storage` says; unlike torchrl's (which
+        starts empty trees there), the priorities move with them."""
+        device = self._tree_device_from_storage(storage)
+        if device is not None and not trees_fit(self._sum_tree, device, self._use_cpu_kernels):
+            self._sum_tree, self._min_tree = moved_trees(
+                self._sum_tree, self._min_tree, tree_dtype(self.dtype), device,
+                cpu_kernels=self._use_cpu_kernels,
+            )
+
+    def _tree_argmax(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(value, index)`` of the largest stored value, in the trees' dtype."""
+        return largest_leaf(self._sum_tree, dtype=tree_dtype(self.dtype))
 
     def _note_storage_length(self, length: int) -> None:
         """Says once, through the library's logger, that the storage is longer than the sampler."""
@@ -274,11 +376,18 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             self._max_priority = None
 
     @property
-    def default_priority(self) -> float:
+    def default_priority(self) -> float | torch.Tensor:
         mp = self._max_priority[0]
+        if not since("prioritized_raw_default_priority"):
+            if mp is None:
+                mp = 1
+            return (mp + self._eps) ** self._alpha
+        # The raw largest priority: the update it goes through applies alpha once.
         if mp is None:
-            mp = 1
-        return (mp + self._eps) ** self._alpha
+            return 1.0
+        if isinstance(mp, torch.Tensor):
+            mp = mp.to(self._device)
+        return mp
 
     # ------------------------------------------------------------------ sampling
     def _prioritized_sample(self, storage, batch_size: int, exclude=None):
@@ -291,30 +400,30 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         self._follow_storage(storage)
         if num_valid > self._max_capacity:
             self._note_storage_length(num_valid)
-        p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
+        p_sum, p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
         if exclude is None:
-            index, weight = self._draw(num_valid, p_min, batch_size)
+            index, weight = self._draw(num_valid, p_sum, p_min, batch_size)
         else:
             # With excluded leaves the draw can still find nothing to land on, once the
             # random numbers are taken: it gives them back then, as a refused call should.
             with generator_kept_on_failure(self._rng):
-                index, weight = self._draw(num_valid, p_min, batch_size, exclude)
+                index, weight = self._draw(num_valid, p_sum, p_min, batch_size, exclude)
         if storage.ndim > 1:
             index = unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
 
-    def _draw(self, num_valid: int, p_min: float, batch_size: int, exclude=None):
+    def _draw(self, num_valid: int, p_sum: float, p_min: float, batch_size: int, exclude=None):
         """``(index, weight)`` of ``batch_size`` draws, with the trees' own machinery."""
         if is_replay_tree(self._sum_tree):
-            # The buffer generator's draws when there is one (so a seeded buffer draws what
-            # the torch path draws), else the kernel's stream seeded from torch's RNG.
-            uniform = None if self._rng is None else _rand(batch_size, _CPU, self._rng).numpy()
+            if exclude is None:
+                # torchrl's masses, to the bit: numpy's global RNG without a generator.
+                mass = torchrl_masses(batch_size, p_sum, self._rng)
+                return draw_with_kernel(self._sum_tree, num_valid, p_min, self._beta, mass=mass)
+            # The same stream; the kernel scales each draw by the sum of the allowed leaves
+            # (torchrl zeroes the excluded leaves in the tree and sums again).
+            uniform = torchrl_uniforms(batch_size, self._rng)
             return draw_with_kernel(
-                self._sum_tree, num_valid, p_min, self._beta,
-                uniform=uniform,
-                seed=kernel_seed(None) if uniform is None else None,
-                batch_size=batch_size,
-                exclude=exclude,
+                self._sum_tree, num_valid, p_min, self._beta, uniform=uniform, exclude=exclude
             )
         uniform = _rand(batch_size, self._device, self._rng)
         return draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
@@ -433,13 +542,39 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
                 max_p,
                 index[max_p_idx] if index.ndim else index.clone(),
             )
-        if (
-            self._max_priority_within_buffer
-            and cur_max_priority_index is not None
-            and (index == cur_max_priority_index).any()
-        ):
-            # As torchrl does, the max is taken over the stored values p ** alpha.
+        if self._max_priority_within_buffer and cur_max_priority_index is not None:
+            self._rebuild_max_within_buffer(index, cur_max_priority_index)
+
+    def _rebuild_max_within_buffer(self, index: torch.Tensor, max_index) -> None:
+        """Rebuilds the largest priority from the trees when ``index`` overwrote its item.
+
+        torchrl 0.11-0.12 keep the largest stored value ``(p + eps) ** alpha`` as it is; from
+        0.13 on it is turned back into a raw priority, and kept as tracked when ``alpha`` is 0
+        (every stored value is 1 then).
+        """
+        raw = since("prioritized_raw_max_within_buffer")
+        if raw and self._alpha == 0:
+            return
+        if isinstance(max_index, torch.Tensor) and max_index.numel() == 1:
+            max_index = int(max_index)
+        if not bool((index == max_index).any()):
+            return
+        if not raw:
             self._max_priority = largest_leaf(self._sum_tree)
+            return
+        value, position = self._tree_argmax()
+        self._max_priority = ((value ** (1.0 / self._alpha) - self._eps).clamp_min(0), position)
+
+    def _recompute_max_priority_from_tree(self) -> None:
+        """The raw largest priority rebuilt from the trees (for a checkpoint written before
+        torchrl kept it raw); kept as loaded when ``alpha`` is 0, ``None`` for empty trees."""
+        if self._alpha == 0:
+            return
+        value, position = self._tree_argmax()
+        if not value > 0:
+            self._max_priority = None
+            return
+        self._max_priority = ((value ** (1.0 / self._alpha) - self._eps).clamp_min(0), position)
 
     def _update_with_kernels(self, index: torch.Tensor, priority) -> bool:
         """The common update (a 1-D CPU index) in one ``replay`` call for both trees.
@@ -484,12 +619,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
                 priority[argmax].clone() if priority.ndim else priority.clone(),
                 torch.tensor(int(index[argmax])),
             )
-        if (
-            self._max_priority_within_buffer
-            and cur_max_priority_index is not None
-            and bool((index == int(cur_max_priority_index)).any())
-        ):
-            self._max_priority = largest_leaf(self._sum_tree)
+        if self._max_priority_within_buffer and cur_max_priority_index is not None:
+            self._rebuild_max_within_buffer(index, cur_max_priority_index)
         return True
 
     @property
@@ -559,8 +690,14 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         return True
 
     # ------------------------------------------------------------------ persistence
+    # Version of the state_dict / dumps schema (from torchrl 0.14 on): 1 marks a largest
+    # priority kept raw; a checkpoint without it is read as written before that.
+    _STATE_SCHEMA_VERSION: int = 1
+
     def state_dict(self) -> dict[str, Any]:
+        versioned = {"_schema_version": self._STATE_SCHEMA_VERSION} if since("prioritized_state_schema") else {}
         return {
+            **versioned,
             "_alpha": self._alpha,
             "_beta": self._beta,
             "_eps": self._eps,
@@ -584,10 +721,26 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         self._alpha = state_dict["_alpha"]
         self._beta = state_dict["_beta"]
         self._eps = state_dict["_eps"]
-        self._max_priority = state_dict["_max_priority"]
-        state_dict.pop("_sum_tree")
-        state_dict.pop("_min_tree")
+        if since("prioritized_load_state_dict_copies"):
+            # The caller's state dict is left as it is, and nothing of it is shared.
+            self._max_priority = deepcopy(state_dict["_max_priority"])
+        else:
+            self._max_priority = state_dict["_max_priority"]
+            state_dict.pop("_sum_tree")
+            state_dict.pop("_min_tree")
         self._sum_tree, self._min_tree = trees
+        self._after_loading(state_dict.get("_schema_version", 0))
+
+    def _after_loading(self, version) -> None:
+        """A checkpoint of a within-buffer sampler written before the largest priority was
+        kept raw (schema version 0) may hold a stored value there: rebuilt from the trees."""
+        if (
+            since("prioritized_state_schema")
+            and version < 1
+            and self._max_priority_within_buffer
+            and self._max_priority[0] is not None
+        ):
+            self._recompute_max_priority_from_tree()
 
     def _trees_holding(self, sum_leaves: torch.Tensor, min_leaves: torch.Tensor):
         """New trees of this sampler's kind holding those ``max_capacity`` leaves (the trees
@@ -613,17 +766,17 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
                 return [to_float(v) for v in value]
             return float(value)
 
+        metadata = {
+            "_alpha": float(self._alpha),
+            "_beta": float(self._beta),
+            "_eps": float(self._eps),
+            "_max_priority": to_float(tuple(self._max_priority)),
+            "_max_capacity": float(self._max_capacity),
+        }
+        if since("prioritized_state_schema"):
+            metadata["_schema_version"] = self._STATE_SCHEMA_VERSION
         with open(directory / "sampler_metadata.json", "w") as file:
-            json.dump(
-                {
-                    "_alpha": float(self._alpha),
-                    "_beta": float(self._beta),
-                    "_eps": float(self._eps),
-                    "_max_priority": to_float(tuple(self._max_priority)),
-                    "_max_capacity": float(self._max_capacity),
-                },
-                file,
-            )
+            json.dump(metadata, file)
 
     def loads(self, path):
         self._apply_checkpoint(self._read_checkpoint(path))
@@ -664,7 +817,11 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
         except ValueError as err:
             raise MetadataError(f"{path / 'sumtree.memmap'}: {err}") from None
+        version = metadata.get("_schema_version", 0)
+        if type(version) is not int:
+            raise MetadataError(f"{file}: _schema_version must be an integer, got {version!r}")
         return {
+            "_schema_version": version,
             "_alpha": real_number(file, "_alpha", metadata["_alpha"], at_least=0),
             "_beta": real_number(file, "_beta", metadata["_beta"], at_least=0),
             "_eps": real_number(file, "_eps", metadata["_eps"]),
@@ -681,3 +838,4 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             for dest, orig in zip(tuple(self._max_priority), state["_max_priority"])
         )
         self._sum_tree, self._min_tree = state["trees"]
+        self._after_loading(state["_schema_version"])

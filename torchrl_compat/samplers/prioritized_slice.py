@@ -10,6 +10,7 @@ from tensordict.utils import NestedKey
 import replay
 from .. import _torch_slices
 from .._sampler_storage import ravel
+from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
 from ..utils import unravel_index
@@ -339,6 +340,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
 
     def state_dict(self):
         return PrioritizedSampler.state_dict(self)
+
+    def load_state_dict(self, state_dict):
+        # torchrl 0.11-0.12 inherit the slice sampler's, which loads nothing.
+        if since("prioritized_slice_loads_state_dict"):
+            return PrioritizedSampler.load_state_dict(self, state_dict)
+        return SliceSampler.load_state_dict(self, state_dict)
 
     def add(self, index: torch.Tensor) -> None:
         PrioritizedSampler.add(self, index)

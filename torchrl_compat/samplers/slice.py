@@ -12,7 +12,7 @@ from tensordict.utils import NestedKey, unravel_key
 import replay
 from .. import _torch_slices
 from .._sampler_storage import flag_columns, gather_fields, snapshot
-from .._release_keywords import keywords_since
+from .._releases import keywords_since
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from .._fragmented_runs import fragmented_runs

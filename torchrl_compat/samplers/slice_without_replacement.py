@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from tensordict.utils import NestedKey
 
-from .._release_keywords import keywords_since
+from .._releases import keywords_since
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage

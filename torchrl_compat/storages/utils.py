@@ -6,6 +6,7 @@ from tensordict import is_tensor_collection, lazy_stack, LazyStackedTensorDict
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from torchrl_compat.utils import tree_iter
+from ._stacking import stack_same_structure
 
 
 def _shape_of(data) -> torch.Size:
@@ -34,8 +35,16 @@ def _collate_list_tensordict(x):
 
 
 def _stack_anything(data):
-    """Stacks a list of tensors, tensordicts or pytrees of tensors along a new first dim."""
+    """Stacks a list of tensors, tensordicts or pytrees of tensors along a new first dim.
+
+    TensorDicts that share one structure are stacked leaf by leaf
+    (:func:`~torchrl_compat.storages._stacking.stack_same_structure`), others as tensordict
+    stacks them.
+    """
     if is_tensor_collection(data[0]):
+        stacked = stack_same_structure(data)
+        if stacked is not None:
+            return stacked
         return LazyStackedTensorDict.maybe_dense_stack(data)
     return tree_map(
         lambda *x: torch.stack(x),
