@@ -7,12 +7,16 @@ end). Prints one table (and writes it to ``--out`` when given):
 * tree rows: one non-blocking update of ``k`` priorities and one draw of ``batch`` leaves of
   our sum tree, per capacity;
 * the prioritized loop (extend ``batch`` rows of 64 floats with the default priority, sample
-  ``batch``, update ``batch`` priorities): our device path on a device storage, torchrl's
-  buffer on the same device storage with its sampler on CPU (``device="cpu"``), and our own
-  CPU buffer;
+  ``batch``, update ``batch`` priorities): our ``ReplayBuffer`` + ``PrioritizedSampler`` on a
+  device storage (what users run; the sampler takes the device path by itself), torchrl's
+  buffer on the same device storage with its sampler on CPU (``device="cpu"``), our own CPU
+  buffer, and the device functions alone (no buffer: the floor the buffer adds to);
 * the slice loop (extend ``batch`` rows, sample ``batch // 64`` slices of 64 from
-  trajectories of 1,000 steps): our device path and torchrl's ``SliceSampler`` on the same
-  device storage.
+  trajectories of 1,000 steps): our ``TensorDictReplayBuffer`` + ``SliceSampler`` and
+  torchrl's on the same device storage, and our device functions alone.
+
+With ``--cpu`` our buffers are forced onto the torch-op path (``_use_cpu_kernels = False``),
+so that the script runs the device code end to end.
 
 Times are medians over repeated calls after a warm-up, from CUDA events on a GPU (the span of
 each call on the stream, host gaps included) and ``time.perf_counter`` on CPU.
@@ -88,8 +92,9 @@ def tree_rows(capacity: int, device, ks, batch: int, timing) -> list:
 
 # ----------------------------------------------------------------------------- prioritized loop
 class OursDeviceLoop:
-    """The sampler's steady state through the device path: storage rows, both trees, the
-    largest priority, all on the device; host state is two ints."""
+    """The sampler's steady state through the device functions alone (no buffer, no
+    sampler): storage rows, both trees, the largest priority, all on the device; host state
+    is two ints."""
 
     def __init__(self, capacity: int, batch: int, device) -> None:
         self.obs = torch.zeros(capacity, OBS, device=device)
@@ -129,15 +134,32 @@ def buffer_loop(rb_cls, storage, sampler, batch: int, device):
     return step
 
 
+def _forced_on_cpu(sampler, device):
+    """On CPU tensors our sampler would take the CPU kernels: forced onto the device path."""
+    if device.type == "cpu":
+        sampler._use_cpu_kernels = False
+        if hasattr(sampler, "_init"):
+            sampler._init()
+    return sampler
+
+
 def prioritized_rows(capacity: int, batch: int, device, timing, notes: list) -> list:
     rows = []
-    ours = OursDeviceLoop(capacity, batch, device)
-    for _ in range(-(-capacity // batch)):  # a full buffer: the steady state
-        ours.step()
-    rows.append(("prioritized loop: ours, device path", capacity, median_us(ours.step, device, **timing), None, "ours"))
-    ours.sum_tree.check_errors()
-
     import torchrl_compat as compat
+
+    sampler = _forced_on_cpu(compat.PrioritizedSampler(capacity, ALPHA, BETA, eps=EPS), device)
+    step = buffer_loop(compat.ReplayBuffer, compat.LazyTensorStorage(capacity, device=device), sampler, batch, device)
+    for _ in range(-(-capacity // batch)):  # a full buffer: the steady state
+        step()
+    rows.append(("prioritized loop: ours, buffer on the device", capacity, median_us(step, device, **timing), None, "ours"))
+    sampler._sum_tree.check_errors()
+    notes.append(f"our prioritized sampler's trees: {type(sampler._sum_tree).__name__} on {sampler._sum_tree.device}")
+
+    functions = OursDeviceLoop(capacity, batch, device)
+    for _ in range(-(-capacity // batch)):
+        functions.step()
+    rows.append(("prioritized loop: ours, device functions only", capacity, median_us(functions.step, device, **timing), None, None))
+    functions.sum_tree.check_errors()
 
     cpu = torch.device("cpu")
     step = buffer_loop(compat.ReplayBuffer, compat.LazyTensorStorage(capacity), compat.PrioritizedSampler(capacity, ALPHA, BETA, eps=EPS), batch, cpu)
@@ -201,19 +223,15 @@ class OursSliceLoop:
         return self.obs[index]
 
 
-def slice_rows(capacity: int, batch: int, device, timing, notes: list) -> list:
-    rows = []
-    ours = OursSliceLoop(capacity, batch, device)
-    for _ in range(-(-capacity // batch)):
-        ours.step()
-    rows.append(("slice loop: ours, device path", capacity, median_us(ours.step, device, **timing), None, "ours"))
-    torchrl = _torchrl([])
-    if torchrl is None:
-        return rows
+def slice_buffer_loop(module, capacity: int, batch: int, device, *, force: bool = False):
+    """extend + slice sample through ``module``'s ``TensorDictReplayBuffer`` and
+    ``SliceSampler`` on a device storage."""
     from tensordict import TensorDict
-    from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
-    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity, device=device), sampler=SliceSampler(slice_len=SLICE, end_key=("next", "done")), batch_size=batch)
+    sampler = module.SliceSampler(slice_len=SLICE, end_key=("next", "done"))
+    if force:
+        _forced_on_cpu(sampler, device)
+    rb = module.TensorDictReplayBuffer(storage=module.LazyTensorStorage(capacity, device=device), sampler=sampler, batch_size=batch)
     offsets = torch.arange(batch, device=device)
     state = {"steps": 0}
 
@@ -223,6 +241,27 @@ def slice_rows(capacity: int, batch: int, device, timing, notes: list) -> list:
         rb.extend(TensorDict({"obs": torch.randn(batch, OBS, device=device), "next": {"done": done}}, batch_size=[batch], device=device))
         return rb.sample()
 
+    return step
+
+
+def slice_rows(capacity: int, batch: int, device, timing, notes: list) -> list:
+    import torchrl_compat as compat
+
+    rows = []
+    step = slice_buffer_loop(compat, capacity, batch, device, force=True)
+    for _ in range(-(-capacity // batch)):
+        step()
+    rows.append(("slice loop: ours, buffer on the device", capacity, median_us(step, device, **timing), None, "ours"))
+    functions = OursSliceLoop(capacity, batch, device)
+    for _ in range(-(-capacity // batch)):
+        functions.step()
+    rows.append(("slice loop: ours, device functions only", capacity, median_us(functions.step, device, **timing), None, None))
+    torchrl = _torchrl([])
+    if torchrl is None:
+        return rows
+    import torchrl.data as torchrl_data
+
+    step = slice_buffer_loop(torchrl_data, capacity, batch, device)
     for _ in range(-(-capacity // batch)):
         step()
     rows.append((f"slice loop: torchrl {torchrl.__version__} SliceSampler", capacity, median_us(step, device, **timing), None, "torchrl"))

@@ -9,6 +9,7 @@ import torch
 import replay
 from device_sync_watch import SyncWatch
 from torchrl_compat import _sampler_device, _torch_slices
+from torchrl_compat._releases import since
 from torchrl_compat._torch_sumtree import (
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,
@@ -217,9 +218,10 @@ def test_sampler_update_and_weights_match_the_cpu_sampler():
     max_priority = _sampler_device.initial_max_priority("cpu")
     rng = np.random.default_rng(3)
     first = torch.arange(size)
+    raw = since("prioritized_raw_default_priority")
     sampler.mark_update(first)
     max_priority = _sampler_device.update_priority_nonblocking(
-        sum_tree, min_tree, first, _sampler_device.default_priority(max_priority, EPS, ALPHA),
+        sum_tree, min_tree, first, _sampler_device.default_priority(max_priority, EPS, ALPHA, raw=raw),
         max_priority, eps=EPS, alpha=ALPHA)
     for _ in range(10):
         index = torch.as_tensor(rng.integers(-1, size, 64))
@@ -238,7 +240,7 @@ def test_sampler_update_and_weights_match_the_cpu_sampler():
         assert torch.equal(got, torch.as_tensor(expected))
         expected_weight = torch.pow(torch.as_tensor(sampler._sum_tree[expected.numpy()]) / p_min, -BETA)
         torch.testing.assert_close(weight, expected_weight.to(weight.dtype), rtol=1e-6, atol=0)
-    assert float(_sampler_device.default_priority(max_priority, EPS, ALPHA)) == pytest.approx(sampler.default_priority)
+    assert float(_sampler_device.default_priority(max_priority, EPS, ALPHA, raw=raw)) == pytest.approx(float(sampler.default_priority))
     sum_tree.check_errors()
 
 
@@ -265,6 +267,6 @@ def test_slices_from_ends_match_the_listed_trajectories(device, full):
         starts, kept_lengths = start_idx[kept][:, 0], lengths[kept]
         assert torch.equal(rank, (traj_uniform * kept.sum()).floor().long().clamp_max(kept.sum() - 1))
         room = kept_lengths[rank] - seq_length + 1
-        offset = torch.minimum((start_uniform.double() * room).floor().long(), room - 1)
+        offset = torch.minimum((start_uniform * room).floor().long(), room - 1)
         expected = _torch_slices.slice_indices((starts[rank] + offset).unsqueeze(1), seq_length, steps)
         assert torch.equal(index, expected[:, 0]), (steps, seq_length)

@@ -22,6 +22,9 @@ NOT_RUN = {
     "python3 -m venv /opt/ref291",
     "/opt/ref291/bin/pip install torch==2.9.1 'tensordict>=0.11,<0.12' torchrl==0.11.0 numpy pytest pytest-benchmark",
     "/opt/ref291/bin/python -m pytest bench -q --benchmark-group-by=group",
+    # the multi-machine recipe of RayReplayBuffer: one line per machine of a Ray cluster
+    "ray start --head --port=6379",
+    "ray start --address=HEAD_IP:6379",
 }
 
 

@@ -36,6 +36,11 @@ __all__ = [
     *replay_buffers.__all__,
 ]
 
+# Ray is imported when a RayReplayBuffer is built, not here.
+from torchrl_compat.ray_buffer import RayReplayBuffer  # noqa: E402
+
+__all__.append("RayReplayBuffer")
+
 # Torch-free, so it also runs from the start-up hook before anything imports torchrl.
 from torchrl_compat_trees import install_segment_trees  # noqa: E402
 

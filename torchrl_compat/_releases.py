@@ -30,6 +30,16 @@ NEWEST = (0, 14)
 # entry says what changes from that release on.
 BEHAVIOURS: dict[str, tuple[int, int]] = {
     # ---- writers
+    # round-robin writers save their write count: ``_write_count`` in ``state_dict``,
+    # ``write_count`` in the ``dumps`` metadata (the max-value writer's too), and load it back
+    "writer_write_count_checkpoint": (0, 14),
+    # ``track_generations=True`` stamps each storage slot with a write generation (kept on
+    # the storage, saved by the writer); ``generations_of``, ``tracks_generations`` and
+    # ``write_at``; samples carry ``"index_generation"`` when the writer tracks them
+    "writer_slot_generations": (0, 14),
+    # ``WriterEnsemble`` registers a storage ensemble on its members, empties them, saves
+    # their ``state_dict``s and reports their total write count
+    "writer_ensemble_members": (0, 14),
     # ---- prioritized samplers
     # PrioritizedSampler(device=...) and its ``device`` property: the trees follow a CUDA
     # storage (or the given device); the prioritized buffers take ``sampler_device`` and
@@ -87,6 +97,13 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # initialized, warning when another was asked for
     "storage_shared_init_cpu": (0, 14),
     # ---- replay buffers
+    # ``set_at_``, ``set_`` and ``update_`` write into the stored tensordict in place
+    "buffer_in_place_writes": (0, 12),
+    # ``read_all_in_order`` and ``write_all`` read and write the storage in physical order
+    "buffer_write_all": (0, 13),
+    # ``update_if_present`` / ``submit_update_if_present`` patch the records whose slot
+    # generation still matches, returning a ``ConditionalUpdateResult``
+    "buffer_conditional_update": (0, 14),
     # constructor: sample_unit, consume_after_n_samples, service_backend(_options),
     # transport(_options); the direct service API (start, client, shutdown, synchronize...)
     "buffer_service_arguments": (0, 14),

@@ -50,7 +50,8 @@ def _mark_cursor(end: torch.Tensor, cursor) -> None:
             index = last.reshape(1).to(device=end.device, dtype=torch.long)
             end.index_fill_(0, index, True)
             return
-        cursor = last.item()
+        # A host cursor is read from its memory (no torch op, nothing to wait for).
+        cursor = last.numpy().item() if last.device.type == "cpu" and last.numel() == 1 else last.item()
     elif isinstance(cursor, range):
         cursor = cursor[-1]
     if not _is_int_cursor(cursor):
@@ -67,11 +68,13 @@ def _empty_result(ndim: int, device):
 __all__ = [
     "end_to_start_stop",
     "excluded_start_positions",
+    "draw_slices",
     "excluded_tail",
     "end_flags",
     "find_start_stop_traj",
     "sample_slices_from_ends",
     "slice_indices",
+    "slice_start_table",
     "stops_after_starts",
 ]
 
@@ -179,6 +182,16 @@ def sample_slices_from_ends(
     draws, in about 25 kernels: the trajectories are never listed (listing them needs
     ``nonzero``, whose output size only the device knows).
     """
+    table = slice_start_table(end, seq_length)
+    return draw_slices(table, traj_uniform, start_uniform)
+
+
+def slice_start_table(end: torch.Tensor, seq_length: int):
+    """What :func:`sample_slices_from_ends` reads its draws from, before any draw: a tuple
+    ``(start, length, running, count, seq_length)`` where ``count`` (a 0-d int64 tensor) is
+    the number of trajectories at least ``seq_length`` long (a caller that reads the device
+    for free, on CPU, can refuse a draw from it before taking random numbers). O(T), no host
+    synchronisation."""
     if end.ndim != 1:
         raise ValueError(f"end must be a 1-D table, got shape {tuple(end.shape)}")
     seq_length = int(seq_length)
@@ -197,12 +210,28 @@ def sample_slices_from_ends(
     length = positions - start + 1
     eligible = flags & (length >= seq_length)
     running = eligible.long().cumsum(0)
-    count = running[-1]
-    rank = (traj_uniform.double() * count).floor().long()
+    return start, length, running, running[-1], seq_length
+
+
+def draw_slices(table, traj_draw: torch.Tensor, start_uniform: torch.Tensor):
+    """The slices of :func:`sample_slices_from_ends` drawn from a :func:`slice_start_table`:
+    ``(index, traj_rank, found)``. No host synchronisation.
+
+    ``traj_draw`` is either floating draws in ``[0, 1)`` (rank ``floor(u * count)``) or the
+    int64 ranks themselves (``torch.randint(count)``, torchrl's draw, for a caller that knows
+    ``count``). The start is ``floor(u * room)`` in ``start_uniform``'s dtype, as torchrl
+    computes it."""
+    start, length, running, count, seq_length = table
+    steps = start.shape[0]
+    device = start.device
+    if traj_draw.is_floating_point():
+        rank = (traj_draw.double() * count).floor().long()
+    else:
+        rank = traj_draw.long()
     rank = torch.minimum(rank, (count - 1).clamp_min(0))
     stop = torch.searchsorted(running, rank + 1).clamp_max(steps - 1)
     room = length[stop] - seq_length + 1
-    offset = torch.minimum((start_uniform.double() * room).floor().long(), room - 1)
+    offset = torch.minimum((start_uniform * room).floor().long(), room - 1)
     first = start[stop] + offset
     index = (first.unsqueeze(1) + torch.arange(seq_length, device=device)).remainder(steps)
     return index.reshape(-1), rank, count > 0

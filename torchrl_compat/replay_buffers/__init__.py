@@ -15,8 +15,9 @@ entries already in place, and nothing the constructor knows is recomputed per ca
     every buffer class also lists its torchrl twin as its last base, and the transform
     chain is torchrl's ``Compose``, so that torchrl transforms behave as in torchrl's
     buffers. Without torchrl, transforms are callables on the sampled data (see
-    :meth:`ReplayBuffer.append_transform`). ``RemoteTensorDictReplayBuffer`` (torch RPC)
-    and ``RayReplayBuffer`` are not provided.
+    :meth:`ReplayBuffer.append_transform`). ``RemoteTensorDictReplayBuffer`` (torch RPC) is
+    not provided; ``RayReplayBuffer`` is :mod:`torchrl_compat.ray_buffer`'s (sharded), which
+    ``service_backend="ray"`` builds when the followed release has that argument (0.14).
 """
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ __all__ = [
     "TensorDictReplayBuffer",
     "stack_tensors",
 ]
+
+# the result of ReplayBuffer.update_if_present, exported from the release that has it
+from torchrl_compat._conditional_update import ConditionalUpdateResult  # noqa: E402
+from torchrl_compat._releases import since  # noqa: E402
+
+if since("buffer_conditional_update"):
+    __all__.append("ConditionalUpdateResult")
 
 # Classes and functions keep the module path they had before the split, so pickles and
 # torchrl-style ``__module__`` lookups find them here.

@@ -16,6 +16,14 @@ from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_o
 from .._checkpoint_publish import write_aside
 from .._releases import keywords_since
 from .._releases import since
+from .._sampler_device import (
+    default_priority as device_default_priority,
+    device_uniforms,
+    draw_nonblocking,
+    initial_max_priority,
+    sampleable_status,
+    update_priority_nonblocking,
+)
 from .._sampler_priorities import (
     check_sampleable,
     check_update,
@@ -102,11 +110,31 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         with the buffer's generator. An update makes one kernel call for both trees. When
         the sampler meets a storage on an accelerator (or is given ``device``), the
         priorities move to trees made of torch ops on that device, and sampling and updates
-        then run there; each sample and each update synchronises with the host once (to
-        check the priorities and indices). There the device's ``pow`` computes the stored
-        priorities and the weights, which can differ from torchrl's in the last bit. Unlike
-        torchrl 0.13+, this needs no CUDA build of anything (torchrl raises without its CUDA
-        wheel), and the priorities move with the trees (torchrl starts empty trees).
+        then run there. There the device's ``pow`` computes the stored priorities and the
+        weights, which can differ from torchrl's in the last bit. Unlike torchrl 0.13+, this
+        needs no CUDA build of anything (torchrl raises without its CUDA wheel), and the
+        priorities move with the trees (torchrl starts empty trees).
+
+    .. note:: On the device's trees the steady state (``extend`` / ``mark_update``,
+        ``sample``, ``update_priority``) makes no host synchronisation. Draws come from the
+        buffer's generator when it has one, else from the device's default torch generator
+        (torchrl 0.14's ``torch.rand(batch_size, device=...)``; numpy's global RNG on CPU
+        tensors, as torchrl). What needs the device's data is checked there, and raised at
+        a later call once the status has reached the host (usually the next one): an
+        update with an index past the trees' capacity, or a NaN, negative or infinite
+        priority, or one whose stored value ``(priority + eps) ** alpha`` does not fit the
+        trees' dtype, is masked on the device (neither tree nor the largest priority
+        changes); a draw with no positive priority (``p_sum`` or ``p_min`` not positive)
+        has meaningless results and raises ``RuntimeError`` at the next call (its random
+        numbers are taken). Until an update is accepted the largest priority reads
+        ``(nan, -1)`` there (read as none). The sum's overflow check of the CPU trees is not
+        made (the device trees sum in float64). On CPU tensors (the torch-op trees forced
+        there) the same code runs, and its errors are raised by the call that made them,
+        with the checked path's messages and before a refused draw takes random numbers.
+        Left on the checked path, which synchronises once per call: multi-dimensional or
+        non-tensor indices, integer or bool priorities, a priority dtype other than the
+        largest priority's, ``max_priority_within_buffer=True``, and draws with excluded
+        positions (:class:`PrioritizedSliceSampler`).
 
     .. note:: As torchrl's, the trees hold ``capacity`` leaves, the next power of two above
         ``max_capacity``: a storage longer than the sampler gets priorities and draws up to
@@ -378,6 +406,13 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
     @property
     def default_priority(self) -> float | torch.Tensor:
         mp = self._max_priority[0]
+        if isinstance(mp, torch.Tensor) and not is_replay_tree(self._sum_tree):
+            # The torch-op trees keep ``(nan, -1)`` until an update is accepted: read as None,
+            # on the device (no host synchronisation).
+            return device_default_priority(
+                (mp.to(self._device, non_blocking=True), None), self._eps, self._alpha,
+                raw=since("prioritized_raw_default_priority"),
+            )
         if not since("prioritized_raw_default_priority"):
             if mp is None:
                 mp = 1
@@ -400,6 +435,11 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         self._follow_storage(storage)
         if num_valid > self._max_capacity:
             self._note_storage_length(num_valid)
+        if exclude is None and not is_replay_tree(self._sum_tree):
+            index, weight = self._draw_on_device(num_valid, batch_size)
+            if storage.ndim > 1:
+                index = unravel_index(index, storage.shape)
+            return index, {"priority_weight": weight}
         p_sum, p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
         if exclude is None:
             index, weight = self._draw(num_valid, p_sum, p_min, batch_size)
@@ -427,6 +467,24 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             )
         uniform = _rand(batch_size, self._device, self._rng)
         return draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
+
+    def _draw_on_device(self, num_valid: int, batch_size: int):
+        """``(index, weight)`` of ``batch_size`` draws on the torch-op trees, with no host
+        synchronisation: a draw with nothing to land on raises at a later call. On CPU tensors
+        that status is on the host already: the call is refused at once, before it takes any
+        random number, as the checked path refuses it."""
+        sum_tree, min_tree = self._sum_tree, self._min_tree
+        checks = sum_tree._checks
+        if checks._on_host:
+            checks.raise_ready()
+            # ``numpy()`` reads host memory: no device op (the tensor is a CPU one).
+            if not sampleable_status(sum_tree, min_tree, num_valid).numpy():
+                check_sampleable(sum_tree, min_tree, num_valid)  # raises the checked path's error
+        uniform = device_uniforms(batch_size, sum_tree.device, self._rng)
+        index, weight = draw_nonblocking(sum_tree, min_tree, num_valid, self._beta, uniform)
+        if checks._on_host:
+            checks.raise_ready()
+        return index, weight
 
     def sample(self, storage: Storage, batch_size: int) -> torch.Tensor:
         return self._prioritized_sample(storage, batch_size)
@@ -466,6 +524,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             before the sampler changes: its trees and its largest priority stay as they were.
         """
         self._follow_storage(storage)
+        if not is_replay_tree(self._sum_tree) and self._update_on_device(index, priority):
+            return
         if (
             isinstance(index, torch.Tensor)
             and index.ndim == 1
@@ -480,6 +540,93 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         # (the kernel path reads detached numpy views), and entering it costs microseconds.
         with torch.no_grad():
             self._update_priority_general(index, priority, storage)
+
+    def _update_on_device(self, index, priority) -> bool:
+        """The steady-state update on the torch-op trees (a 1-D integer index and a floating
+        priority on the trees' device, or a float), with no host synchronisation: a bad batch
+        is masked on the device and raised at a later call (at once on CPU tensors, where the
+        status is on the host). Returns ``False``, having changed nothing, for any other input
+        (the general path takes it)."""
+        device = self._sum_tree.device
+        if (
+            self._max_priority_within_buffer
+            or type(index) is not torch.Tensor
+            or index.ndim != 1
+            or index.dtype is torch.bool
+            or index.is_floating_point()
+            or index.is_complex()
+            or not index.numel()  # nothing to write, or torchrl's shape error: the general path says
+        ):
+            return False
+        # A host index or priority (a writer's cursor range) is copied without waiting.
+        if index.device != device:
+            index = index.to(device, non_blocking=True)
+        if isinstance(priority, torch.Tensor):
+            if not priority.is_floating_point():
+                return False
+            priority = priority.detach()
+            if priority.device != device:
+                priority = priority.to(device, non_blocking=True)
+            if priority.numel() > 1 and priority.shape != index.shape:
+                if priority.numel() != index.shape[0]:
+                    return False
+                priority = priority.reshape(index.shape)
+            elif priority.numel() <= 1:
+                priority = priority.reshape(())
+        elif type(priority) is float:
+            priority = torch.full((), priority, device=device)  # a fill: no host copy
+        else:
+            return False
+        current = self._device_max_priority(device, priority.dtype)
+        if current[0].dtype is not priority.dtype:
+            # The largest priority takes the dtype of whichever wins, which only the device
+            # knows: a change of priority dtype takes the general path (once).
+            return False
+        previous = self.__dict__.get("_max_priority")
+        self._max_priority = update_priority_nonblocking(
+            self._sum_tree, self._min_tree, index, priority, current, eps=self._eps, alpha=self._alpha
+        )
+        checks = self._sum_tree._checks
+        if checks._on_host:
+            try:
+                checks.raise_ready()
+            except (IndexError, ValueError, RuntimeError) as err:
+                failure = err
+            else:
+                # On the host the pair is read for free: no accepted priority yet reads None,
+                # as in torchrl (on an accelerator it stays ``(nan, -1)``).
+                if int(self._max_priority[1].numpy()) < 0:
+                    self._max_priority = None
+                return True
+            # The checked path names the bad value as it would have; nothing was written.
+            self._max_priority = previous
+            self._explain_rejected_update(index, priority)
+            raise failure
+        return True
+
+    def _explain_rejected_update(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        """Raises the checked path's error for an update the device refused (when it has one)."""
+        keep = index >= 0
+        index = index[keep]
+        if priority.ndim:
+            priority = priority[keep]
+        check_update(index, priority, self._sum_tree.capacity, self._max_capacity)
+        stored_values(priority, self._eps, self._alpha, tree_dtype(self.dtype))
+
+    def _device_max_priority(self, device: torch.device, dtype: torch.dtype):
+        """The largest-priority pair as device tensors (``(nan, -1)`` before any update),
+        moved there once from wherever it was kept."""
+        highest, position = self._max_priority
+        if highest is None:
+            return initial_max_priority(device, dtype)
+        if not isinstance(highest, torch.Tensor):
+            highest = torch.full((), highest, device=device)
+        if not isinstance(position, torch.Tensor):
+            position = torch.full((), -1 if position is None else position, dtype=torch.long, device=device)
+        if highest.device != device or position.device != device:
+            highest = highest.to(device, non_blocking=True)
+            position = position.to(device, non_blocking=True)
+        return highest.reshape(()), position.reshape(())
 
     def _update_priority_general(self, index, priority, storage) -> None:
         device = self._device
@@ -536,7 +683,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         self._sum_tree[index] = value
         self._min_tree[index] = value
         cur_max_priority, cur_max_priority_index = self._max_priority
-        if cur_max_priority is None or max_p > cur_max_priority:
+        # (a NaN largest priority: the device path's "none yet")
+        if cur_max_priority is None or max_p > cur_max_priority or cur_max_priority != cur_max_priority:
             # Fresh tensors, as torchrl's priority.max gives: never a view of the caller's.
             cur_max_priority, cur_max_priority_index = self._max_priority = (
                 max_p,

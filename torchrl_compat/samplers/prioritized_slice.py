@@ -73,6 +73,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
         by binary search. A draw that fails gives the random numbers it took back to the
         generator, as torchrl's (which fails before drawing) leaves it.
 
+    .. note:: On an accelerator, :meth:`update_priority` and the default priorities of new
+        items go through :class:`PrioritizedSampler`'s device path (no host
+        synchronisation; bad indices and priorities masked on the device and raised at a
+        later call), but a draw, which excludes the positions that cannot start a slice,
+        keeps the checked torch-op path: it synchronises with the host once per call.
+
     .. note:: Where torchrl fails or errs, this sampler differs on purpose:
 
         - one-step slices (``slice_len=1``, ``batch_size == num_slices``, or

@@ -11,7 +11,8 @@ from tensordict.utils import NestedKey, unravel_key
 
 import replay
 from .. import _torch_slices
-from .._sampler_storage import flag_columns, gather_fields, snapshot
+from .._device_checks import DeferredChecks
+from .._sampler_storage import flag_columns, gather_fields, snapshot, storage_device
 from .._releases import keywords_since
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
@@ -42,6 +43,22 @@ _SLICE_SAMPLING_STEPS = frozenset({
 
 
 _PLAIN_SLICE_SAMPLING: dict = {}
+
+
+def _rand_on(num: int, device: torch.device, generator) -> torch.Tensor:
+    """``num`` draws in ``[0, 1)`` on ``device`` from ``generator`` (drawn on its device and
+    copied without waiting) or the device's default torch generator."""
+    if generator is None:
+        return torch.rand(num, device=device)
+    uniform = torch.rand(num, generator=generator, device=generator.device)
+    return uniform if uniform.device == device else uniform.to(device, non_blocking=True)
+
+
+def _no_slice_error(code: int, seq_length: int, value: float) -> RuntimeError:
+    return RuntimeError(
+        f"Did not find a single trajectory with sufficient length (required={seq_length}) at "
+        f"an earlier slice draw on the device: its slices were meaningless"
+    )
 
 
 def _plain_slice_sampling(cls) -> bool:
@@ -179,6 +196,22 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         truncation flags in one pass (``replay.sample_slice_index``). On an accelerator
         (the end signal's device, or ``use_gpu``) they are computed with a few vectorised
         torch ops there; only the checks that can raise synchronise with the host.
+
+    .. note:: On a 1-D tensor storage on an accelerator, the common case (``strict_length``,
+        no ``span``, one ``end_key`` or a ``traj_key``, no ``cache_values`` or ``compile``)
+        makes no host synchronisation: the trajectories are never listed (that needs
+        ``nonzero``); each slice's trajectory is drawn by rank among those long enough,
+        ``floor(u * count)`` with ``u`` from ``torch.rand`` (the buffer's generator, else
+        the device's), instead of torchrl's ``torch.randint(count)``, whose bound only the
+        device knows (same distribution, another stream), then its start as torchrl draws
+        it. A draw where no trajectory is long enough has meaningless slices, and its
+        ``RuntimeError`` is raised at the next call once the device's status has reached the
+        host. On CPU tensors with the torch ops forced, the same code runs with the count
+        read from host memory: torchrl's ``randint`` draws (the CPU kernels' slices, to the
+        index), and a call without any long enough trajectory gets the general path's error
+        before taking random numbers. Left to the
+        general path (which synchronises): ``strict_length=False``, ``span``, ``end_keys``,
+        ``cache_values``, ``compile``, ``fragmented``, N-D storages and non-tensor storages.
 
     .. note:: Without ``cache_values``, torchrl reads the whole end signal (or the
         trajectory ids) at every call: O(capacity), milliseconds at a million steps. On
@@ -707,7 +740,9 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         if self.fragmented:
             return self._sample_fragmented(storage, batch_size)
         if _plain_slice_sampling(type(self)) and _SLICE_SAMPLING_STEPS.isdisjoint(self.__dict__):
-            sampled = self._sample_from_ends(storage, batch_size)
+            sampled = self._sample_on_device(storage, batch_size)
+            if sampled is None:
+                sampled = self._sample_from_ends(storage, batch_size)
             if sampled is not None:
                 return sampled
         start_idx, stop_idx, lengths = self._trajectory_bounds(storage)
@@ -845,6 +880,76 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 lengths, start_idx, seq_length, num_slices, storage_length, traj_idx, uniform, storage
             )
         return self._index_and_info(storage, out[0], out[1], out[2] if flags is not None else None)
+
+    def _sample_on_device(self, storage, batch_size: int):
+        """:meth:`sample`'s result on a storage on an accelerator (or with the torch ops forced
+        on CPU) with no host synchronisation; ``None`` (nothing drawn) for the cases the
+        general path handles (see the class's note).
+
+        The trajectories are never listed (that needs ``nonzero``): each slice's trajectory
+        is drawn by rank among those long enough, ``floor(u * count)``, from the end table
+        of :func:`._torch_slices.end_flags`, then its start as the general path draws it.
+        """
+        if (
+            self.cache_values
+            or self.compile
+            or not self.strict_length
+            or self.span[0] is not False and self.span[0] != 0
+            or self.span[1] is not False and self.span[1] != 0
+            or self.end_keys is not None
+            or getattr(storage, "ndim", None) != 1
+            or not len(storage)  # the general path raises the empty-storage error
+        ):
+            return None
+        device = storage_device(storage)
+        if device is None or (device.type == "cpu" and self._use_cpu_kernels):
+            return None
+        if self.use_gpu and device != self._gpu_device:
+            return None
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        if not num_slices or not isinstance(seq_length, int):
+            return None
+        if self._traj_key_auto:
+            self._resolve_traj_key(storage)
+        try:
+            data = storage[:]
+            if self._fetch_traj:
+                signal = {"trajectory": data[self._used_traj_key]}
+            else:
+                signal = {"end": data[self.end_key].squeeze()[: len(storage)]}
+        except (KeyError, AttributeError, TypeError, IndexError):
+            return None  # the general path falls back to the other key, or raises
+        (value,) = signal.values()
+        if not isinstance(value, torch.Tensor) or value.ndim != 1 or value.device != device:
+            return None
+        cursor = getattr(storage, "_last_cursor", None)
+        if not (isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.numel()):
+            cursor = _last_cursor(storage)
+        # else the written index itself (its last entry is the cursor): read by end_flags
+        # on its device, or from host memory, where the storage's int() would be a torch op
+        flags = _torch_slices.end_flags(at_capacity=storage._is_full, cursor=cursor, **signal)
+        table = _torch_slices.slice_start_table(flags, seq_length)
+        checks = self.__dict__.get("_device_checks")
+        if checks is None or checks._device != device:
+            checks = self.__dict__["_device_checks"] = DeferredChecks(device)
+        checks.raise_ready()
+        if checks._on_host:
+            # The count is in host memory: read for free. None long enough: refused before
+            # any draw, with the general path's error; else torchrl's own draws.
+            count = int(table[3].numpy())
+            if not count:
+                return None
+            traj_draw = _randint(count, num_slices, device, self._rng)
+        else:
+            traj_draw = _rand_on(num_slices, device, self._rng)
+        start_uniform = _rand_on(num_slices, device, self._rng)
+        index, _, found = _torch_slices.draw_slices(table, traj_draw, start_uniform)
+        code = torch.where(found, 0, 1).double()
+        checks.record(torch.stack([code, code.new_tensor(float(seq_length)), code.new_tensor(0.0)]), _no_slice_error)
+        truncated = None
+        if self.truncated_key is not None or self._init_marker_key() is not None:
+            truncated = self._truncated(index.shape[0], seq_length, num_slices, device)
+        return self._index_and_info(storage, index.unsqueeze(1), truncated)
 
     def _kernel_span(self, seq_length: int) -> bool:
         """Whether ``span`` is one the index kernel takes and :meth:`_get_index` accepts for
@@ -1061,7 +1166,9 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 starts = torch.ones(truncated.shape[0], dtype=torch.bool, device=truncated.device)
                 starts[1:] = truncated.reshape(-1)[:-1]
             marker = stored_init  # a fresh tensor, read at the sampled rows
-            marker[starts.to(marker.device)] = True
+            # A mask the shape of the rows (no boolean indexing: no host synchronisation).
+            starts = starts.to(marker.device).reshape(starts.shape[0], *(1,) * (marker.ndim - 1))
+            marker.masked_fill_(starts, True)
             info[init_key] = marker
         return index, info
 

@@ -821,6 +821,58 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             return torch.tensor(_is_valid_index(item), device=item.device)
         raise NotImplementedError(f"type {type(item)} is not supported yet.")
 
+    # ------------------------------------------- conditional updates (torchrl 0.14)
+    # The storage side of ReplayBuffer.update_if_present: the fields a patch may name are
+    # the existing tensor leaves of a tensordict storage.
+    if since("buffer_conditional_update"):
+        supports_conditional_update = True
+
+    def _conditional_patch_leaf(self, key) -> torch.Tensor:
+        storage = self.__dict__.get("_storage")
+        if storage is None or not self.initialized:
+            raise RuntimeError(
+                "Conditional updates require an initialized storage. Write some "
+                "data to the buffer before calling update_if_present."
+            )
+        leaf = storage.get(key, default=None) if is_tensor_collection(storage) else None
+        if leaf is None:
+            raise KeyError(
+                f"Key {key} does not exist in the storage. Conditional patches "
+                "can only target existing tensor fields of a tensordict storage."
+            )
+        return leaf
+
+    def _validate_conditional_patch(self, index: torch.Tensor, patch: dict) -> dict:
+        """``patch`` with each value checked against its field (dtype; one row per record,
+        of the field's feature shape) and moved to its device. Writes nothing."""
+        n_coords = index.shape[-1] if index.ndim > 1 else 1
+        n_rows = index.shape[0] if index.ndim > 1 else index.numel()
+        normalized = {}
+        for key, value in patch.items():
+            leaf = self._conditional_patch_leaf(key)
+            value = torch.as_tensor(value)
+            if value.dtype != leaf.dtype:
+                raise ValueError(
+                    f"dtype mismatch for patch key {key}: got {value.dtype}, the storage holds {leaf.dtype}."
+                )
+            feature_shape = leaf.shape[n_coords:]
+            try:
+                value = value.reshape((n_rows, *feature_shape))
+            except RuntimeError:
+                raise ValueError(
+                    f"shape mismatch for patch key {key}: got {tuple(value.shape)}, expected "
+                    f"{n_rows} records with feature shape {tuple(feature_shape)}."
+                ) from None
+            normalized[key] = value.to(leaf.device)
+        return normalized
+
+    def _apply_conditional_patch(self, index: torch.Tensor, patch: dict) -> None:
+        coords = tuple(index.unbind(-1)) if index.ndim > 1 else (index,)
+        for key, value in patch.items():
+            self._conditional_patch_leaf(key)[coords] = value
+        # what readers derived from these items (trajectory ends) is read again
+        self._note_write(coords if index.ndim > 1 else index)
+
 
 class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStorage")):
     """A pre-allocated tensor storage for tensors and tensordicts.

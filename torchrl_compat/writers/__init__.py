@@ -2,8 +2,10 @@
 
 A writer decides where each new item goes in the storage, writes it there and tells the
 entities attached to the storage (the buffers, hence their samplers) which indices
-changed. The classes have the followed torchrl release's names, signatures, defaults, ``state_dict`` /
-``dumps`` / ``loads`` formats and errors, and work with our storages and torchrl's.
+changed. The classes have the followed torchrl release's names, signatures, defaults,
+``state_dict`` / ``dumps`` / ``loads`` formats and errors (see :mod:`torchrl_compat._releases`:
+from torchrl 0.14 on, round-robin writers save their write count and can track slot
+generations), and work with our storages and torchrl's.
 
 .. note:: When torchrl is importable (and ``TORCHRL_COMPAT_STANDALONE`` is not ``"1"``)
     every class here also lists its torchrl twin as its last base, so that torchrl's

@@ -15,8 +15,10 @@ from tensordict import is_tensor_collection
 from torch.utils._pytree import tree_flatten
 
 from torchrl_compat._checkpoint_checks import MetadataError, read_json_object
+from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.utils import _is_int
+from ._generations import untracked_generations_of
 
 try:
     from torch.compiler import disable as compile_disable, is_compiling
@@ -132,6 +134,13 @@ class Writer(*(torchrl_twin("writers", "Writer") or (ABC,))):
 
     def register_storage(self, storage) -> None:
         self._storage = storage
+
+    if since("writer_slot_generations"):
+        #: Whether this writer stamps storage slots with their write generation: only a
+        #: round-robin writer constructed with ``track_generations=True`` does.
+        tracks_generations: bool = False
+
+        generations_of = untracked_generations_of
 
     @abstractmethod
     def add(self, data: Any) -> int:

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import textwrap
+from collections import OrderedDict
 from copy import copy
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchrl_compat._checkpoint_checks import read_for_loading
 from torchrl_compat._checkpoint_publish import write_aside
 from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
-from torchrl_compat._torchrl_lookup import torchrl_twin
+from torchrl_compat._releases import since
+from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_twin
+from torchrl_compat.storages import StorageEnsemble
+from ._generations import routed_generations
 from .base import Writer
 
 
@@ -92,3 +98,47 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
         state = copy(self.__dict__)
         state["_rng_private"] = None
         return state
+
+    # -------------------------------------------- members as one (torchrl 0.14)
+    if since("writer_ensemble_members"):
+
+        @property
+        def tracks_generations(self) -> bool:
+            """Whether every member writer stamps its slots with their write generation."""
+            return all(writer.tracks_generations for writer in self._writers)
+
+        @property
+        def _write_count(self) -> int:
+            return sum(getattr(writer, "_write_count", 0) for writer in self._writers)
+
+        def register_storage(self, storage) -> None:
+            """Registers a storage ensemble: its ``i``-th storage on the ``i``-th writer."""
+            if not isinstance(storage, accepted_classes(StorageEnsemble, "storages")):
+                raise TypeError("WriterEnsemble requires a StorageEnsemble.")
+            if len(storage._storages) != len(self._writers):
+                raise ValueError("WriterEnsemble and StorageEnsemble must have the same number of members.")
+            self._storage = storage
+            for writer, member_storage in zip(self._writers, storage._storages):
+                writer.register_storage(member_storage)
+
+        def generations_of(self, index) -> torch.Tensor:
+            """The slot generations of routed indices: ``index`` is a tensordict holding
+            ``"buffer_ids"`` (one member id per row) and ``"index"`` (each row's index in
+            that member); row ``k`` gets its member writer's stamp.
+
+            Returns:
+                torch.Tensor: the stamps, row by row (a nested tensor when members' stamps
+                have different shapes).
+            """
+            return routed_generations(self._writers, index)
+
+        def _empty(self, empty_write_count: bool = True) -> None:
+            for writer in self._writers:
+                writer._empty(empty_write_count=empty_write_count)
+
+        def state_dict(self) -> dict[str, Any]:
+            return OrderedDict((str(i), writer.state_dict()) for i, writer in enumerate(self._writers))
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            for i, writer in enumerate(self._writers):
+                writer.load_state_dict(state_dict[str(i)])

@@ -12,6 +12,7 @@ from tensordict import is_tensor_collection, TensorDictBase
 
 from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_tensor_file
 from torchrl_compat._checkpoint_publish import write_aside
+from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.utils import _reduce, _str2dtype
 from .base import (
@@ -213,8 +214,10 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
 
     def dumps(self, path):
         values = torch.as_tensor(self._current_top_values)
-        content = {
-            "cursor": self._cursor,
+        content = {"cursor": self._cursor}
+        if since("writer_write_count_checkpoint"):
+            content["write_count"] = self._write_count
+        content |= {
             "rank_key": self._rank_key,
             "dtype": str(values.dtype),
             "shape": list(values.shape),
@@ -247,14 +250,22 @@ class TensorDictMaxValueWriter(Writer, *torchrl_twin("writers", "TensorDictMaxVa
         ) or (math.prod(shape) and (len(shape) != 2 or shape[1] != 2)):
             raise MetadataError(f"{file}: shape must be [number of items, 2] (or empty), got {shape!r}")
         values = read_tensor_file(Path(path).absolute() / TOP_VALUES_FILE, dtype, shape)
+        write_count = metadata.get("write_count")
+        if since("writer_write_count_checkpoint") and write_count is not None:
+            write_count = read_count(file, "write_count", write_count)
+        else:
+            write_count = None
         return {
             "cursor": cursor,
+            "write_count": write_count,
             "rank_key": rank_key,
             "top_values": [(value, int(row)) for value, row in values.reshape(-1, 2).tolist()],
         }
 
     def _apply_checkpoint(self, state: dict) -> None:
         self._cursor = state["cursor"]
+        if state.get("write_count") is not None:
+            self._write_count = state["write_count"]
         self._rank_key = state["rank_key"]
         self._current_top_values = state["top_values"]
 

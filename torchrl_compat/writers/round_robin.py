@@ -9,10 +9,13 @@ import torch
 from tensordict import TensorDict
 from tensordict.utils import expand_as_right, is_tensorclass
 
-from torchrl_compat._checkpoint_checks import read_count
+from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_tensor_file
 from torchrl_compat._checkpoint_publish import write_aside
+from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy, write_rows
+from torchrl_compat.utils import _is_int, _str2dtype
+from . import _generations
 from .base import (
     WRITER_METADATA_FILE,
     Writer,
@@ -36,6 +39,15 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
             If ``True``, the writer cannot be shared between multiple processes.
             Defaults to ``False``.
 
+    Keyword Args:
+        track_generations (bool, optional): from torchrl 0.14 on: if ``True``, every
+            storage slot carries a counter that advances each time the slot is written, so
+            that a consumer holding an index can tell whether the slot still holds what it
+            sampled (:meth:`generations_of`); samples then carry an ``"index_generation"``
+            entry in their info (and, for tensordict buffers, in the sample). The counters
+            live on the storage, shared by every buffer writing to it, and in this
+            process only. Defaults to ``False``.
+
     .. note:: When the rows an :meth:`extend` fills form one range (two when it wraps)
         and the storage is one of ours holding plain tensors or tensordicts, each leaf of
         the batch is copied into row slices of the storage (torchrl scatters the batch
@@ -54,14 +66,24 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         tensor([0, 1, 2])
         >>> writer.extend(torch.ones(2, 2))
         tensor([3, 0])
-        >>> writer.state_dict(), writer._write_count
-        ({'_cursor': 1}, 5)
+        >>> writer._cursor, writer._write_count
+        (1, 5)
     """
 
-    def __init__(self, compilable: bool = False) -> None:
+    def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
         super().__init__(compilable=compilable)
         self._cursor = 0
         self._write_count = 0
+        self._track_generations = track_generations
+        # counters loaded before a storage is registered wait here
+        self._pending_generation = None
+
+    # releases before 0.14 take no track_generations
+    __init__ = keywords_since(__init__, track_generations="writer_slot_generations")
+
+    # writers pickled before generations existed
+    _track_generations = False
+    _pending_generation = None
 
     _cursor = _Counter()
     _write_count = _Counter()
@@ -73,6 +95,7 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         self._cursor = (index + 1) % self._storage._max_size_along_dim0(single_data=data)
         self._write_count += 1
         self._storage.set(index, data)
+        self._bump_generation(index, data)
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
@@ -110,6 +133,7 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
                 data = shallow_copy(data)
                 self._before_write(data, index)
             self._storage.set(index, data)
+        self._bump_generation(index, data, run=(start, capacity))
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
@@ -120,27 +144,72 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
     # ----------------------------------------------------------- persistence
     def dumps(self, path):
         content = {"cursor": self._cursor}
-        write_aside(path, lambda directory: _dump_json(content, directory / WRITER_METADATA_FILE))
+        if since("writer_write_count_checkpoint"):
+            content["write_count"] = self._write_count
+        generation = self._generation_for_checkpoint()
+        if generation is not None:
+            generation = generation.cpu()
+            content["generation_shape"] = list(generation.shape)
+            content["generation_dtype"] = str(generation.dtype)
+
+        def write(directory):
+            if generation is not None and generation.numel():
+                generation.numpy().tofile(directory / _generations.GENERATION_FILE)
+            _dump_json(content, directory / WRITER_METADATA_FILE)
+
+        write_aside(path, write)
 
     def loads(self, path):
         self._apply_checkpoint(self._read_checkpoint(path))
 
-    def _read_checkpoint(self, path) -> int:
-        """The cursor saved at ``path``, read and checked without changing anything."""
+    def _read_checkpoint(self, path) -> dict:
+        """What :meth:`loads` takes from ``path`` (the cursor; from torchrl 0.14 on the
+        write count and slot generations when saved), read and checked without changing
+        anything."""
         file, metadata = _read_metadata(path, ("cursor",))
-        return read_count(file, "cursor", metadata["cursor"])
+        state = {"cursor": read_count(file, "cursor", metadata["cursor"])}
+        if since("writer_write_count_checkpoint") and metadata.get("write_count") is not None:
+            state["write_count"] = read_count(file, "write_count", metadata["write_count"])
+        if since("writer_slot_generations") and metadata.get("generation_shape") is not None:
+            shape = metadata["generation_shape"]
+            if not (isinstance(shape, list) and len(shape) == 1 and _is_int(shape[0]) and shape[0] >= 0):
+                raise MetadataError(f"{file}: generation_shape must be [number of slots], got {shape!r}")
+            dtype = _str2dtype(metadata.get("generation_dtype"), file)
+            if dtype is not torch.int64:
+                raise MetadataError(f"{file}: generation_dtype must be torch.int64, got {dtype}")
+            path = file.parent / _generations.GENERATION_FILE
+            state["generation"] = read_tensor_file(path, dtype, shape).clone()
+        return state
 
-    def _apply_checkpoint(self, cursor: int) -> None:
-        self._cursor = cursor
+    def _apply_checkpoint(self, state: dict) -> None:
+        self._cursor = state["cursor"]
+        if "write_count" in state:
+            self._write_count = state["write_count"]
+        if "generation" in state:
+            self._generation = state["generation"]
+            self._align_generation_device()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"_cursor": self._cursor}
+        state_dict = {"_cursor": self._cursor}
+        if since("writer_write_count_checkpoint"):
+            state_dict["_write_count"] = self._write_count
+        generation = self._generation_for_checkpoint()
+        if generation is not None:
+            state_dict[_generations.GENERATION_STATE_KEY] = generation.clone()
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._cursor = state_dict["_cursor"]
+        if since("writer_write_count_checkpoint") and state_dict.get("_write_count") is not None:
+            self._write_count = state_dict["_write_count"]
+        generation = state_dict.get(_generations.GENERATION_STATE_KEY)
+        if since("writer_slot_generations") and generation is not None:
+            self._generation = generation.clone()
+            self._align_generation_device()
 
     def _empty(self, empty_write_count: bool = True) -> None:
         self._cursor = 0
+        self._empty_generation()
         if empty_write_count:
             self._write_count = 0
 
@@ -169,6 +238,61 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
     def __repr__(self):
         return f"{self.__class__.__name__}(cursor={int(self._cursor)}, full_storage={self._storage._is_full})"
 
+    # ------------------------------------------------------ slot generations
+    _generation = property(_generations._get_generation, _generations._set_generation)
+    register_storage = _generations.register_storage
+    _generation_device = _generations._generation_device
+    _align_generation_device = _generations._align_generation_device
+    _ensure_generation = _generations._ensure_generation
+    _bump_generation = _generations._bump_generation
+    _empty_generation = _generations._empty_generation
+    _generation_for_checkpoint = _generations.generation_for_checkpoint
+    _update_storage_len_for_write_at = _generations.update_storage_len_for_write_at
+
+    def _write_at(self, index, data, *, index_entry: bool) -> int | torch.Tensor:
+        """Writes ``data`` at the storage rows ``index``, leaving the cursor where it is;
+        ``index_entry`` also sets ``data["index"]`` (tensordicts but tensorclasses)."""
+        device = getattr(data, "device", None)
+        if index_entry:
+            index = torch.as_tensor(index, device=device, dtype=torch.long)
+            numel = index.numel()
+        elif _is_int(index):
+            numel = 1
+        else:
+            index = torch.as_tensor(index, dtype=torch.long)
+            if device is not None:
+                index = index.to(device)
+            numel = index.numel()
+        self._write_count += numel
+        if index_entry and not is_tensorclass(data):
+            data.set("index", expand_as_right(index, data))
+        self._storage.set(index, data, set_cursor=False)
+        self._bump_generation(index, data)
+        self._update_storage_len_for_write_at(index)
+        index = self._replicate_index(index)
+        _mark_updated(self._storage, index)
+        return index
+
+    if since("writer_slot_generations"):
+        tracks_generations = property(_generations.tracks_generations)
+        generations_of = _generations.generations_of
+
+        def write_at(self, index: int | torch.Tensor, data: Any) -> int | torch.Tensor:
+            """Writes data at explicit storage indices without moving the cursor.
+
+            The generation of every written slot is bumped, so handles previously handed
+            out for those slots are stale once this returns. The storage's length grows
+            to cover the rows written; the write count grows by their number.
+
+            Args:
+                index (int or torch.Tensor): the storage rows to write.
+                data: the items, one per row of ``index`` (one item for an int).
+
+            Returns:
+                the rows written (one row per element for a storage with ``ndim > 1``).
+            """
+            return self._write_at(index, data, index_entry=False)
+
 
 class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "TensorDictRoundRobinWriter")):
     """A RoundRobin Writer class for composable, tensordict-based replay buffers.
@@ -180,6 +304,11 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
         compilable (bool, optional): whether the writer is compilable.
             If ``True``, the writer cannot be shared between multiple processes.
             Defaults to ``False``.
+
+    Keyword Args:
+        track_generations (bool, optional): from torchrl 0.14 on, as
+            :class:`RoundRobinWriter`'s; samples then hold ``"index_generation"`` beside
+            ``"index"``. Defaults to ``False``.
 
     Examples:
         >>> import torch
@@ -201,6 +330,7 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
         self._write_count += 1
         self._before_write(data, index)
         self._storage.set(index, data)
+        self._bump_generation(index, data)
         index = self._replicate_index(index)
         _mark_updated(self._storage, index)
         return index
@@ -228,3 +358,13 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
         elif not is_tensorclass(data):
             index = torch.as_tensor(index, device=data.device, dtype=torch.long)
             data.set("index", index if index.ndim == data.ndim else expand_as_right(index, data))
+
+    if since("writer_slot_generations"):
+
+        def write_at(self, index: int | torch.Tensor, data: Any) -> int | torch.Tensor:
+            """Writes data at explicit storage indices without moving the cursor, and
+            records each item's row under its ``"index"`` key (tensorclasses excepted).
+
+            See :meth:`RoundRobinWriter.write_at`.
+            """
+            return self._write_at(index, data, index_entry=True)

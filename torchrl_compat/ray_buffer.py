@@ -1,0 +1,918 @@
+"""A replay buffer served by Ray actors, sharded, with exact prioritized sampling (stand-in for
+``torchrl.data.replay_buffers.ray_buffer``).
+
+torchrl's ``RayReplayBuffer`` is one actor owning the whole buffer, each call a blocking round
+trip. Ours spreads the rows over ``num_shards`` actors (:mod:`._ray_shard`), each owning its
+share of the storage and, for a prioritized buffer, its own sum and min trees; the client
+routes writes, draws and updates (:mod:`._ray_routing`) and moves batches as numpy arrays
+through Ray's object store (:mod:`._ray_wire`).
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from torchrl_compat import _ray_routing as routing, _ray_wire as wire
+from torchrl_compat._checkpoint_publish import publish_file
+from torchrl_compat.replay_buffers import ReplayBuffer
+from torchrl_compat.utils import _reduce
+
+__all__ = ["RayReplayBuffer", "ShardRestartedError", "ShardUnavailableError"]
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "torchrl_compat.RayReplayBuffer/1"
+_EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+RAY_MISSING = (
+    'RayReplayBuffer needs ray, which is not installed: pip install "replay[ray]" '
+    "(or pip install ray)."
+)
+# What ReplayBuffer(service_backend="ray", service_backend_options=...) passes on.
+SERVICE_OPTIONS = ("ray_init_config", "remote_config", "num_shards", "recovery_dir", "write_ahead",
+                   "sample_timeout", "chunk_rows")
+# The shard actors' defaults: no CPU reserved (a shard mostly waits), restarted after a crash,
+# and calls never retried behind the caller's back (a lost write must be reported).
+DEFAULT_SHARD_OPTIONS = {"num_cpus": 0, "max_restarts": 4, "max_task_retries": 0}
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(RAY_MISSING) from err
+    return ray
+
+
+class ShardRestartedError(RuntimeError):
+    """A shard actor died and Ray restarted it from its last checkpoint.
+
+    Attributes:
+        shard (int): the shard.
+        rows_lost (int): rows the shard had written (as this client last saw it) that the
+            restarted shard does not hold.
+        restored (dict): what the shard restored (checkpoint version, rows, journal records).
+        index (torch.Tensor or None): for a write, the global indices of the rows the call did
+            store (``-1`` for rows that were not stored).
+    """
+
+    def __init__(self, message: str, *, shard: int, rows_lost: int, restored, index=None):
+        super().__init__(message)
+        self.shard = shard
+        self.rows_lost = rows_lost
+        self.restored = restored
+        self.index = index
+
+
+class ShardUnavailableError(RuntimeError):
+    """A shard actor did not answer within the buffer's ``sample_timeout``."""
+
+    def __init__(self, message: str, *, shard: int):
+        super().__init__(message)
+        self.shard = shard
+
+
+class _Pending:
+    """A sample whose shard calls are in flight."""
+
+    __slots__ = ("batch_size", "kind", "positions", "calls")
+
+    def __init__(self, batch_size, kind, positions, calls):
+        self.batch_size = batch_size
+        self.kind = kind
+        self.positions = positions
+        self.calls = calls  # [(shard, seq, ref)]
+
+
+class RayReplayBuffer(ReplayBuffer):
+    """A replay buffer served by ``num_shards`` Ray actors, with exact prioritized sampling.
+
+    Each shard actor holds a replay buffer of ``replay_buffer_cls`` with its share of the
+    capacity: ``storage=partial(LazyTensorStorage, 1_000_000)`` over 4 shards holds 1,000,000
+    rows in all, 250,000 in each (a sampler factory's ``max_capacity`` is split the same way).
+    Indices are global: shard ``k`` holds ``k * stride + local`` where ``stride`` is the largest
+    shard capacity; :meth:`extend` returns them, :meth:`update_priority`, :meth:`__getitem__` and
+    :meth:`update_tensordict_priority` route them back, and an index no shard holds raises
+    ``IndexError`` naming it. With one shard the indices are the buffer's own.
+
+    Keyword Args:
+        replay_buffer_cls (type[ReplayBuffer], optional): the class of each shard's buffer (one
+            of ours). Defaults to :class:`~torchrl_compat.ReplayBuffer`.
+        ray_init_config (dict[str, Any], optional): keyword arguments to pass to ``ray.init()``
+            when Ray is not initialized yet.
+        remote_config (dict[str, Any], optional): options of the shard actors
+            (``ray.remote`` / ``.options``), over the defaults ``num_cpus=0``,
+            ``max_restarts=4`` and ``max_task_retries=0``.
+        num_shards (int, optional): the number of shard actors. Defaults to ``1``.
+        recovery_dir (str or Path, optional): a directory every shard can reach, where each keeps
+            the pointer to its part of the last checkpoint (and its journal), so that a shard Ray
+            restarts reloads it. Defaults to a new temporary directory (on the client's machine:
+            give a shared one when the shards run elsewhere).
+        write_ahead (bool, optional): whether each shard journals every write and priority update
+            into ``recovery_dir`` (a restarted shard then loses nothing). Defaults to ``False``.
+        sample_timeout (float, optional): how long a call waits for a shard that is down before
+            raising :class:`ShardUnavailableError`. Defaults to ``60`` seconds.
+        chunk_rows (int, optional): the largest number of rows of a write that go to one shard:
+            a write is cut into contiguous chunks of at most this many rows, each sent to the
+            shard written the least so far. Defaults to ``4096``.
+        **kwargs: keyword arguments of ``replay_buffer_cls`` (``storage``, ``sampler`` and
+            ``writer`` as factories, ``batch_size``, ``alpha`` / ``beta``, ``priority_key``...).
+            ``prefetch`` keeps that many samples in flight on the client; ``generator`` draws
+            the client's routing (torch's global RNG when omitted).
+
+    Sampling:
+        - Prioritized (``TensorDictPrioritizedReplayBuffer`` or a ``PrioritizedSampler``
+          factory): a batch of ``B`` is exact, each draw following
+          :math:`P(i) = p_i / \\sum_{\\text{all shards}} p_j`. The client draws ``B`` masses
+          uniformly in ``[0, total)`` as one tree holding every leaf would, routes each to the
+          shard whose prefix-sum interval holds it, and the shards descend their trees in
+          parallel, each with its masses minus its offset. Importance weights
+          ``(p_i / p_min) ** -beta`` use the minimum over all shards; they equal those of one
+          :class:`~torchrl_compat.PrioritizedSampler` holding the same priorities.
+        - Uniform: draws split by the shards' row counts; without replacement: by the rows left
+          in each shard's epoch (a multivariate hypergeometric split); slices: whole slices, split
+          by row counts (a slice never crosses a shard).
+
+    .. note:: Staleness. Every reply of a shard carries its totals after the call (priority sum
+        and minimum, rows, rows written): the client never asks for them separately. A sample
+        splits its batch by the last totals the client received, so writes and updates made by
+        *other* clients since (or a prefetched sample's own predecessors) are not in the split.
+        Inside a shard, a draw's mass is handed over as the fraction ``(mass - offset) / sum``
+        of the total the client knew and applied to the shard's current total: with no change
+        in between this is the mass itself (to one rounding), and after a change the draw still
+        follows the shard's current priorities, only the shard's share of the batch being the
+        earlier one. A shard asked for draws that has no row anymore makes the client refresh
+        the totals and draw the batch again. The importance weights use the minimum from the
+        sample's own replies. With one client and no prefetch, sampling is exact: the split
+        waits for the replies of the client's own updates.
+
+    .. note:: Priority updates are checked on the client (indices held by a shard, finite and
+        non-negative priorities). Without ``prefetch`` they are sent at once, without waiting,
+        and the next :meth:`sample` waits for their replies so that its split includes them
+        (calls from one client reach a shard in order). With ``prefetch``, samples are drawn
+        ahead, as in torchrl, before the updates of the batches just returned: the updates then
+        travel with the next sample's calls to each shard (one call per shard and step).
+
+    .. note:: Faults. A shard actor that dies is restarted by Ray (``max_restarts``) and reloads
+        its part of the last checkpoint (:meth:`dumps` or :meth:`loads`), then replays its journal
+        with ``write_ahead=True``. The first call that meets the restarted shard raises
+        :class:`ShardRestartedError` naming it and the number of rows it lost (none with the
+        journal); the other shards keep serving, and the calls after it use the restored shard.
+        A call to a shard that is down waits for it up to ``sample_timeout`` seconds, then raises
+        :class:`ShardUnavailableError`: a sample never draws from the other shards alone.
+
+    .. note:: Checkpoints. :meth:`dumps` has each shard publish its part whole (under
+        ``path/shard_<k>/<version>/``, as our buffers publish theirs), then publishes
+        ``path/manifest.json`` naming every shard's version in one rename; only then are the
+        older parts removed. :meth:`loads` reads the manifest and checks every part before any
+        shard loads, so a restore never mixes shards from two checkpoints. Each shard takes its
+        part when the call reaches it: writes from other clients meanwhile may fall in some
+        parts and not others.
+
+    .. note:: Transforms are not applied by a sharded buffer (a ``transform`` raises
+        ``NotImplementedError``); ``PrioritizedSliceSampler`` is not supported sharded.
+
+    Examples:
+        >>> from functools import partial
+        >>> import ray, torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_compat import LazyTensorStorage, RayReplayBuffer, TensorDictPrioritizedReplayBuffer
+        >>> rb = RayReplayBuffer(
+        ...     replay_buffer_cls=TensorDictPrioritizedReplayBuffer,
+        ...     ray_init_config={"num_cpus": 2},
+        ...     num_shards=2, alpha=0.7, beta=0.5,
+        ...     storage=partial(LazyTensorStorage, 1000), batch_size=16)
+        >>> index = rb.extend(TensorDict({"obs": torch.randn(100, 4)}, [100]))
+        >>> sample = rb.sample()
+        >>> rb.update_tensordict_priority(sample.set("td_error", torch.rand(16)))
+        >>> len(rb), sample["priority_weight"].shape
+        (100, torch.Size([16]))
+        >>> rb.close()
+    """
+
+    def __init__(
+        self,
+        *args,
+        replay_buffer_cls: type[ReplayBuffer] | None = ReplayBuffer,
+        ray_init_config: dict[str, Any] | None = None,
+        remote_config: dict[str, Any] | None = None,
+        delayed_init: bool = False,
+        num_shards: int = 1,
+        recovery_dir=None,
+        write_ahead: bool = False,
+        sample_timeout: float = 60.0,
+        chunk_rows: int = 4096,
+        **kwargs,
+    ) -> None:
+        if "_actors" in self.__dict__:
+            return  # built by ReplayBuffer(service_backend="ray"), whose __init__ call follows
+        ray = _import_ray()
+        if args:
+            raise TypeError(f"RayReplayBuffer takes keyword arguments only, got positional {args}")
+        if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"num_shards must be a positive integer, got num_shards={num_shards!r}")
+        if not isinstance(chunk_rows, int) or chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be a positive integer, got chunk_rows={chunk_rows!r}")
+        for name in ("transform", "transform_factory"):
+            if kwargs.get(name) is not None:
+                raise NotImplementedError(
+                    f"RayReplayBuffer applies no transforms: got {name}={kwargs[name]!r}. "
+                    "Transform the samples after sample()."
+                )
+        if replay_buffer_cls is None:
+            replay_buffer_cls = ReplayBuffer
+        if not ray.is_initialized():
+            ray.init(**(ray_init_config or {}))
+        self._ray = ray
+        self._num_shards = num_shards
+        self._sample_timeout = float(sample_timeout)
+        self._chunk_rows = chunk_rows
+        self._generator = kwargs.pop("generator", None)
+        self._prefetch_cap = int(kwargs.pop("prefetch", None) or 0)
+        self._pin_memory = kwargs.pop("pin_memory", False)
+        self._batch_size = kwargs.get("batch_size")
+        if self._prefetch_cap and self._batch_size is None:
+            raise ValueError("When using prefetch, the batch-size must be specified in advance.")
+        self._owned_recovery_dir = None
+        if recovery_dir is None:
+            recovery_dir = self._owned_recovery_dir = tempfile.mkdtemp(prefix="replay-ray-")
+        self._recovery_dir = str(recovery_dir)
+
+        per_shard = self._per_shard_kwargs(kwargs, num_shards)
+        options = {**DEFAULT_SHARD_OPTIONS, **(remote_config or {})}
+        from torchrl_compat._ray_shard import ReplayShard
+
+        actor_cls = ray.remote(ReplayShard).options(**options)
+        self._actors = [
+            actor_cls.remote(k, replay_buffer_cls, per_shard[k], self._recovery_dir, write_ahead)
+            for k in range(num_shards)
+        ]
+        try:
+            descriptions = ray.get([actor.describe.remote() for actor in self._actors])
+        except Exception:
+            for actor in self._actors:
+                ray.kill(actor, no_restart=True)
+            raise
+        self._setup(descriptions)
+        self._owner = True
+
+    # ------------------------------------------------------------------ setup
+    @staticmethod
+    def _per_shard_kwargs(kwargs: dict, num_shards: int) -> list[dict]:
+        storage_capacity = routing.capacity_of_factory(kwargs.get("storage"), "storage")
+        sampler_capacity = routing.capacity_of_factory(kwargs.get("sampler"), "sampler")
+        storage_shares = (
+            routing.shard_capacities(storage_capacity, num_shards) if storage_capacity else [None] * num_shards
+        )
+        sampler_shares = (
+            routing.shard_capacities(sampler_capacity, num_shards) if sampler_capacity else [None] * num_shards
+        )
+        shards = []
+        for k in range(num_shards):
+            shard_kwargs = dict(kwargs)
+            if "storage" in kwargs:
+                shard_kwargs["storage"] = routing.shard_factory(kwargs["storage"], "storage", storage_shares[k])
+            if "sampler" in kwargs:
+                shard_kwargs["sampler"] = routing.shard_factory(kwargs["sampler"], "sampler", sampler_shares[k])
+            shards.append(shard_kwargs)
+        return shards
+
+    def _setup(self, descriptions: list[dict]) -> None:
+        first = descriptions[0]
+        self._kind = first["kind"]
+        if self._kind == "unsupported":
+            self.close()
+            raise NotImplementedError(
+                f"RayReplayBuffer does not shard a {first['sampler']}: use a RandomSampler, "
+                "SamplerWithoutReplacement, SliceSampler or PrioritizedSampler."
+            )
+        self._description = first
+        self._capacities = [int(d["max_size"]) for d in descriptions]
+        self._stride = max(self._capacities)
+        self._is_tensordict = first["tensordict"]
+        self._priority_key = first["priority_key"]
+        self._totals = routing.ShardTotals(self._num_shards)
+        self._seq = [0] * self._num_shards  # calls submitted to each shard
+        self._seen = [0] * self._num_shards  # the latest call whose totals are in self._totals
+        self._update_calls = []
+        self._pending_updates = [[] for _ in range(self._num_shards)]
+        self._prefetch_queue = collections.deque()
+        for shard, description in enumerate(descriptions):
+            self._totals.update(shard, description["totals"])
+
+    # ------------------------------------------------------------------ plumbing
+    def _submit(self, shard: int, method: str, *args):
+        self._seq[shard] += 1
+        return (shard, self._seq[shard], getattr(self._actors[shard], method).remote(*args))
+
+    def _note(self, shard: int, seq: int, totals: tuple) -> None:
+        """Takes a reply's totals (the newest per shard win); a new incarnation means the shard
+        restarted: raises :class:`ShardRestartedError`."""
+        known = self._totals.incarnation[shard]
+        if seq >= self._seen[shard]:
+            previous_rows = int(self._totals.rows_written[shard])
+            self._seen[shard] = seq
+            self._totals.update(shard, totals)
+            if known is not None and totals[-1] != known:
+                self._restarted(shard, previous_rows)
+
+    def _restarted(self, shard: int, previous_rows: int):
+        description = self._ray.get(self._actors[shard].describe.remote())
+        restored = description["restored"]
+        kept = 0 if restored is None else int(restored["rows_written"])
+        lost = max(0, previous_rows - kept)
+        self._totals.update(shard, description["totals"])
+        self._pending_updates[shard] = []  # they name rows of the shard as it was
+        if restored is None:
+            origin = "empty (it had no checkpoint)"
+        else:
+            origin = (
+                f"from checkpoint version {restored['version']} "
+                f"({restored['rows_written_at_checkpoint']} rows written then, "
+                f"{restored['replayed_records']} journal records replayed)"
+            )
+        raise ShardRestartedError(
+            f"shard {shard} of {self._num_shards} was restarted {origin}: it lost {lost} of the "
+            f"{previous_rows} rows written to it (the other shards kept theirs)",
+            shard=shard, rows_lost=lost, restored=restored,
+        )
+
+    def _result(self, shard: int, seq: int, ref):
+        """The reply of one call; a dead shard is waited for (up to ``sample_timeout``), then
+        reported as restarted or unavailable."""
+        ray = self._ray
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError:
+            pass
+        deadline = time.monotonic() + self._sample_timeout
+        previous_rows = int(self._totals.rows_written[shard])
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ShardUnavailableError(
+                    f"shard {shard} of {self._num_shards} is down and did not come back within "
+                    f"sample_timeout={self._sample_timeout} s",
+                    shard=shard,
+                )
+            try:
+                ray.get(self._actors[shard].ping.remote(), timeout=left)
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                time.sleep(min(0.05, max(left, 0)))
+        self._restarted(shard, previous_rows)
+
+    def _results(self, calls) -> tuple[dict, list]:
+        """Every call's reply by shard, and the errors met (raised once all are read)."""
+        replies, errors = {}, []
+        for shard, seq, ref in calls:
+            try:
+                reply = self._result(shard, seq, ref)
+                self._note(shard, seq, reply if _is_totals(reply) else reply[-1])
+                replies[shard] = reply
+            except Exception as err:  # noqa: BLE001 - re-raised below, after the other shards
+                errors.append(err)
+        return replies, errors
+
+    def _take_updates(self, shard: int):
+        """The priority updates waiting for ``shard`` (prefetching clients send them with the
+        next sample), as one ``(index, priority)`` pair, or ``None``."""
+        pending = self._pending_updates[shard]
+        if not pending:
+            return None
+        self._pending_updates[shard] = []
+        if len(pending) == 1:
+            return pending[0]
+        return np.concatenate([p[0] for p in pending]), np.concatenate([p[1] for p in pending])
+
+    def _send_updates(self) -> None:
+        for k in range(self._num_shards):
+            update = self._take_updates(k)
+            if update is not None:
+                self._update_calls.append(self._submit(k, "update_priority", *update))
+
+    def _drain_update_calls(self):
+        calls, self._update_calls = self._update_calls, []
+        return calls
+
+    def _harvest_updates(self) -> None:
+        """Reads the replies of the priority updates that have arrived, without waiting."""
+        if not self._update_calls:
+            return
+        refs = [ref for _, _, ref in self._update_calls]
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        if ready:
+            ready = set(ready)
+            done = [call for call in self._update_calls if call[2] in ready]
+            self._update_calls = [call for call in self._update_calls if call[2] not in ready]
+            self._finish(done)
+
+    def _wait_for_updates(self) -> None:
+        """Waits for the priority updates in flight: the totals then include them."""
+        self._send_updates()
+        if self._update_calls:
+            self._finish(self._drain_update_calls())
+
+    def _finish(self, calls) -> dict:
+        replies, errors = self._results(calls)
+        if errors:
+            raise errors[0]
+        return replies
+
+    def _refresh_totals(self) -> None:
+        """Asks every shard for its totals (carrying the pending priority updates)."""
+        calls = [self._submit(k, "ping", self._take_updates(k)) for k in range(self._num_shards)]
+        self._finish(calls + self._drain_update_calls())
+
+    def _global_index(self, shard: int, local) -> np.ndarray:
+        return np.asarray(local, dtype=np.int64) + shard * self._stride
+
+    # ------------------------------------------------------------------ writes
+    def extend(self, data, *, update_priority: bool | None = None) -> torch.Tensor:
+        """Writes ``data`` (rows along the first dimension), cut into contiguous chunks of at
+        most ``chunk_rows`` rows, each to the shard written the least so far.
+
+        Returns:
+            the global indices of the rows (int64).
+
+        Raises:
+            ShardRestartedError: a shard restarted; its ``index`` holds the indices of the rows
+                that were stored (``-1`` for the others).
+        """
+        packed = wire.pack(data)
+        num_rows = wire.num_rows(packed)
+        if num_rows == 0:
+            return torch.zeros((0,), dtype=torch.long)
+        plan = routing.write_plan(num_rows, self._totals.rows_written, self._capacities, self._chunk_rows)
+        max_priority = self._totals.global_max_priority() if self._kind == "prioritized" else None
+        calls, spans = [], {}
+        for shard, start, stop in plan:
+            call = self._submit(shard, "extend", max_priority, *wire.to_arguments(wire.rows(packed, start, stop)))
+            calls.append(call)
+            spans[call[2]] = (shard, start, stop)
+        index = np.full(num_rows, -1, dtype=np.int64)
+        errors = []
+        for shard, seq, ref in calls:
+            try:
+                local, totals = self._result(shard, seq, ref)
+                self._note(shard, seq, totals)
+                _, start, stop = spans[ref]
+                index[start:stop] = self._global_index(shard, local)
+            except Exception as err:  # noqa: BLE001 - raised below with what was stored
+                errors.append(err)
+        result = torch.from_numpy(index)
+        if errors:
+            for err in errors:
+                if isinstance(err, ShardRestartedError):
+                    err.index = result
+            raise errors[0]
+        return result
+
+    def add(self, data) -> int:
+        """Writes one item; returns its global index."""
+        if isinstance(data, TensorDictBase):
+            batch = data.unsqueeze(0)
+        elif isinstance(data, torch.Tensor):
+            batch = data.unsqueeze(0)
+        else:
+            batch = [data]
+        return int(self.extend(batch)[0])
+
+    def update_priority(self, index, priority) -> None:
+        """Gives the rows at the global ``index`` new priorities. Checked here (indices held by a
+        shard, priorities finite and non-negative), sent with the next call to each shard.
+        Negative indices (``-1``: rows a writer skipped) are ignored, as in torchrl."""
+        if isinstance(index, tuple):
+            raise ValueError("RayReplayBuffer holds 1-D storages: index must be a 1-D tensor, not a tuple")
+        index = _numpy(index, "index").reshape(-1)
+        priority = _numpy(priority, "priority")
+        if priority.ndim == 0 or priority.size == 1:
+            priority = np.broadcast_to(priority.reshape(()), index.shape)
+        priority = priority.reshape(-1)
+        if priority.shape != index.shape:
+            raise RuntimeError(
+                "priority should be a number or an iterable of the same length as index. Got "
+                f"priority of shape {tuple(priority.shape)} and index {tuple(index.shape)}."
+            )
+        keep = index >= 0
+        if not keep.all():
+            index, priority = index[keep], priority[keep]
+        if index.size == 0:
+            return
+        bad = ~np.isfinite(priority) | (priority < 0)
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"priority {priority[position]} at position {position} is not a finite, "
+                "non-negative number"
+            )
+        shard, local = routing.route_global_index(index, self._stride, self._capacities)
+        for k, where in enumerate(routing.groups(shard, self._num_shards)):
+            if not where.size:
+                continue
+            update = (local[where], np.ascontiguousarray(priority[where]))
+            if self._prefetch_cap:
+                self._pending_updates[k].append(update)  # sent with the next sample's calls
+            else:
+                self._update_calls.append(self._submit(k, "update_priority", *update))
+        self._harvest_updates()
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Updates the priorities of a sampled batch from its ``"index"`` and priority entries."""
+        if self._kind != "prioritized":
+            return
+        priority = data.get(self._priority_key)
+        if priority.ndim > 1:
+            priority = _reduce(priority.flatten(1), self._description["reduction"], dim=1)
+        self.update_priority(data.get("index"), priority)
+
+    # ------------------------------------------------------------------ reads
+    def _submit_sample(self, batch_size: int) -> _Pending:
+        totals = self._totals
+        kind = self._kind
+        n = self._num_shards
+        calls, positions = [], None
+        if kind == "prioritized":
+            if not totals.sum.sum() > 0:
+                self._refresh_totals()
+                if not totals.count.sum():
+                    raise RuntimeError(_EMPTY_STORAGE_ERROR)
+            shard, fraction = routing.route_masses(totals.sum, batch_size, self._generator)
+            positions = routing.groups(shard, n)
+            for k, where in enumerate(positions):
+                if where.size:
+                    calls.append(self._submit(k, "sample_prioritized", fraction[where], self._take_updates(k)))
+        elif kind == "uniform":
+            if not totals.count.sum():
+                self._refresh_totals()
+            shard, fraction = routing.route_uniform(totals.count, batch_size, self._generator)
+            positions = routing.groups(shard, n)
+            for k, where in enumerate(positions):
+                if where.size:
+                    calls.append(self._submit(k, "sample_uniform", fraction[where], self._take_updates(k)))
+        else:
+            if not totals.count.sum():
+                self._refresh_totals()
+                if not totals.count.sum():
+                    raise RuntimeError(_EMPTY_STORAGE_ERROR)
+            if kind == "without_replacement":
+                left = totals.remaining if totals.remaining.sum() else totals.count
+                take = routing.split_by_counts(left, min(batch_size, int(left.sum())), self._generator,
+                                               without_replacement=True)
+                slice_len = None
+            else:  # slices: whole slices per shard
+                num_slices, slice_len = self._slices(batch_size)
+                take = routing.split_by_counts(totals.count, num_slices, self._generator) * slice_len
+            for k in range(n):
+                if take[k]:
+                    seed = int(torch.randint(0, 2**62, (), generator=self._generator))
+                    calls.append(self._submit(k, "sample_sampler", int(take[k]), seed, slice_len,
+                                              self._take_updates(k)))
+        self._send_updates()  # those of shards without draws in this batch
+        return _Pending(batch_size, kind, positions, calls)
+
+    def _slices(self, batch_size: int) -> tuple[int, int]:
+        num_slices, slice_len = self._description["num_slices"], self._description["slice_len"]
+        if num_slices is not None:
+            if batch_size % num_slices:
+                raise RuntimeError(
+                    f"The batch-size must be divisible by the number of slices, got "
+                    f"batch_size={batch_size} and num_slices={num_slices}."
+                )
+            return num_slices, batch_size // num_slices
+        if batch_size % slice_len:
+            raise RuntimeError(
+                f"The batch-size must be divisible by the slice length, got "
+                f"batch_size={batch_size} and slice_len={slice_len}."
+            )
+        return batch_size // slice_len, slice_len
+
+    def _collect(self, pending: _Pending):
+        """``(data, info)`` of a sample in flight; ``None`` when a shard had no row left (the
+        caller draws again with the refreshed totals)."""
+        replies, errors = self._results(pending.calls)
+        if errors:
+            raise errors[0]
+        if any(reply[0] is None for reply in replies.values()):
+            return None
+        batch_size = pending.batch_size
+        info = {}
+        if pending.kind in ("prioritized", "uniform"):
+            shards = sorted(replies)
+            positions = [pending.positions[k] for k in shards]
+            packed = wire.scatter([replies[k][0] for k in shards], positions, batch_size)
+            index = np.empty(batch_size, dtype=np.int64)
+            for k, where in zip(shards, positions):
+                index[where] = self._global_index(k, replies[k][1])
+            if pending.kind == "prioritized":
+                template = replies[shards[0]][2]
+                priority = np.empty(batch_size, dtype=template.dtype)
+                for k, where in zip(shards, positions):
+                    priority[where] = replies[k][2]
+                info["priority_weight"] = self._weights(priority)
+        else:
+            shards = sorted(replies)
+            packed = wire.concatenate([replies[k][0] for k in shards])
+            index = np.concatenate([self._global_index(k, replies[k][1]) for k in shards])
+            if pending.kind == "without_replacement" and len(shards) > 1:
+                # the shards' parts one after the other would not be a shuffled batch
+                order = torch.randperm(len(index), generator=self._generator).numpy()
+                packed = wire.scatter([packed], [np.argsort(order)], len(index))
+                index = index[order]
+        info["index"] = torch.from_numpy(index)
+        data = wire.unpack(packed)
+        if self._is_tensordict and isinstance(data, TensorDictBase):
+            for key, value in info.items():
+                data.set(key, value)
+        if self._pin_memory:
+            data = data.pin_memory()
+        return data, info
+
+    def _weights(self, priority: np.ndarray) -> torch.Tensor:
+        """``(p_i / p_min) ** -beta`` with the smallest priority of all shards, computed as one
+        ``PrioritizedSampler`` computes it for its tree dtype."""
+        p_min = self._totals.global_min()
+        beta = self._description["beta"]
+        if priority.dtype == np.float64:
+            return torch.from_numpy(np.power(priority / p_min, -beta))
+        return (torch.from_numpy(priority) / p_min).pow_(-beta)
+
+    def _sample(self, batch_size: int):
+        for _ in range(8):
+            if self._prefetch_cap:
+                queue = self._prefetch_queue
+                if queue and queue[0].batch_size != batch_size:
+                    self._discard_prefetched()
+                pending = queue.popleft() if queue else self._submit_sample(batch_size)
+                while len(queue) < self._prefetch_cap:
+                    queue.append(self._submit_sample(batch_size))
+            else:
+                # exact: the split uses totals that include every update made so far
+                self._wait_for_updates()
+                pending = self._submit_sample(batch_size)
+            self._harvest_updates()
+            result = self._collect(pending)
+            if result is not None:
+                return result
+            self._discard_prefetched()
+            self._refresh_totals()
+        raise RuntimeError(f"{_EMPTY_STORAGE_ERROR} (the shards kept emptying while sampling)")
+
+    def _discard_prefetched(self) -> None:
+        while self._prefetch_queue:
+            pending = self._prefetch_queue.popleft()
+            self._results(pending.calls)
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
+        """Samples a batch from all shards (see the class docstring for how it is split).
+
+        With a tensordict buffer the batch holds ``"index"`` (global indices) and, when
+        prioritized, ``"priority_weight"``.
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+            if batch_size is None:
+                raise RuntimeError(
+                    "batch_size not specified. You can specify the batch_size when "
+                    "constructing the replay buffer, or pass it to the sample method."
+                )
+        data, info = self._sample(batch_size)
+        return (data, info) if return_info else data
+
+    def _local_calls(self, index, method: str, *extra):
+        index = _numpy(index, "index")
+        shard, local = routing.route_global_index(index, self._stride, self._capacities)
+        positions = routing.groups(shard, self._num_shards)
+        calls = [
+            (where, self._submit(k, method, local[where], *[a for e in extra for a in e(where)]))
+            for k, where in enumerate(positions) if where.size
+        ]
+        return index, calls
+
+    def __getitem__(self, index):
+        """The rows at the global ``index`` (an int, or a 1-D sequence / array / tensor)."""
+        scalar = isinstance(index, (int, np.integer)) or (isinstance(index, torch.Tensor) and index.ndim == 0)
+        flat, calls = self._local_calls(np.asarray(index).reshape(-1) if scalar else index, "get")
+        replies = self._finish([call for _, call in calls])
+        held = len(np.asarray(flat).reshape(-1))
+        packed = wire.scatter([replies[call[0]][0] for _, call in calls], [w for w, _ in calls], held)
+        data = wire.unpack(packed)
+        if self._is_tensordict and isinstance(data, TensorDictBase) and "index" in data.keys():
+            data.set("index", torch.from_numpy(np.asarray(flat, dtype=np.int64).reshape(-1)))
+        return data[0] if scalar else data
+
+    def __setitem__(self, index, value) -> None:
+        packed = wire.pack(value)
+        _, calls = self._local_calls(np.asarray(index).reshape(-1), "set",
+                                     lambda where: wire.to_arguments(_take_rows(packed, where)))
+        self._finish([call for _, call in calls])
+
+    def __len__(self) -> int:
+        self._refresh_totals()
+        return int(self._totals.count.sum())
+
+    @property
+    def write_count(self) -> int:
+        self._refresh_totals()
+        return int(self._totals.rows_written.sum())
+
+    @property
+    def batch_size(self):
+        return self._batch_size
+
+    @property
+    def num_shards(self) -> int:
+        return self._num_shards
+
+    @property
+    def actors(self) -> list:
+        """The shard actors (their handles), shard by shard."""
+        return list(self._actors)
+
+    def shard_totals(self) -> dict[str, np.ndarray]:
+        """The totals the client last received from each shard (no call is made)."""
+        return {name: np.array(getattr(self._totals, name)) for name in routing.ShardTotals.FIELDS}
+
+    def empty(self, empty_write_count: bool = True) -> None:
+        self._discard_prefetched()
+        self._wait_for_updates()
+        self._finish([self._submit(k, "empty") for k in range(self._num_shards)])
+
+    # ------------------------------------------------------------------ checkpoints
+    def _settle(self) -> None:
+        """Before a checkpoint: prefetched samples dropped, pending updates applied."""
+        self._discard_prefetched()
+        self._wait_for_updates()
+
+    def state_dict(self) -> dict[str, Any]:
+        self._settle()
+        states = self._ray.get([actor.state_dict.remote() for actor in self._actors])
+        return {"num_shards": self._num_shards, "capacities": list(self._capacities), "shards": states}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._check_layout(state_dict.get("num_shards"), state_dict.get("capacities"), "state_dict")
+        self._settle()
+        self._finish([self._submit(k, "load_state_dict", state) for k, state in enumerate(state_dict["shards"])])
+
+    def _check_layout(self, num_shards, capacities, source: str) -> None:
+        if num_shards != self._num_shards or list(capacities or []) != list(self._capacities):
+            raise ValueError(
+                f"The {source} holds {num_shards} shard(s) of capacities {capacities}; this buffer "
+                f"has {self._num_shards} of capacities {self._capacities}."
+            )
+
+    def dumps(self, path) -> None:
+        """Saves every shard under ``path`` and publishes ``path/manifest.json`` naming them.
+
+        Each shard publishes its part whole under ``path/shard_<k>/<version>/``; the manifest is
+        published (one rename) only once every part is complete, and the parts of earlier
+        versions are removed after it. A dump interrupted at any point leaves the previous
+        manifest naming complete parts.
+        """
+        path = Path(path).absolute()
+        path.mkdir(parents=True, exist_ok=True)
+        self._settle()
+        version = f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+        replies = self._finish([self._submit(k, "dumps", str(path), version) for k in range(self._num_shards)])
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": version,
+            "num_shards": self._num_shards,
+            "capacities": list(self._capacities),
+            "stride": self._stride,
+            "sampler": self._description["sampler"],
+            "shards": [
+                {"shard": k, "version": version, "directory": f"shard_{k:03d}/{version}",
+                 "rows": replies[k][0]["rows"], "rows_written": replies[k][0]["rows_written"]}
+                for k in range(self._num_shards)
+            ],
+        }
+
+        def write(file):
+            with open(file, "w") as handle:
+                json.dump(manifest, handle, indent=1)
+
+        publish_file(path / MANIFEST_FILE, write)
+        self._finish([self._submit(k, "commit", str(path), version) for k in range(self._num_shards)])
+
+    def loads(self, path) -> None:
+        """Loads the checkpoint whose manifest is ``path/manifest.json``: every shard's part is
+        checked before any shard loads."""
+        path = Path(path).absolute()
+        try:
+            with open(path / MANIFEST_FILE) as handle:
+                manifest = json.load(handle)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path / MANIFEST_FILE} does not exist: no RayReplayBuffer checkpoint at {path}") from None
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{path / MANIFEST_FILE} is not a {MANIFEST_FORMAT} manifest: {manifest.get('format')!r}")
+        self._check_layout(manifest["num_shards"], manifest["capacities"], str(path / MANIFEST_FILE))
+        versions = [entry["version"] for entry in manifest["shards"]]
+        self._settle()
+        self._ray.get([actor.check.remote(str(path), v) for actor, v in zip(self._actors, versions)])
+        self._finish([self._submit(k, "loads", str(path), v) for k, v in enumerate(versions)])
+
+    save = dump = dumps
+    load = loads
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def service_backend(self) -> str:
+        """The deployment backend of this buffer: ``"ray"``."""
+        return "ray"
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the shard actors are still this buffer's (not closed)."""
+        return "_actors" in self.__dict__
+
+    def start(self) -> "RayReplayBuffer":
+        """Returns this buffer (its shards start with it)."""
+        if not self.is_alive:
+            raise RuntimeError("A closed RayReplayBuffer cannot be restarted.")
+        return self
+
+    def client(self) -> "RayReplayBuffer":
+        """A client of the same shards (what a pickled copy gives another process), without
+        this buffer's prefetched samples."""
+        if not self.is_alive:
+            raise RuntimeError("RayReplayBuffer is closed.")
+        state = self.__getstate__()
+        state["_totals"] = copy.deepcopy(state["_totals"])
+        twin = object.__new__(type(self))
+        twin.__setstate__(state)
+        return twin
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Terminates the shard actors (:meth:`close`)."""
+        self.close()
+
+    def close(self) -> None:
+        """Terminates the shard actors (and removes the recovery directory this buffer made).
+        A client (:meth:`client`, or a copy unpickled in another process) only lets go of
+        them."""
+        actors = self.__dict__.pop("_actors", None)
+        if actors is None or not self.__dict__.get("_owner", False):
+            return
+        for actor in actors:
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone (ray.shutdown ran)
+                pass
+        if self._owned_recovery_dir is not None:
+            shutil.rmtree(self._owned_recovery_dir, ignore_errors=True)
+
+    def __getstate__(self) -> dict:
+        """A client for another process: the same shard actors, the totals known now, nothing
+        pending."""
+        names = ("_num_shards", "_sample_timeout", "_chunk_rows", "_prefetch_cap", "_pin_memory",
+                 "_batch_size", "_recovery_dir", "_actors", "_description", "_kind", "_capacities",
+                 "_stride", "_is_tensordict", "_priority_key", "_totals")
+        return {name: self.__dict__[name] for name in names}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._owner = False
+        self._ray = _import_ray()
+        self._generator = None
+        self._owned_recovery_dir = None
+        self._seq = [0] * self._num_shards
+        self._seen = [0] * self._num_shards
+        self._update_calls = []
+        self._pending_updates = [[] for _ in range(self._num_shards)]
+        self._prefetch_queue = collections.deque()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(num_shards={self._num_shards}, sampler={self._description['sampler']}, "
+                f"capacities={self._capacities})")
+
+
+def _is_totals(reply) -> bool:
+    return len(reply) == 7 and isinstance(reply[-1], str)
+
+
+def _numpy(value, name: str) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if name == "index" and array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {array.dtype}")
+    if name == "priority" and array.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must hold real numbers, got dtype {array.dtype}")
+    return array
+
+
+def _take_rows(packed: tuple, where: np.ndarray) -> tuple:
+    kind, keys, arrays, batch_size = packed
+    if kind == wire.OBJECT:
+        return (kind, keys, [arrays[i] for i in where.tolist()], None)
+    return (kind, keys, tuple(array[where] for array in arrays), (len(where), *batch_size[1:]))
