@@ -150,10 +150,10 @@ def test_signatures_match_torchrl(name):
 
 
 # torchrl's Ray hooks: as_remote (from its ray_buffer module) wraps whatever class it is
-# called on, and 0.14's remote-owner hooks build and serve a Ray buffer around one. Ray
-# buffers are torchrl's (see the README).
+# called on, and 0.14's remote-owner hooks serve a buffer to torchrl's distributed transport
+# (see the README).
 RAY_HOOKS = frozenset({
-    "as_remote", "_ServiceClass", "_start_distributed_service", "_shutdown_distributed_service",
+    "as_remote", "_start_distributed_service", "_shutdown_distributed_service",
     "_bootstrap_distributed_extend", "_bootstrap_distributed_sample", "_bootstrap_distributed_priority",
     "_distributed_control_client", "_distributed_service_client",
 })
