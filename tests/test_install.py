@@ -140,7 +140,6 @@ def test_defaults_and_isinstance_checks_use_ours(installed):
 BUILT_ON_OURS = {
     "HERReplayBuffer": "TensorDictReplayBuffer",
     "RemoteTensorDictReplayBuffer": "TensorDictReplayBuffer",
-    "ConsumingSampler": "Sampler",
     "StalenessAwareSampler": "Sampler",
     "PromptGroupSampler": "Sampler",
     "StreamingSliceSampler": "SliceSampler",

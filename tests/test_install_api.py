@@ -37,11 +37,6 @@ _ROUND_ROBIN = ("track_generations", "write_at", *_WRITER)
 
 # class -> the torchrl 0.14.1 members and constructor arguments ours lack.
 API_GAPS = {
-    "ReplayBuffer": _BUFFER,
-    "TensorDictReplayBuffer": _BUFFER,
-    "PrioritizedReplayBuffer": ("sampler_device", "sync", "prioritized_sampler", *_BUFFER),
-    "TensorDictPrioritizedReplayBuffer": ("sampler_device", "sync", "prioritized_sampler", *_BUFFER),
-    "ReplayBufferEnsemble": ("routing_key", "routing_dim", "end_streams", *_BUFFER),
     "Sampler": _SAMPLER,
     "RandomSampler": _SAMPLER,
     "SamplerWithoutReplacement": _SAMPLER,
@@ -50,14 +45,6 @@ API_GAPS = {
     "SliceSampler": _SLICE,
     "SliceSamplerWithoutReplacement": _SLICE,
     "PrioritizedSliceSampler": ("device", *_SLICE),
-    "Storage": _STORAGE,
-    "ListStorage": _STORAGE,
-    "LazyStackStorage": _STORAGE,
-    "CompressedListStorage": _STORAGE,
-    "TensorStorage": _STORAGE,
-    "LazyTensorStorage": _STORAGE,
-    "LazyMemmapStorage": _STORAGE,
-    "StorageEnsemble": _STORAGE,
     "Writer": _WRITER,
     "ImmutableDatasetWriter": _WRITER,
     "WriterEnsemble": _WRITER,

@@ -60,11 +60,6 @@ def missing(reason, torchrl_has=True):
 
 
 # The features of torchrl 0.14 these cases need from our classes (absent from ours so far).
-CONSUMING = missing(
-    "ReplayBuffer support for ConsumingSampler (consume_after_n_samples: consumed items leave "
-    "len(rb) and their slots are written first)",
-    _torchrl_accepts("ReplayBuffer", "consume_after_n_samples"),
-)
 SAMPLE_UNIT = missing(
     "ReplayBuffer(sample_unit=...): the buffer expanding sampled anchors with a SampleUnit",
     _torchrl_accepts("ReplayBuffer", "sample_unit"),
@@ -263,7 +258,6 @@ def consuming(record, C, *, storage, max_sample_count, peer=None):
 
 
 @needs("ConsumingSampler")
-@CONSUMING
 @pytest.mark.parametrize("max_sample_count", [1, 2])
 @pytest.mark.parametrize("storage", ["ListStorage", "LazyTensorStorage"])
 def test_consuming_sampler(tmp_path, storage, max_sample_count):

@@ -14,6 +14,8 @@ fixture), so the reference is torchrl's buffer and sampler code on our trees.
 from __future__ import annotations
 
 
+import sys
+
 import numpy as np
 import pytest
 import replay
@@ -43,10 +45,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 @pytest.fixture
 def torchrl_trees(monkeypatch):
-    """torchrl's prioritized sampler on replay's trees where its compiled ones do not load."""
-    if TS.SumSegmentTreeFp32 is None:
-        for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
-            monkeypatch.setattr(TS, name, getattr(replay, name))
+    """torchrl's prioritized sampler on replay's trees where its compiled ones do not load
+    (in the samplers package, and in the module that defines the sampler from 0.14 on)."""
+    # the module whose globals the sampler's code reads (its __module__ names the package)
+    defining = sys.modules[TS.PrioritizedSampler.__init__.__globals__["__name__"]]
+    for module in {TS, defining}:
+        if getattr(module, "SumSegmentTreeFp32", None) is None:
+            for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
+                monkeypatch.setattr(module, name, getattr(replay, name))
 
 
 def make_td(n, seed=0, start=0):
@@ -143,12 +149,20 @@ def test_signatures_match_torchrl(name):
     assert_api_matches(getattr(OR, name), getattr(T, name))
 
 
+# torchrl's Ray hooks: as_remote (from its ray_buffer module) wraps whatever class it is
+# called on, and 0.14's remote-owner hooks serve a buffer to torchrl's distributed transport
+# (see the README).
+RAY_HOOKS = frozenset({
+    "as_remote", "_start_distributed_service", "_shutdown_distributed_service",
+    "_bootstrap_distributed_extend", "_bootstrap_distributed_sample", "_bootstrap_distributed_priority",
+    "_distributed_control_client", "_distributed_service_client",
+})
+
+
 @pytest.mark.parametrize("name", CLASSES)
 def test_no_torchrl_code_runs_on_our_buffers(name):
-    # as_remote, torchrl's Ray hook (from its ray_buffer module), wraps whatever class it is
-    # called on: Ray buffers are torchrl's (see the README)
     cls = getattr(OR, name)
-    assert_no_torchrl_code(cls, left_to_torchrl={"as_remote"})
+    assert_no_torchrl_code(cls, left_to_torchrl=RAY_HOOKS)
     assert cls.as_remote.__func__ is T.ReplayBuffer.as_remote.__func__
 
 

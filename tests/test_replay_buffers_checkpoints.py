@@ -1,10 +1,12 @@
-"""Buffer checkpoints crossing between torchrl 0.11 and torchrl_compat, both ways.
+"""Buffer checkpoints crossing between the installed torchrl and torchrl_compat, both ways.
 
 ``state_dict`` / ``load_state_dict``, ``dumps`` / ``loads`` and pickling: a checkpoint
 written by one library is loaded by the other, which must then hold the same items,
 cursor, priorities and generator state, and go on sampling the same batches. Golden
-checkpoints written by torchrl 0.11's own buffers (``tests/data/make_golden_buffers.py``,
-on the torch its trees load on) are loaded back too.
+checkpoints written by torchrl's own buffers are loaded back too: torchrl 0.11's
+(``tests/data/make_golden_buffers.py``, on the torch its trees load on) where that release
+is followed, torchrl 0.14.1's (``tests/data/make_golden_buffers014.py``: prefetch state and
+consumed items) where 0.14 is.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import torchrl.data as TD
 import torchrl.data.replay_buffers.samplers as TS
 
 import torchrl_compat as O
+from torchrl_compat._releases import since
 
 # the data the golden checkpoints hold, as the script that wrote them builds it
 from data.make_golden_buffers import golden_transitions
@@ -126,7 +129,8 @@ def test_state_dict_crosses(kind, writer):
     source = make(LIBS[writer], kind)
     fill(source, kind)
     state = source.state_dict()
-    assert set(state) == {"_storage", "_sampler", "_writer", "_transforms", "_batch_size", "_rng"}
+    # the followed release's entries, in torchrl's order
+    assert list(state) == list(make(TD, kind).state_dict())
     # loading pops the trees out of a prioritized sampler's state (in torchrl too)
     ours, ref = loaded_pair(kind, lambda rb: rb.load_state_dict(copy.deepcopy(state)))
     check_loaded(source, ours, ref, kind)
@@ -210,6 +214,12 @@ def _check_golden_prioritized(rb):
     assert float(rb._sampler._max_priority[0]) == 3.0 and int(rb._sampler._max_priority[1]) == 2
 
 
+# torchrl 0.11's prioritized checkpoints, read with 0.11's priority semantics (the maximum
+# kept with alpha applied)
+written_by_011 = pytest.mark.skipif(since("buffer_prefetch_state"), reason="torchrl 0.11's checkpoints, as 0.11 reads them")
+
+
+@written_by_011
 @pytest.mark.usefixtures("torchrl_trees")
 def test_golden_prioritized_dumps_loads():
     rb = _golden_prioritized(O)
@@ -222,6 +232,7 @@ def test_golden_prioritized_dumps_loads():
     assert_same_future(rb, ref, golden_transitions)
 
 
+@written_by_011
 @pytest.mark.skipif(
     TS.SumSegmentTreeFp32 is None,
     reason="a torchrl state dict holds torchrl's pickled compiled trees, which only unpickle "
@@ -251,3 +262,127 @@ def test_golden_max_value_buffer():
     with pytest.warns(UserWarning, match="sampler RandomSampler that is not prioritized"):
         rb.extend(golden_transitions(1, start=20))  # outranks the lowest
     assert sorted(rb[:]["td_error"].tolist()) == [1.5, 1.75, 2.0, 5.5]
+
+
+# ------------------------------------------------- torchrl 0.14.1's golden files
+written_by_014 = pytest.mark.skipif(not since("buffer_prefetch_state"), reason="torchrl 0.14's checkpoints")
+
+
+def _golden014():
+    from data import make_golden_buffers014 as golden
+
+    return golden
+
+
+def _check_golden_content(rb, expected, rows, cursor):
+    assert len(rb._storage) == len(rows) and rb._writer._cursor == cursor and rb._batch_size == 3
+    stored = rb._storage[: len(rows)]
+    for key in ("obs", ("next", "done")):
+        assert torch.equal(stored[key], expected[key][rows]), key
+
+
+def _loaded014(name, how):
+    """Our buffer and torchrl's, each loading torchrl 0.14.1's golden checkpoint ``name``
+    (``dumps`` directory or ``state_dict`` file) into a fresh buffer built as it was."""
+    golden = _golden014()
+    made = []
+    for lib in (O, TD):
+        rb = lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(8), batch_size=3,
+            **({"prefetch": 1} if name == golden.PREFETCH else {"sampler": lib.ConsumingSampler(2)}),
+        )
+        if how == "dumps":
+            rb.loads(DATA / name)
+        else:
+            rb.load_state_dict(torch.load(DATA / f"{name}_state_dict.pt", weights_only=False))
+        made.append(rb)
+    return golden, made
+
+
+@written_by_014
+@pytest.mark.parametrize("how", ["dumps", "state_dict"])
+def test_golden014_prefetch_buffer(how):
+    """The batch torchrl sampled ahead comes out first, then both go on alike."""
+    golden, (ours, ref) = _loaded014("golden_trl014_prefetch_buffer", how)
+    expected = torch.cat([golden.golden_transitions(6), golden.golden_transitions(5, start=6)])
+    for rb in (ours, ref):
+        _check_golden_content(rb, expected, torch.tensor([8, 9, 10, 3, 4, 5, 6, 7]), cursor=3)
+    if how == "dumps":
+        with open(DATA / golden.PREFETCH / "prefetch.pkl", "rb") as file:
+            saved = pickle.load(file)
+    else:
+        saved = torch.load(DATA / f"{golden.PREFETCH}_state_dict.pt", weights_only=False)["_prefetch_state"]
+    assert saved["capacity"] == 1 and len(saved["queue"]) == 1
+    ahead = saved["queue"][0][0]["index"]
+    assert len(ours._prefetch_queue) == 1
+    assert torch.equal(ours.sample()["index"], ahead) and torch.equal(ref.sample()["index"], ahead)
+    ours.synchronize(), ref.synchronize()  # the next batch ahead drawn in both
+    assert torch.equal(ours._rng.get_state(), ref._rng.get_state())
+    for _ in range(3):
+        assert torch.equal(ours.sample()["index"], ref.sample()["index"])
+    ours.shutdown(), ref.shutdown()
+
+
+@written_by_014
+@pytest.mark.parametrize("how", ["dumps", "state_dict"])
+def test_golden014_consuming_buffer(how):
+    """The counts, live mask and free list torchrl saved, then the same writes and batches."""
+    golden, (ours, ref) = _loaded014("golden_trl014_consuming_buffer", how)
+    for rb in (ours, ref):
+        assert rb._consume_after_n_samples == 2
+    # the two items written last went into consumed slots: the storage did not grow
+    assert len(ours) == len(ref) and len(ours._storage) == len(ref._storage) == 6
+    theirs_state = ref._sampler.state_dict()
+    for key, value in ours._sampler.state_dict().items():
+        expected = theirs_state[key]
+        assert torch.equal(value, expected) if isinstance(expected, torch.Tensor) else value == expected, key
+    stored = [rb._storage[: len(rb._storage)] for rb in (ours, ref)]
+    assert torch.equal(stored[0]["obs"], stored[1]["obs"])
+    for step in range(4):
+        data = golden.golden_transitions(2, start=20 + 2 * step)
+        assert torch.equal(ours.extend(data.clone()), ref.extend(data.clone()))
+        torch.manual_seed(step)
+        got = ours.sample()["index"]
+        torch.manual_seed(step)
+        assert torch.equal(got, ref.sample()["index"])
+        assert len(ours) == len(ref)
+
+
+@written_by_014
+@pytest.mark.parametrize("name", ["golden_trl014_prefetch_buffer", "golden_trl014_consuming_buffer"])
+def test_ours_written_as_golden014_loads_in_torchrl(tmp_path, name):
+    """The same buffers built by ours and saved are loaded by torchrl 0.14.1 as its own
+    checkpoint is: the same files, and the same state once loaded."""
+    golden = _golden014()
+    build = golden.prefetch_buffer if name == golden.PREFETCH else golden.consuming_buffer
+    ours = build(O)
+    ours.dumps(tmp_path / "ours")
+    files = sorted(str(p.relative_to(tmp_path / "ours")) for p in (tmp_path / "ours").rglob("*"))
+    assert files == sorted(str(p.relative_to(DATA / name)) for p in (DATA / name).rglob("*"))
+    assert json.loads((tmp_path / "ours" / "buffer_metadata.json").read_text()) == json.loads(
+        (DATA / name / "buffer_metadata.json").read_text()
+    )
+    state = ours.state_dict()
+    loaded = []
+    for source in ("dumps", "state_dict"):
+        rb = TD.TensorDictReplayBuffer(
+            storage=TD.LazyTensorStorage(8), batch_size=3,
+            **({"prefetch": 1} if name == golden.PREFETCH else {"sampler": TD.ConsumingSampler(2)}),
+        )
+        if source == "dumps":
+            rb.loads(tmp_path / "ours")
+        else:
+            rb.load_state_dict(state)
+        loaded.append(rb)
+    for rb in loaded:
+        assert len(rb) == len(ours)
+        assert torch.equal(rb._storage[: len(rb._storage)]["obs"], ours._storage[: len(ours._storage)]["obs"])
+        if name == golden.PREFETCH:
+            assert torch.equal(rb._rng.get_state(), ours._rng.get_state())
+            assert len(rb._prefetch_queue) == len(ours._prefetch_queue) == 1
+    for _ in range(3):
+        torch.manual_seed(4)
+        expected = ours.sample()["index"]
+        for rb in loaded:
+            torch.manual_seed(4)
+            assert torch.equal(rb.sample()["index"], expected)

@@ -273,3 +273,29 @@ def test_sample_unit_sequence_matches_torchrl():
     theirs = make(T).sample(return_info=True)
     assert (ours[0]["a"] == theirs[0]["a"]).all()
     assert set(ours[1]) == set(theirs[1])
+
+
+@needs_014
+@pytest.mark.parametrize("cls", ["TensorDictPrioritizedReplayBuffer", "TensorDictReplayBuffer"])
+def test_sequence_priorities_reduced_to_anchors_as_torchrl(cls):
+    """A Sequence sample's per-record priorities go to its anchors (the largest of each
+    anchor's valid records), as torchrl 0.14 updates them."""
+    import numpy as np
+    from torchrl.data.replay_buffers.sample_units import Sequence
+
+    O.install_segment_trees()
+    leaves = []
+    for ns in (O, T):
+        kwargs = {"alpha": 0.7, "beta": 0.5} if "Prioritized" in cls else {"sampler": ns.PrioritizedSampler(30, 0.7, 0.5)}
+        rb = getattr(ns, cls)(storage=ns.LazyTensorStorage(30), sample_unit=Sequence(length=3), batch_size=5, **kwargs)
+        data = _data(20)
+        data["next", "done"] = (torch.arange(20) % 7 == 6).unsqueeze(-1)
+        rb.extend(data)
+        torch.manual_seed(0)
+        np.random.seed(0)
+        sample = rb.sample()
+        sample["td_error"] = torch.arange(sample.numel(), dtype=torch.float).reshape(sample.shape) + 1
+        rb.update_tensordict_priority(sample)
+        leaves.append(torch.as_tensor(rb._sampler._sum_tree[np.arange(20)]))
+    assert not torch.equal(leaves[0], torch.ones(20))
+    torch.testing.assert_close(leaves[0], leaves[1])

@@ -93,6 +93,9 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # time coordinate (``_last_cursor_index``); samplers answer ``can_sample``
     "storage_mutation_revision": (0, 14),
     "sampler_can_sample": (0, 14),
+    # a shared_init LazyTensorStorage sets its device to the CPU (its memory maps') once
+    # initialized, warning when another was asked for
+    "storage_shared_init_cpu": (0, 14),
     # ---- replay buffers
     # ``set_at_``, ``set_`` and ``update_`` write into the stored tensordict in place
     "buffer_in_place_writes": (0, 12),
@@ -113,6 +116,11 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     "buffer_shared_transforms": (0, 14),
     # ReplayBufferEnsemble: p="sampleable", routing_key, end_streams, stats
     "ensemble_sampleable_routing": (0, 14),
+    # consume_after_n_samples / ConsumingSampler: items sampled n times leave the buffer
+    # (len() counts the live ones) and writes fill their slots first
+    "buffer_consume_after_n_samples": (0, 14),
+    # ReplayBufferEnsemble members built from components are buffers too (``rb[0]`` is one)
+    "ensemble_members_from_components": (0, 14),
 }
 
 

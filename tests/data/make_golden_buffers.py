@@ -22,7 +22,6 @@ from torchrl.data import (
     TensorDictReplayBuffer,
 )
 
-assert torchrl.__version__.startswith("0.11."), torchrl.__version__
 HERE = pathlib.Path(__file__).parent
 
 
@@ -52,6 +51,7 @@ def prioritized_buffer():
 
 
 def main():
+    assert torchrl.__version__.startswith("0.11."), torchrl.__version__
     for name in ("golden_prioritized_buffer", "golden_max_value_buffer"):
         shutil.rmtree(HERE / name, ignore_errors=True)
     prioritized_buffer().dumps(HERE / "golden_prioritized_buffer")

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from tensordict import is_tensor_collection, LazyStackedTensorDict, NestedKey, TensorDict, TensorDictBase, unravel_key
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
-from torch.utils._pytree import tree_map
+from tensordict.utils import expand_as_right, is_tensorclass
+from torch.utils._pytree import tree_leaves, tree_map
 
 from torchrl_compat import (
     _buffer_prefetch as _prefetch,
@@ -32,6 +33,7 @@ from torchrl_compat._buffer_gather import gather_rows, plain_storage
 from torchrl_compat._buffer_processes import SharedWriteLock
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat.samplers import (
+    ConsumingSampler,
     PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
@@ -41,7 +43,7 @@ from torchrl_compat.samplers import (
     SliceSamplerWithoutReplacement,
 )
 from torchrl_compat.storages import ListStorage
-from torchrl_compat.utils import _pin_memory, _to_numpy, INT_CLASSES
+from torchrl_compat.utils import _is_int, _pin_memory, _to_numpy, INT_CLASSES
 from torchrl_compat.writers import RoundRobinWriter, Writer
 
 try:
@@ -408,10 +410,11 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             self._storage = self._maybe_make_storage(self._init_storage, compilable=self._init_compilable)
             self._storage.attach(self)
             self._sampler = self._maybe_make_sampler(self._init_sampler)
+            self._maybe_make_consuming_sampler()
             self._writer = self._maybe_make_writer(self._init_writer)
             self._writer.register_storage(self._storage)
+            self._validate_consuming_writer()
             self._get_collate_fn(self._init_collate_fn)
-            self._maybe_make_consuming_sampler()
             self._transform = self._maybe_make_transform(self._init_transform, self._init_transform_factory)
             if self.shared:
                 self._share_replay_buffer_transform()
@@ -539,6 +542,7 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         """
         prev_storage = self._storage
         self._storage = storage
+        self._validate_consuming_sampler()
         storage.attach(self)
         self._writer.register_storage(storage)
         self._get_collate_fn(collate_fn)
@@ -557,11 +561,15 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         """Sets a new sampler in the replay buffer and returns the previous sampler."""
         prev_sampler = self._sampler
         self._sampler = sampler
+        self._follow_consuming_sampler(prev_sampler)
         return prev_sampler
 
     def __len__(self) -> int:
         if self._delayed_init and not self._initialized:
             self._init()
+        if self._is_consuming():
+            with self._replay_lock:
+                return self._sampler._num_sampleable(self._storage)
         # our storages read their length atomically; torchrl's lock their own counter
         return len(self._storage)
 
@@ -679,15 +687,14 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             self._load_state_dict(state_dict)
             return
         prefetch_state = state_dict.get("_prefetch_state")
-        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        self._validate_prefetch_state(prefetch_state)
         self.synchronize()
         with self._futures_lock:
             self._clear_prefetch_queue_locked()
             with self._replay_lock:
                 self._load_state_dict(state_dict)
                 self._consume_after_n_samples = state_dict.get("_consume_after_n_samples")
-                if prefetch_state is not None:
-                    self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"]))
+                self._restore_prefetch_queue_locked(prefetch_state)
 
     def _load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._storage.load_state_dict(state_dict["_storage"])
@@ -835,6 +842,13 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
 
     def _add(self, data):
         with self._replay_lock, self._write_lock:
+            if self._is_consuming():
+                # a consumed slot, if any, before the cursor's
+                consumed = self._sampler._pop_consumed_indices(self._storage, 1)
+                if consumed.numel():
+                    index = self._write_at(int(consumed.item()), data)
+                    self._sampler.add(index)
+                    return index
             index = self._writer.add(data)
             self._sampler.add(index)
         return index
@@ -848,6 +862,10 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def _extend_unlocked(self, data) -> torch.Tensor:
         if self._dim_extend > 0:
             data = self._transpose(data)
+        if self._is_consuming():
+            index = self._extend_into_consumed(data)
+            if index is not None:
+                return index
         index = self._writer.extend(data)
         self._sampler.extend(index)
         return index
@@ -1455,6 +1473,40 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
             wait(futures)
         self._prefetch_queue.clear()
 
+    # torchrl's names for the steps of saving and restoring the queue (the other parts of
+    # torchrl call them on a buffer)
+    def _clone_prefetch_result(self, result: tuple[Any, dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+        """A copy of one prefetched ``(batch, info)`` that shares no tensor with it."""
+        return _prefetch.clone_result(result)
+
+    def _validate_prefetch_state(self, prefetch_state: dict[str, Any] | None) -> None:
+        """Refuses a saved prefetch state this buffer cannot take (version, capacity, size)."""
+        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+
+    def _restore_prefetch_queue_locked(self, prefetch_state: dict[str, Any] | None, *, clone_queue: bool = True) -> None:
+        """Queues the saved batches as completed futures (the futures lock held)."""
+        self._validate_prefetch_state(prefetch_state)
+        if prefetch_state is not None:
+            self._prefetch_queue.extend(_prefetch.completed_futures(prefetch_state["queue"], clone=clone_queue))
+
+    def _dump_prefetch_state(self, path, prefetch_state: dict[str, Any]) -> None:
+        with open(path / PREFETCH_FILE, "wb") as file:
+            pickle.dump(prefetch_state, file)
+
+    def _load_prefetch_state(self, path) -> dict[str, Any] | None:
+        prefetch_file = path / PREFETCH_FILE
+        if not prefetch_file.exists():
+            return None
+        with open(prefetch_file, "rb") as file:
+            return pickle.load(file)
+
+    def _torchrl_checkpoint_detach_from_load_path(self):
+        """Lets the storage stop reading from the checkpoint it was loaded from, when its
+        checkpointer can."""
+        detach = getattr(self._storage.checkpointer, "_detach_from_load_path", None)
+        if detach is not None:
+            detach(self._storage)
+
     # ---- what dumps / loads add to torchrl 0.11's layout (see _buffer_checkpoint)
     def _release_metadata(self) -> dict:
         if since("buffer_prefetch_state"):
@@ -1464,20 +1516,15 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
     def _dump_release_entries(self, directory) -> None:
         if since("buffer_prefetch_state"):
             with self._capture_prefetch_state(clone_queue=False) as prefetch_state:
-                with open(directory / PREFETCH_FILE, "wb") as file:
-                    pickle.dump(prefetch_state, file)
+                self._dump_prefetch_state(directory, prefetch_state)
 
     def _read_release_entries(self, path) -> dict | None:
         if not since("buffer_prefetch_state"):
             return None
         from torchrl_compat._checkpoint_checks import read_json_object
 
-        prefetch_state = None
-        prefetch_file = path / PREFETCH_FILE
-        if prefetch_file.exists():
-            with open(prefetch_file, "rb") as file:
-                prefetch_state = pickle.load(file)
-        _prefetch.check_prefetch_state(prefetch_state, self._prefetch_cap, self._prefetch)
+        prefetch_state = self._load_prefetch_state(path)
+        self._validate_prefetch_state(prefetch_state)
         metadata = read_json_object(path / "buffer_metadata.json")
         return {"prefetch": prefetch_state, "consume": metadata.get("consume_after_n_samples")}
 
@@ -1487,18 +1534,141 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         self._consume_after_n_samples = entries["consume"]
         with self._futures_lock:
             self._clear_prefetch_queue_locked()
-            if entries["prefetch"] is not None:
-                self._prefetch_queue.extend(_prefetch.completed_futures(entries["prefetch"]["queue"], clone=False))
+            # the queue read from the checkpoint is this buffer's alone: no copy needed
+            self._restore_prefetch_queue_locked(entries["prefetch"], clone_queue=False)
 
-    # ---- consumed items
+    # ---- consumed items (consume_after_n_samples, ConsumingSampler)
     def _maybe_make_consuming_sampler(self) -> None:
+        """Puts a :class:`~torchrl_compat.ConsumingSampler` in place of the default sampler
+        when ``consume_after_n_samples`` is given, and checks it against the components."""
         count = getattr(self, "_init_consume_after_n_samples", None)
+        consuming = _consuming_sampler_classes()
         if count is None:
+            if isinstance(self._sampler, consuming):
+                self._consume_after_n_samples = self._sampler.max_sample_count
+        elif isinstance(self._sampler, consuming):
+            if self._sampler.max_sample_count != count:
+                raise ValueError(
+                    "consume_after_n_samples conflicts with the provided "
+                    "ConsumingSampler.max_sample_count."
+                )
+        elif not isinstance(self._sampler, accepted_classes(RandomSampler, "samplers")):
+            raise ValueError(
+                "consume_after_n_samples only supports the default RandomSampler "
+                "or an explicit ConsumingSampler. Prioritized, slice and "
+                "without-replacement samplers are not supported."
+            )
+        else:
+            self._sampler = ConsumingSampler(max_sample_count=count)
+        self._validate_consuming_sampler()
+
+    def _is_consuming(self) -> bool:
+        consuming = _CONSUMING_SAMPLERS
+        return bool(consuming) and isinstance(self._sampler, consuming)
+
+    def _validate_consuming_sampler(self) -> None:
+        if not self._is_consuming():
             return
-        raise NotImplementedError(
-            f"consume_after_n_samples={count}: items consumed after sampling are not supported "
-            "by torchrl_compat's buffers yet."
+        if self._prefetch:
+            raise ValueError("Prefetching is not supported with ConsumingSampler.")
+        if self._storage.ndim != 1:
+            raise ValueError(
+                "ConsumingSampler only supports 1-dimensional storages. "
+                f"Got storage.ndim={self._storage.ndim}."
+            )
+        if not isinstance(self._storage, _ROW_STORAGES):
+            raise TypeError(
+                "ConsumingSampler only supports ListStorage, TensorStorage, "
+                "LazyTensorStorage and LazyMemmapStorage."
+            )
+
+    def _validate_consuming_writer(self) -> None:
+        if not self._is_consuming():
+            return
+        if not _own_write_at(self._writer) and not isinstance(self._writer, RoundRobinWriter):
+            raise TypeError(
+                "ConsumingSampler requires a writer with a callable "
+                "write_at(index, data) method."
+            )
+
+    def _follow_consuming_sampler(self, prev_sampler) -> None:
+        """After :meth:`set_sampler`: ``consume_after_n_samples`` is the new sampler's count."""
+        if self._is_consuming():
+            self._consume_after_n_samples = self._sampler.max_sample_count
+        elif isinstance(prev_sampler, _CONSUMING_SAMPLERS or ()):
+            self._consume_after_n_samples = None
+        self._validate_consuming_sampler()
+
+    def _get_batch_size(self, data) -> int:
+        if is_tensor_collection(data) or isinstance(data, (torch.Tensor, list)):
+            return len(data)
+        return len(tree_leaves(data)[0])
+
+    def _extend_into_consumed(self, data):
+        """Writes a batch into consumed slots first (oldest consumed first), the rest from the
+        writer's cursor on, skipping those slots; ``None`` when no slot is consumed (the
+        writer's ``extend`` then writes the whole batch)."""
+        batch_size = self._get_batch_size(data)
+        consumed = self._sampler._pop_consumed_indices(self._storage, batch_size)
+        if not consumed.numel():
+            return None
+        index = consumed
+        if consumed.numel() < batch_size:
+            index = self._cat_write_indices(
+                consumed, self._cursor_write_indices(data, batch_size - consumed.numel(), consumed)
+            )
+        index = self._write_at(index, data)
+        self._sampler.extend(index)
+        return index
+
+    def _cat_write_indices(self, first, second):
+        if _is_int(first):
+            first = torch.as_tensor([first], dtype=torch.long)
+        if _is_int(second):
+            second = torch.as_tensor([second], dtype=torch.long)
+        if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor):
+            return torch.cat([first.reshape(-1), second.to(first.device).reshape(-1)])
+        raise RuntimeError(
+            "Cannot concatenate write indices with different structures in "
+            "a consuming replay buffer."
         )
+
+    def _cursor_write_indices(self, data, batch_size: int, skip_index: torch.Tensor) -> torch.Tensor:
+        """``batch_size`` rows from the writer's cursor on, past the rows of ``skip_index``
+        (unless every row was scanned), moving the cursor past them."""
+        device = data.device if hasattr(data, "device") else skip_index.device
+        max_size = self._storage._max_size_along_dim0(batched_data=data)
+        skip = set(skip_index.cpu().tolist())
+        cursor = int(self._writer._cursor)
+        rows = []
+        scanned = 0
+        while len(rows) < batch_size:
+            if cursor not in skip or scanned >= max_size:
+                rows.append(cursor)
+            cursor = (cursor + 1) % max_size
+            scanned += 1
+        self._writer._cursor = cursor
+        return torch.as_tensor(rows, dtype=torch.long, device=device)
+
+    def _write_at(self, index, data):
+        """The writer's ``write_at`` (rows written without moving the cursor); for a
+        round-robin writer without one, the same write done here: the rows set, the write
+        count and the storage length grown, ``"index"`` recorded by a tensordict writer,
+        the writes reported to the sampler."""
+        writer, storage = self._writer, self._storage
+        if _own_write_at(writer):
+            return writer.write_at(index, data)
+        device = getattr(data, "device", None)
+        index = torch.as_tensor(index, dtype=torch.long, device=device)
+        writer._write_count += max(index.numel(), 1)
+        if _records_index(writer) and not is_tensorclass(data):
+            data.set("index", expand_as_right(index, data))
+        storage.set(index if index.ndim else int(index), data, set_cursor=False)
+        if index.numel() and hasattr(storage, "_len"):
+            storage._len = min(max(len(storage), int(index.max().item()) + 1), storage.max_size)
+        written = writer._replicate_index(index if index.ndim else int(index))
+        writer._mark_update_entities(written)
+        return written
 
     # ---- shared transforms
     def _share_replay_buffer_transform(self) -> None:
@@ -1856,6 +2026,31 @@ def _check_service_arguments(service_backend, transport, transport_options) -> N
             "service_backend='ray' builds a Ray replay buffer: it is not available here "
             "(torchrl_compat's direct buffers only)."
         )
+
+
+def _consuming_sampler_classes() -> tuple:
+    """Ours, and torchrl's ``ConsumingSampler`` where it has one."""
+    return accepted_classes(ConsumingSampler, "samplers")
+
+
+_CONSUMING_SAMPLERS = _consuming_sampler_classes()
+
+# the storages a consuming buffer writes rows of (ours and torchrl's)
+_ROW_STORAGES = (*accepted_classes(ListStorage, "storages"), *accepted_classes(_storages.TensorStorage, "storages"))
+
+
+def _own_write_at(writer) -> bool:
+    """Whether ``writer`` has a ``write_at`` of its own library: torchrl's, inherited by one of
+    our writers from its torchrl twin, would run torchrl's code on our writer."""
+    method = getattr(type(writer), "write_at", None)
+    if not callable(method):
+        return False
+    return not (isinstance(writer, Writer) and getattr(method, "__module__", "").startswith("torchrl."))
+
+
+def _records_index(writer) -> bool:
+    """Whether ``writer`` writes each item's row under its ``"index"`` key."""
+    return any(cls.__name__ == "TensorDictRoundRobinWriter" for cls in type(writer).__mro__)
 
 
 def _checked_consume_count(count):

@@ -176,6 +176,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             and self._dim_extend == 0
             and not self._has_transforms()
             and not is_compiling()
+            and not self._is_consuming()
         ):
             # what torchrl does through a shallow copy (see _inverse), without making it:
             # the writer writes the "index" entry beside the data
@@ -233,10 +234,13 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             self._init()
         if not isinstance(self._sampler, PRIORITIZED_SAMPLERS):
             return
-        if type(data) is TensorDict and self._update_item_priorities(data):
+        if type(data) is TensorDict and self._sample_unit is None and self._update_item_priorities(data):
             return
         if data.ndim:
             priority = self._get_priority_vector(data)
+            anchored = self._anchor_reduced_priority(data, priority)
+            if anchored is not None:
+                return self.update_priority(*anchored)
         else:
             priority = torch.as_tensor(self._get_priority_item(data))
         index = self._entry(data, "index")
@@ -393,3 +397,66 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
     def _apply_transform(self, data):
         with data.unlock_(), _set_dispatch_td_nn_modules(True):
             return self._transform(data)
+
+    def _anchor_reduced_priority(self, data: TensorDictBase, priority: torch.Tensor):
+        """The priorities of a sample a ``Sequence`` sample unit expanded into windows,
+        reduced to its anchors: ``(unique anchors, the largest priority of each anchor's
+        valid records)``, so that an anchor drawn in several windows gets one update;
+        ``None`` when ``data`` has no expansion (from torchrl 0.14, whose sample units these
+        are).
+
+        The anchors are read from ``"anchor_index"`` (coordinates for a storage with
+        ``ndim > 1``), the valid records from ``"validity_mask"`` when present.
+        """
+        units = _sample_units()
+        if units is None or not isinstance(self._sample_unit, units.Sequence):
+            return None
+        anchor = data.get("anchor_index", None)
+        if anchor is None:
+            return None
+        validity = data.get("validity_mask", None)
+        ndim = self._storage.ndim
+        if ndim > 1:
+            if anchor.ndim < 2 or anchor.shape[-1] != ndim:
+                return None
+            anchor = anchor.reshape(-1, ndim)
+            priority = priority.reshape(-1)
+            if anchor.shape[0] != priority.shape[0]:
+                return None
+            if validity is not None:
+                keep = validity.reshape(-1)
+                anchor, priority = anchor[keep], priority[keep]
+            # coordinates -> flat rows (row-major), reduced, then back to coordinates
+            shape = anchor.new_tensor(tuple(self._storage.shape))
+            stride = torch.cat([shape.flip(0).cumprod(0).flip(0)[1:], shape.new_ones(1)])
+            rows, reduced = _max_per_key((anchor * stride).sum(-1), priority)
+            return (rows.unsqueeze(-1) // stride) % shape, reduced
+        while anchor.shape != priority.shape and anchor.ndim > priority.ndim:
+            anchor = anchor[..., 0]
+            if validity is not None:
+                validity = validity[..., 0]
+        if anchor.shape != priority.shape:
+            return None
+        anchor, priority = anchor.reshape(-1), priority.reshape(-1)
+        if validity is not None:
+            # an anchor's own record is always valid: masking drops no anchor
+            keep = validity.reshape(-1)
+            anchor, priority = anchor[keep], priority[keep]
+        return _max_per_key(anchor, priority)
+
+
+def _max_per_key(keys: torch.Tensor, values: torch.Tensor):
+    """``(unique keys, the largest value of each)``."""
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    reduced = torch.zeros_like(unique, dtype=values.dtype)
+    reduced.scatter_reduce_(0, inverse, values, reduce="amax", include_self=False)
+    return unique, reduced
+
+
+def _sample_units():
+    """torchrl's sample-unit module (0.14), or ``None``."""
+    try:
+        from torchrl.data.replay_buffers import sample_units
+    except ImportError:
+        return None
+    return sample_units

@@ -11,6 +11,8 @@ compiled trees on CPU, trees made of torch ops on accelerators.
 """
 from __future__ import annotations
 
+from .._releases import since
+
 from ._common import (
     _EMPTY_STORAGE_ERROR as _EMPTY_STORAGE_ERROR,
     _CPU as _CPU,
@@ -32,6 +34,7 @@ from .random import (
     _random_sample_outside_graph as _random_sample_outside_graph,
     RandomSampler,
     SamplerWithoutReplacement,
+    ConsumingSampler,
 )
 from .prioritized import (
     SumSegmentTreeFp32,
@@ -72,6 +75,9 @@ __all__ = [
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
 ]
+# torchrl 0.14 adds the sampler behind ``consume_after_n_samples``
+if since("buffer_consume_after_n_samples"):
+    __all__.append("ConsumingSampler")
 
 # Classes and functions keep the module path they had before the split, so pickles and
 # torchrl-style ``__module__`` lookups find them here.
@@ -92,6 +98,7 @@ for _export in (
     _random_sample_outside_graph,
     RandomSampler,
     SamplerWithoutReplacement,
+    ConsumingSampler,
     SumSegmentTreeFp32,
     MinSegmentTreeFp32,
     SumSegmentTreeFp64,

@@ -1,10 +1,12 @@
-"""Uniform samplers: :class:`RandomSampler` (with replacement) and :class:`SamplerWithoutReplacement`."""
+"""Uniform samplers: :class:`RandomSampler` (with replacement), :class:`SamplerWithoutReplacement`
+and :class:`ConsumingSampler` (items leave once sampled ``max_sample_count`` times)."""
 from __future__ import annotations
 
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
@@ -16,7 +18,7 @@ from .._storage_counters import compile_disable as _compile_disable
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
-from ..utils import unravel_index
+from ..utils import _is_int, unravel_index
 from ._common import _EMPTY_STORAGE_ERROR, _PLAIN_RAND_GIVEN_NDIM, _randperm
 from .base import Sampler
 
@@ -404,3 +406,298 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
 
 if not since("sampler_can_sample"):
     del SamplerWithoutReplacement.can_sample
+
+
+class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
+    """A random sampler that consumes entries after they have been sampled.
+
+    Each storage index counts the batches it was returned in; once an index has been
+    returned ``max_sample_count`` times it is consumed: it leaves the sampleable set until
+    a write fills its slot again. Consumed slots wait in a free list, in the order they
+    were consumed, which :class:`~torchrl_compat.ReplayBuffer` writes into before moving
+    its writer's cursor. A batch draws, without replacement, from the live indices only.
+
+    Args:
+        max_sample_count (int, optional): number of returned samples after which
+            an item is consumed. Defaults to ``1``.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_compat import ListStorage, ReplayBuffer
+        >>> from torchrl_compat.samplers import ConsumingSampler
+        >>> rb = ReplayBuffer(storage=ListStorage(10), sampler=ConsumingSampler(), batch_size=3)
+        >>> rb.extend([torch.tensor(i) for i in range(4)])
+        tensor([0, 1, 2, 3])
+        >>> len(rb.sample()), len(rb)
+        (3, 1)
+
+    .. note::
+        ``ConsumingSampler`` only supports 1-dimensional storages and uniform
+        random sampling without replacement within each sampled batch.
+        Prefetching and prioritized replay are not supported.
+    """
+
+    def __init__(self, max_sample_count: int = 1):
+        if isinstance(max_sample_count, bool) or not isinstance(max_sample_count, (int, np.integer)):
+            raise TypeError("max_sample_count must be a positive integer.")
+        if max_sample_count < 1:
+            raise ValueError("max_sample_count must be a positive integer.")
+        self.max_sample_count = int(max_sample_count)
+        self._empty()
+
+    @staticmethod
+    def _storage_device(storage: Storage | None):
+        """The device the counters live on: the storage's (``None`` when it says "auto")."""
+        if storage is None:
+            return None
+        device = getattr(storage, "device", None)
+        return None if device == "auto" else device
+
+    # ------------------------------------------------------------------ state
+    # _sample_count[i]: batches slot i was returned in since it was written; _live_mask[i]:
+    # whether it can be drawn; _known_storage_len: the storage length last seen;
+    # _free_indices[_free_head:]: consumed slots, oldest first (entries may be stale: a slot
+    # written again since it was consumed is skipped when popped).
+    def _ensure_state(self, storage: Storage | None = None, *, min_capacity: int = 0) -> None:
+        """Sizes the counters for ``storage`` (and ``min_capacity`` slots), on its device, and
+        follows its length: slots it grew by are live and fresh, slots it lost are dead."""
+        if storage is not None:
+            if storage.ndim != 1:
+                raise ValueError(
+                    f"{type(self).__name__} only supports 1-dimensional storages, "
+                    f"got storage.ndim={storage.ndim}."
+                )
+            length = len(storage)
+            min_capacity = max(min_capacity, length)
+            device = self._storage_device(storage)
+        else:
+            length = self._known_storage_len
+            device = None if self._sample_count is None else self._sample_count.device
+        held = 0 if self._sample_count is None else self._sample_count.numel()
+        capacity = max(held, int(min_capacity))
+        moved = (
+            self._sample_count is not None and device is not None and self._sample_count.device != torch.device(device)
+        )
+        if self._sample_count is None or self._live_mask is None or held < capacity or moved:
+            self._reallocate(capacity, device)
+        if storage is not None:
+            known = self._known_storage_len
+            if length != known:
+                low, high = sorted((known, length))
+                self._sample_count[low:high] = 0
+                self._live_mask[low:high] = length > known
+                self._known_storage_len = length
+        self._live_mask &= self._sample_count < self.max_sample_count
+
+    def _reallocate(self, capacity: int, device) -> None:
+        counts, live = self._sample_count, self._live_mask
+        self._sample_count = torch.zeros(capacity, dtype=torch.long, device=device)
+        self._live_mask = torch.zeros(capacity, dtype=torch.bool, device=device)
+        if counts is not None and live is not None:
+            kept = min(counts.numel(), capacity)
+            self._sample_count[:kept] = counts[:kept].to(self._sample_count.device)
+            self._live_mask[:kept] = live[:kept].to(self._live_mask.device)
+        if self._free_indices is not None:
+            self._free_indices = self._free_indices.to(self._sample_count.device)
+
+    def _num_sampleable(self, storage: Storage | None = None) -> int:
+        self._ensure_state(storage)
+        if self._live_mask is None:
+            return 0
+        return int(self._live_mask[: self._known_storage_len].sum().item())
+
+    def _sampleable_count(self, storage: Storage, batch_size: int) -> int:
+        return self._num_sampleable(storage)
+
+    # -------------------------------------------------------------- free list
+    def _compact_free_indices(self) -> None:
+        if self._free_indices is not None and self._free_head:
+            self._free_indices = self._free_indices[self._free_head :]
+        self._free_head = 0
+        if self._free_indices is not None and not self._free_indices.numel():
+            self._free_indices = None
+
+    def _append_free_indices(self, index: torch.Tensor) -> None:
+        if not index.numel():
+            return
+        index = index.to(self._sample_count.device, dtype=torch.long).reshape(-1)
+        self._compact_free_indices()
+        self._free_indices = index.clone() if self._free_indices is None else torch.cat([self._free_indices, index])
+
+    def _consumed_mask(self) -> torch.Tensor:
+        known = self._known_storage_len
+        return ~self._live_mask[:known] & (self._sample_count[:known] >= self.max_sample_count)
+
+    def _rebuild_free_indices(self) -> None:
+        """The free list of a state saved without one: the consumed slots, in slot order."""
+        self._free_head = 0
+        if self._live_mask is None or self._sample_count is None:
+            self._free_indices = None
+            return
+        free = torch.nonzero(self._consumed_mask(), as_tuple=False).flatten()
+        self._free_indices = free if free.numel() else None
+
+    def _pop_consumed_indices(self, storage: Storage | None = None, max_count: int | None = None) -> torch.Tensor:
+        """Takes up to ``max_count`` (all when ``None``) consumed slots off the free list,
+        oldest first: the slots a consuming buffer writes into next."""
+        self._ensure_state(storage)
+        if self._free_indices is None:
+            return torch.zeros(0, dtype=torch.long)
+        if max_count is not None and max_count <= 0:
+            return torch.zeros(0, dtype=torch.long, device=self._sample_count.device)
+        free = self._free_indices
+        start = self._free_head
+        pending = free[start:]
+        # a listed slot is still free if it is filled, not live and used up
+        in_range = pending < self._known_storage_len
+        clamped = pending.clamp(max=max(self._known_storage_len - 1, 0))
+        usable = in_range & ~self._live_mask[clamped] & (self._sample_count[clamped] >= self.max_sample_count)
+        positions = torch.nonzero(usable, as_tuple=False).flatten()
+        if max_count is not None and positions.numel() >= max_count:
+            positions = positions[:max_count]
+            # the entries up to the last one taken are used up; the rest stay listed
+            self._free_head = start + int(positions[-1].item()) + 1
+        else:
+            self._free_head = free.numel()
+        if self._free_head >= free.numel():
+            self._free_indices, self._free_head = None, 0
+        return pending[positions].clone()
+
+    # ----------------------------------------------------------------- writes
+    def _index_to_tensor(self, index) -> torch.Tensor:
+        if isinstance(index, tuple):
+            raise ValueError(f"{type(self).__name__} only supports flat 1-dimensional indices.")
+        if _is_int(index):
+            self._ensure_state(min_capacity=int(index) + 1)
+            return torch.as_tensor([int(index)], dtype=torch.long, device=self._sample_count.device)
+        index = torch.as_tensor(index, dtype=torch.long)
+        self._ensure_state(min_capacity=int(index.max().item()) + 1 if index.numel() else 0)
+        return index.to(self._sample_count.device).reshape(-1)
+
+    def _mark_indices_live(self, index) -> None:
+        index = self._index_to_tensor(index)
+        if not index.numel():
+            return
+        self._sample_count[index] = 0
+        self._live_mask[index] = True
+        self._known_storage_len = max(self._known_storage_len, int(index.max().item()) + 1)
+        self._ran_out = False
+
+    def add(self, index: int) -> None:
+        self._mark_indices_live(index)
+
+    def extend(self, index: torch.Tensor) -> None:
+        self._mark_indices_live(index)
+
+    def mark_update(self, index: int | torch.Tensor | tuple, *, storage: Storage | None = None) -> None:
+        if storage is not None:
+            min_capacity = len(storage)
+            if _is_int(index):
+                min_capacity = max(min_capacity, int(index) + 1)
+            elif not isinstance(index, tuple):
+                flat = torch.as_tensor(index).reshape(-1)
+                if flat.numel():
+                    min_capacity = max(min_capacity, int(flat.max().item()) + 1)
+            self._ensure_state(storage, min_capacity=min_capacity)
+        self._mark_indices_live(index)
+
+    # ---------------------------------------------------------------- samples
+    def sample(self, storage: Storage, batch_size: int) -> tuple[torch.Tensor, dict]:
+        self._ensure_state(storage)
+        if len(storage) == 0 or self._num_sampleable(storage) == 0:
+            self._ran_out = True
+            self._remaining_batches = 0
+            raise RuntimeError(_EMPTY_STORAGE_ERROR)
+        live = torch.nonzero(self._live_mask[: self._known_storage_len], as_tuple=False).flatten()
+        # torchrl's draw: a permutation of the live indices, cut to the batch
+        order = torch.randperm(live.numel(), generator=self._rng, device=live.device)
+        index = live[order[: min(batch_size, live.numel())]]
+        self._sample_count[index] += 1
+        still_live = self._sample_count[index] < self.max_sample_count
+        self._live_mask[index] = still_live
+        self._append_free_indices(index[~still_live])
+        self._update_remaining_batches(batch_size, storage)
+        return index, {}
+
+    def _update_remaining_batches(self, batch_size: int, storage: Storage) -> None:
+        left = self._num_sampleable(storage)
+        self._remaining_batches = -(left // -batch_size)
+        self._ran_out = left == 0
+
+    @property
+    def ran_out(self):
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value):
+        self._ran_out = value
+
+    def _empty(self):
+        self._sample_count = None
+        self._live_mask = None
+        self._known_storage_len = 0
+        self._free_indices = None
+        self._free_head = 0
+        self._ran_out = False
+        self._remaining_batches = 0
+
+    # ------------------------------------------------------------ persistence
+    def dumps(self, path):
+        write_aside(path, lambda directory: torch.save(self.state_dict(), directory / CONSUMING_SAMPLER_FILE))
+
+    def loads(self, path):
+        self._apply_checkpoint(self._read_checkpoint(path))
+
+    def _read_checkpoint(self, path) -> dict:
+        """The state saved at ``path`` by :meth:`dumps` (or torchrl's), read and checked
+        without changing anything."""
+        from .._checkpoint_checks import read_torch_file
+
+        file = Path(path) / CONSUMING_SAMPLER_FILE
+        state = read_torch_file(file)
+        missing = [key for key in ("max_sample_count", "_sample_count", "_live_mask", "_known_storage_len", "_ran_out")
+                   if not isinstance(state, dict) or key not in state]
+        if missing:
+            raise MetadataError(f"{file}: not a ConsumingSampler state (no {', '.join(missing)})")
+        return state
+
+    def _apply_checkpoint(self, state: dict) -> None:
+        self.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, Any]:
+        free = None if self._free_indices is None else self._free_indices[self._free_head :]
+        return OrderedDict(
+            max_sample_count=self.max_sample_count,
+            _sample_count=self._sample_count,
+            _live_mask=self._live_mask,
+            _known_storage_len=self._known_storage_len,
+            _free_indices=free,
+            _free_head=0,
+            _ran_out=self._ran_out,
+        )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # copies: the source may be a checkpoint's memory-mapped tensors, or the caller's
+        def copied(value):
+            return value.clone() if isinstance(value, torch.Tensor) else value
+
+        self.max_sample_count = int(state_dict["max_sample_count"])
+        self._sample_count = copied(state_dict["_sample_count"])
+        self._live_mask = copied(state_dict["_live_mask"])
+        self._known_storage_len = int(state_dict["_known_storage_len"])
+        self._free_indices = copied(state_dict.get("_free_indices"))
+        self._free_head = int(state_dict.get("_free_head", 0))
+        self._ran_out = bool(state_dict["_ran_out"])
+        if "_free_indices" not in state_dict:
+            self._rebuild_free_indices()
+        # torchrl counts the sampleable items here, not batches
+        self._remaining_batches = (
+            0 if self._live_mask is None else int(self._live_mask[: self._known_storage_len].sum().item())
+        )
+
+    def __repr__(self):
+        return f"{self.__class__.__name__}(max_sample_count={self.max_sample_count}, sampleable={self._num_sampleable()})"
+
+
+# the file ConsumingSampler.dumps writes (torchrl's name)
+CONSUMING_SAMPLER_FILE = "consuming_sampler.pt"

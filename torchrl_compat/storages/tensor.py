@@ -1070,6 +1070,8 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
         memmap_storage._init_standard(data)
         self.max_size = memmap_storage.max_size
         self._storage = memmap_storage._storage
+        if since("storage_shared_init_cpu"):
+            self._reconcile_shared_init_device()
 
     @_rewrites_items
     def _wait_for_init(self) -> None:
@@ -1078,7 +1080,22 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
         self._storage = TensorDict.load_memmap(self._init_directory)
         if self.ndim > 1:
             self.max_size = self._storage.shape[: self.ndim].numel()
+        if since("storage_shared_init_cpu"):
+            self._reconcile_shared_init_device()
         self.initialized = True
+
+    def _reconcile_shared_init_device(self) -> None:
+        """Sets the device to the CPU, where a ``shared_init`` storage keeps its items (a
+        memory-mapped tensordict), warning when another one was asked for: samplers build
+        their indices on ``self.device``."""
+        device = self.device
+        if device not in (None, "auto") and torch.device(device).type != "cpu":
+            warnings.warn(
+                f"LazyTensorStorage(shared_init=True) stores data in a CPU "
+                f"memory-mapped tensordict; the requested storage device "
+                f"({device}) cannot be honored and is reset to 'cpu'."
+            )
+        self.device = torch.device("cpu")
 
     def get(self, indices: slice) -> TensorDictBase | torch.Tensor | Any:
         if not self.initialized and self.shared_init:
