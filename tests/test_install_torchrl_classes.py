@@ -44,43 +44,6 @@ def needs(name):
     return pytest.mark.skipif(_torchrl_own(name) is None, reason=f"the installed torchrl has no {name}")
 
 
-def _torchrl_accepts(cls_name, argument, method="__init__"):
-    cls = _torchrl_own(cls_name)
-    return cls is not None and argument in inspect.signature(getattr(cls, method)).parameters
-
-
-def _torchrl_defines(cls_name, member):
-    cls = _torchrl_own(cls_name)
-    return cls is not None and member in vars(cls)
-
-
-def missing(reason, torchrl_has=True):
-    """``xfail(strict=True)`` where the installed torchrl has a feature ours lacks."""
-    return pytest.mark.xfail(bool(torchrl_has), reason=reason, strict=True)
-
-
-# The features of torchrl 0.14 these cases need from our classes (absent from ours so far).
-SAMPLE_UNIT = missing(
-    "ReplayBuffer(sample_unit=...): the buffer expanding sampled anchors with a SampleUnit",
-    _torchrl_accepts("ReplayBuffer", "sample_unit"),
-)
-LAST_CURSOR_INDEX = missing(
-    "Storage._last_cursor_index (the newest written slot, which the sample units read to find "
-    "the write seam of a full storage)",
-    _torchrl_defines("Storage", "_last_cursor_index"),
-)
-QUERY = missing(
-    "ReplayBuffer.query (the trajectory query API on the buffer; torchrl's, inherited from the "
-    "twin, runs on ours without the storage's _last_cursor_index)",
-    _torchrl_defines("ReplayBuffer", "query"),
-)
-SLICE_014 = missing(
-    "SliceSampler of torchrl 0.14 (end_keys, init_key, pad_output, the trajectory key found "
-    "automatically, mark_update(index, storage=...)), which StreamingSliceSampler builds on",
-    _torchrl_accepts("SliceSampler", "init_key"),
-)
-
-
 def check_ran(scenario, tmp_path, must_run, **params):
     """``check_same``, and the steps ``must_run`` returned (in both runs, being equal): the
     comparison is between results, not between two identical failures."""
@@ -278,7 +241,6 @@ def streaming_slices(record, C, *, peer=None):
 
 
 @needs("StreamingSliceSampler")
-@SLICE_014
 def test_streaming_slice_sampler(tmp_path):
     check_ran(streaming_slices, tmp_path, ["sample 0", "sample, new windows first"])
 
@@ -363,7 +325,6 @@ def sample_units_wrapped(record, C, *, storage, ndim, peer=None):
 
 
 @needs("Sequence")
-@LAST_CURSOR_INDEX
 @pytest.mark.parametrize("ndim", [1, 2])
 @pytest.mark.parametrize("storage", ["LazyTensorStorage", "LazyMemmapStorage"])
 def test_sample_units_at_the_write_seam_of_our_storages(tmp_path, storage, ndim):
@@ -379,7 +340,6 @@ def buffer_sample_unit(record, C, *, peer=None):
 
 
 @needs("Sequence")
-@SAMPLE_UNIT
 def test_buffer_with_a_sample_unit(tmp_path):
     check_ran(buffer_sample_unit, tmp_path, ["sample"])
 
@@ -417,6 +377,5 @@ def buffer_query(record, C, *, peer=None):
 
 
 @needs("iter_trajectories")
-@QUERY
 def test_buffer_query(tmp_path):
     check_ran(buffer_query, tmp_path, ["query", "query, wrapped"])

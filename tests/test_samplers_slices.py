@@ -35,10 +35,14 @@ DEVICES = [
 def torchrl_trees(monkeypatch):
     # torchrl's compiled trees do not load on this torch: run its Python sampler on ours
     # (the trees themselves are checked against a numpy model in test_samplers_trees.py).
-    monkeypatch.setattr(trl, "SumSegmentTreeFp32", TorchSumSegmentTreeFp32)
-    monkeypatch.setattr(trl, "SumSegmentTreeFp64", TorchSumSegmentTreeFp64)
-    monkeypatch.setattr(trl, "MinSegmentTreeFp32", TorchMinSegmentTreeFp32)
-    monkeypatch.setattr(trl, "MinSegmentTreeFp64", TorchMinSegmentTreeFp64)
+    # The names are looked up in the globals of the module defining PrioritizedSampler:
+    # torchrl's samplers module up to 0.13, its samplers/prioritized.py from 0.14 (whose
+    # classes still name the package as their __module__).
+    prioritized = trl.PrioritizedSampler.__init__.__globals__
+    monkeypatch.setitem(prioritized, "SumSegmentTreeFp32", TorchSumSegmentTreeFp32)
+    monkeypatch.setitem(prioritized, "SumSegmentTreeFp64", TorchSumSegmentTreeFp64)
+    monkeypatch.setitem(prioritized, "MinSegmentTreeFp32", TorchMinSegmentTreeFp32)
+    monkeypatch.setitem(prioritized, "MinSegmentTreeFp64", TorchMinSegmentTreeFp64)
 
 
 def generator(seed=0):
@@ -760,13 +764,22 @@ def test_slice_empty_storage(cls, key, storage_cls, ndim):
         )
 
 
+@pytest.mark.usefixtures("torchrl_trees")
 def test_prioritized_slice_state_and_left_span_warning(tmp_path):
     with pytest.warns(UserWarning, match="Left spanning is disabled for PrioritizedSliceSampler"):
         sampler = ours.PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2, span=True)
     assert sampler.span == (0, True)
     sampler.update_priority(torch.arange(10), torch.arange(10.0))
     sd = sampler.state_dict()
-    assert set(sd) == {"_alpha", "_beta", "_eps", "_max_priority", "_sum_tree", "_min_tree"}
+    # torchrl 0.14 versions the state (_schema_version)
+    expected = {"_alpha", "_beta", "_eps", "_max_priority", "_sum_tree", "_min_tree"}
+    if since("prioritized_state_schema"):
+        expected.add("_schema_version")
+    assert set(sd) == expected
+    with pytest.warns(UserWarning, match="Left spanning is disabled"):
+        reference = trl.PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2, span=True)
+    reference.update_priority(torch.arange(10), torch.arange(10.0))
+    assert set(reference.state_dict()) == expected
     sampler.dumps(tmp_path)
     other = ours.PrioritizedSliceSampler(10, 0.5, 0.5, slice_len=2)
     other.loads(tmp_path)

@@ -19,6 +19,7 @@ from tensordict import is_tensor_collection
 
 import replay
 
+from ._releases import since
 from ._sampler_storage import entry
 from ._storage_journal import RowRun
 
@@ -175,7 +176,7 @@ class TrajectoryEnds:
             return None
         forced = ()
         if full:
-            cursor = storage._last_cursor
+            cursor = _written_last(storage)
             if cursor is not None:
                 row = _last_row(storage, cursor, length)
                 if row is None:
@@ -336,6 +337,20 @@ class TrajectoryEnds:
         if not rows.size:
             return self._ends
         return replay.patch_ends(self._ends, rows, self._read(signal, rows))
+
+
+def _written_last(storage):
+    """The cursor of the storage's last write as the followed release reads it: from torchrl
+    0.14 on, the time coordinate taken at the write (``_last_cursor_index``: the caller may
+    have reused its index object since), before, the cursor object itself."""
+    if since("slice_mutation_revision"):
+        index = getattr(storage, "_last_cursor_index", _NO_INDEX)
+        if index is not _NO_INDEX:
+            return index
+    return storage._last_cursor
+
+
+_NO_INDEX = object()
 
 
 def _last_row(storage, cursor, length: int) -> int | None:

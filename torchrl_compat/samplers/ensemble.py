@@ -4,7 +4,7 @@ from __future__ import annotations
 import textwrap
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tensordict import TensorDict
@@ -15,6 +15,9 @@ from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ._common import _STORAGE_ENSEMBLES, _randint
 from .base import Sampler
+
+if TYPE_CHECKING:
+    from ..storages import StorageEnsemble
 
 
 class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
@@ -70,6 +73,14 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
         self.num_buffer_sampled = num_buffer_sampled
 
     _rng = members_rng("_samplers")
+
+    if since("ensemble_sampleable_routing"):
+        # torchrl 0.14 annotates the constructor (p may be "sampleable"); earlier releases do not
+        __init__.__annotations__ = {
+            "p": "list[float] | torch.Tensor | Literal['sampleable'] | None",
+            "sample_from_all": "bool",
+            "num_buffer_sampled": "int | None",
+        }
 
     @property
     def p(self):
@@ -235,7 +246,7 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
     def _sampleable_count(self, storage, batch_size: int) -> int:
         return len(storage)
 
-    def can_sample(self, storage, batch_size: int) -> bool:
+    def can_sample(self, storage: StorageEnsemble, batch_size: int) -> bool:
         """Returns whether the selected ensemble strategy can serve a batch."""
         if batch_size % self.num_buffer_sampled:
             return False

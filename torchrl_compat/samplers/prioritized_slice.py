@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -10,7 +12,7 @@ from tensordict.utils import NestedKey
 import replay
 from .. import _torch_slices
 from .._sampler_storage import ravel
-from .._releases import since
+from .._releases import keywords_since, since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
 from ..utils import unravel_index
@@ -44,6 +46,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
         slice_len (int): the length of the slices to be sampled. Exclusive with ``num_slices``.
         end_key (NestedKey, optional): the key indicating the end of a
             trajectory (or episode). Defaults to ``("next", "done")``.
+        end_keys (sequence of NestedKey, optional): several end-of-trajectory keys, OR-ed
+            together (missing ones skipped). Exclusive with ``end_key``. From torchrl 0.14.
         traj_key (NestedKey, optional): the key indicating the trajectories.
             Defaults to ``"episode"``.
         ends (torch.Tensor, optional): a 1d boolean tensor containing the end of run signals.
@@ -54,6 +58,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
             trajectory starts and stops (erased by :meth:`extend`). Defaults to ``False``.
         truncated_key (NestedKey, optional): where a truncated signal is written in the
             output. Defaults to ``("next", "truncated")``.
+        init_key (NestedKey, optional): where the slice-start signal is written in the
+            output. Defaults to ``"is_init"``. From torchrl 0.14.
         strict_length (bool, optional): if ``False``, slices shorter than required may be
             returned. Defaults to ``True``.
         compile (bool or dict of kwargs, optional): accepted for compatibility.
@@ -113,7 +119,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
         [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     """
 
-    def __init__(
+    def _init_prioritized_slices(
         self,
         max_capacity: int,
         alpha: float,
@@ -125,24 +131,28 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
         num_slices: int | None = None,
         slice_len: int | None = None,
         end_key: NestedKey | None = None,
+        end_keys: Sequence[NestedKey] | None = None,
         traj_key: NestedKey | None = None,
         ends: torch.Tensor | None = None,
         trajectories: torch.Tensor | None = None,
         cache_values: bool = False,
         truncated_key: NestedKey | None = ("next", "truncated"),
+        init_key: NestedKey | None = "is_init",
         strict_length: bool = True,
         compile: bool | dict = False,
         span: bool | int | tuple[bool | int, bool | int] = False,
         max_priority_within_buffer: bool = False,
     ):
-        SliceSampler.__init__(
+        SliceSampler._init_slices(
             self,
             num_slices=num_slices,
             slice_len=slice_len,
             end_key=end_key,
+            end_keys=end_keys,
             traj_key=traj_key,
             cache_values=cache_values,
             truncated_key=truncated_key,
+            init_key=init_key,
             strict_length=strict_length,
             ends=ends,
             trajectories=trajectories,
@@ -167,6 +177,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
                 f"If this feature is required, please file an issue on torchrl GitHub repo."
             )
             self.span = (0, self.span[1])
+
+    # The constructor takes the keywords of the torchrl release followed.
+    __init__ = keywords_since(
+        _init_prioritized_slices,
+        {"end_keys": "slice_end_keys_fragmented", "init_key": "slice_end_keys_fragmented"},
+        name="__init__",
+    )
 
     def __repr__(self):
         # torchrl's, closing parenthesis missing included
@@ -347,7 +364,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
     def state_dict(self):
         return PrioritizedSampler.state_dict(self)
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # torchrl 0.11-0.12 inherit the slice sampler's, which loads nothing.
         if since("prioritized_slice_loads_state_dict"):
             return PrioritizedSampler.load_state_dict(self, state_dict)

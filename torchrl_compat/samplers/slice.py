@@ -258,6 +258,9 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
     fragmented: bool = False
     step_key: NestedKey | None = "step_count"
     _traj_key_auto: bool = False
+    # torchrl 0.14's index of fragmented runs; ours are read from the storage when its
+    # revision changes (_fragmented_runs), so this stays None
+    _fragmented_index = None
 
     def _init_slices(
         self,
@@ -1347,3 +1350,33 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._cache.pop("fragmented-runs", None)
+
+    # torchrl 0.14's hooks for the samplers built on a SliceSampler (its StreamingSliceSampler
+    # finishes the slices it queued with _finalize_index), answered by our index-and-info path.
+    def _finalize_index(self, *, index, num_slices, seq_length, target_seq_length, mask_flat, storage):
+        """``(index, info)`` of ``num_slices`` slices laid one after the other in the
+        ``[rows, ndim]`` ``index``: ``seq_length`` rows each (or a tensor of lengths), or,
+        with ``target_seq_length``, padded to that many rows with ``mask_flat`` flagging
+        the real ones."""
+        if target_seq_length is not None and isinstance(seq_length, torch.Tensor):
+            return self._padded_index_and_info(storage, index, seq_length, target_seq_length, mask_flat)
+        truncated = self._truncated(index.shape[0], seq_length, num_slices, index.device)
+        return self._index_and_info(storage, index, truncated, mask=mask_flat)
+
+    def _maybe_emit_init_marker(self, info, st_index, num_slices, seq_length, target_seq_length) -> None:
+        """Marks the first step of every slice under the init key of ``info``, or-ed with the
+        stored flags read in ``st_index`` (nothing when the storage has none)."""
+        init_key = self._init_marker_key()
+        stored = st_index.get(init_key, default=None) if init_key is not None and hasattr(st_index, "get") else None
+        if stored is None:
+            return
+        if target_seq_length is not None:
+            lengths = torch.full((num_slices,), target_seq_length, dtype=torch.long)
+        elif isinstance(seq_length, int):
+            lengths = torch.full((num_slices,), seq_length, dtype=torch.long)
+        else:
+            lengths = seq_length.to(torch.long).cpu()
+        starts = (lengths.cumsum(0) - lengths).to(stored.device)
+        marker = torch.zeros_like(stored)
+        marker[starts] = True
+        info[init_key] = marker | stored

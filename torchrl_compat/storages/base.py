@@ -179,10 +179,16 @@ class Storage(*torchrl_twin("storages", "Storage")):
     @property
     def _last_cursor_index(self) -> int | None:
         """The last time coordinate written (``None`` before the first write)."""
-        return _time_coordinate(getattr(self, "_last_cursor", None), self.max_size)
+        cursor = getattr(self, "_last_cursor", None)
+        taken = self.__dict__.get("_last_cursor_time")
+        if taken is not None and taken[0] is cursor:
+            return taken[1]
+        return _time_coordinate(cursor, self.max_size)
 
     def _set_last_cursor(self, cursor: Any) -> None:
         self._last_cursor = cursor
+        # read at the write, as torchrl 0.14 does: the caller may reuse its index object
+        self._last_cursor_time = (cursor, _time_coordinate(cursor, self.max_size))
 
     def __getitem__(self, item):
         return self.get(item)

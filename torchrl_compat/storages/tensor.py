@@ -635,7 +635,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
                 self._set_tree_map(cursor, data, self._storage)
             if set_cursor:
                 self._get_new_len(data, cursor)
-                self._last_cursor = cursor
+                self._set_last_cursor(cursor)
         except BaseException:
             # part of the items may be written: readers must read everything again
             self._note_write(ALL_ITEMS)
@@ -662,7 +662,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             self._note_write(ALL_ITEMS)
             return
         self._add_len(numel)
-        self._last_cursor = cursor
+        self._set_last_cursor(cursor)
         journal = self.__dict__.get("_journal")
         if first_row is None or journal is None or not journal.followed:
             self._note_write(cursor)  # counted; journaled only once a reader follows
