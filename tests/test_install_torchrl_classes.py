@@ -16,7 +16,6 @@ installed torchrl has that feature.
 from __future__ import annotations
 
 import importlib
-import inspect
 
 import pytest
 import torch
