@@ -183,7 +183,17 @@ def _info_to(info, device):
     return tree_map(lambda x: x.to(device) if hasattr(x, "to") else x, info)
 
 
-class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
+# Where the followed release takes service_backend, torchrl 0.14's metaclass (inherited from
+# the twin) routes it to _ServiceClass; without torchrl a __new__ of ours does. Never both: a
+# __new__ in the class would stay in the type slots of torchrl's subclasses that install()
+# moves onto our bases and back (HERReplayBuffer then fails to build on torchrl's classes).
+_TWIN = torchrl_twin("replay_buffers", "ReplayBuffer")
+_ROUTES_SERVICES = since("buffer_service_arguments") and not (
+    _TWIN and type(_TWIN[0]).__call__ is not type.__call__
+)
+
+
+class ReplayBuffer(*_TWIN):
     """A generic, composable replay buffer class.
 
     Keyword Args:
@@ -267,13 +277,14 @@ class ReplayBuffer(*torchrl_twin("replay_buffers", "ReplayBuffer")):
         callable, as :meth:`append_transform` does (torchrl fails on its ``eval()``).
     """
 
-    def __new__(cls, *args, **kwargs):
-        # service_backend="ray" builds a RayReplayBuffer serving this class (torchrl 0.14 routes
-        # it in its metaclass, which then calls _ServiceClass itself and never gets here).
-        if kwargs.get("service_backend", "direct") != "direct" and since("buffer_service_arguments"):
-            backend = kwargs.pop("service_backend")
-            return cls._ServiceClass(backend, *args, **kwargs)
-        return super().__new__(cls)
+    if _ROUTES_SERVICES:
+
+        def __new__(cls, *args, **kwargs):
+            # service_backend="ray" builds a RayReplayBuffer serving this class.
+            if kwargs.get("service_backend", "direct") != "direct":
+                backend = kwargs.pop("service_backend")
+                return cls._ServiceClass(backend, *args, **kwargs)
+            return super().__new__(cls)
 
     @classmethod
     def _ServiceClass(cls, service_backend, *args, service_backend_options=None, **kwargs):
@@ -2090,9 +2101,10 @@ def torchrl_query_module():
 
 
 ReplayBuffer.__init__.__signature__ = _release_signature(ReplayBuffer.__init__)
-# inspect reads a class's signature from its own __new__ before its __init__: the hook above
-# takes the constructor's arguments.
-vars(ReplayBuffer)["__new__"].__func__.__signature__ = ReplayBuffer.__init__.__signature__
+if _ROUTES_SERVICES:
+    # inspect reads a class's signature from its own __new__ before its __init__: the hook
+    # above takes the constructor's arguments.
+    vars(ReplayBuffer)["__new__"].__func__.__signature__ = ReplayBuffer.__init__.__signature__
 
 # Before 0.14 the buffers have none of these public members.
 if not since("buffer_stats_query"):
