@@ -14,6 +14,17 @@ from . import _prioritized_sync as _sync
 from .base import ReplayBuffer
 
 
+# The prioritized buffers' keywords that only some torchrl releases take, and the behaviour
+# that brings each.
+PRIORITIZED_BUFFER_KEYWORDS = {
+    "sampler_device": "prioritized_device_argument",
+    "sync": "prioritized_device_argument",
+    "sample_unit": "prioritized_buffer_transport",
+    "transport": "prioritized_buffer_transport",
+    "transport_options": "prioritized_buffer_transport",
+}
+
+
 class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "PrioritizedReplayBuffer")):
     """Prioritized replay buffer.
 
@@ -128,14 +139,7 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
                      transport_options=(transport_options, None)),
         )
 
-    __init__ = keywords_since(
-        __init__,
-        sampler_device="prioritized_device_argument",
-        sync="prioritized_device_argument",
-        sample_unit="prioritized_buffer_transport",
-        transport="prioritized_buffer_transport",
-        transport_options="prioritized_buffer_transport",
-    )
+    __init__ = keywords_since(__init__, PRIORITIZED_BUFFER_KEYWORDS)
 
     # ---- sync=False (torchrl 0.13+): a local prioritized sampler catching up with writes
     @property

@@ -14,7 +14,7 @@ from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.utils import _reduce
 from . import _prioritized_sync as _sync
-from .prioritized import _given, PrioritizedReplayBuffer
+from .prioritized import _given, PRIORITIZED_BUFFER_KEYWORDS, PrioritizedReplayBuffer
 from .tensordict import TensorDictReplayBuffer
 
 
@@ -141,14 +141,7 @@ class TensorDictPrioritizedReplayBuffer(
                      transport_options=(transport_options, None)),
         )
 
-    __init__ = keywords_since(
-        __init__,
-        sampler_device="prioritized_device_argument",
-        sync="prioritized_device_argument",
-        sample_unit="prioritized_buffer_transport",
-        transport="prioritized_buffer_transport",
-        transport_options="prioritized_buffer_transport",
-    )
+    __init__ = keywords_since(__init__, PRIORITIZED_BUFFER_KEYWORDS)
 
     # ---- sync=False (torchrl 0.13+): a local prioritized sampler catching up with writes
     prioritized_sampler = PrioritizedReplayBuffer.prioritized_sampler
