@@ -210,12 +210,20 @@ def check_update(index: torch.Tensor, priority: torch.Tensor, capacity: int, max
 def check_new_priorities(priority, sampler, entry) -> None:
     """Checks, before a batch is written, the priorities it carries (its ``entry``) as the
     prioritized ``sampler`` will take them once the batch is in: finite, non-negative, and
-    ``(priority + eps) ** alpha`` within the trees' dtype. O(batch), vectorised.
+    ``(priority + eps) ** alpha`` within the trees' dtype. O(batch), vectorised. Not where
+    the sampler's trees are on a device, which check there without waiting for it.
 
     Raises:
         ValueError: naming the priority, its position in the batch and the entry.
     """
     if not isinstance(priority, torch.Tensor) or priority.is_complex() or priority.dtype == torch.bool:
+        return
+    sum_tree = getattr(sampler, "_sum_tree", None)
+    if (sum_tree is not None and not is_replay_tree(sum_tree)) or (
+        sum_tree is None and priority.device.type != "cpu"
+    ):
+        # Trees on a device check priorities there, without waiting for the device: a bad
+        # one is masked and raised at the next call (see PrioritizedSampler's note).
         return
     flat = priority.detach().reshape(-1)
     bad = (~torch.isfinite(flat) | (flat < 0)) if flat.is_floating_point() else flat < 0

@@ -182,8 +182,10 @@ class Storage(*torchrl_twin("storages", "Storage")):
         cursor = getattr(self, "_last_cursor", None)
         taken = self.__dict__.get("_last_cursor_time")
         if taken is not None and taken[0] is cursor:
-            return taken[1]
-        return _time_coordinate(cursor, self.max_size)
+            coordinate = taken[1]
+        else:
+            coordinate = _time_coordinate(cursor, self.max_size)
+        return int(coordinate) if isinstance(coordinate, torch.Tensor) else coordinate
 
     def _set_last_cursor(self, cursor: Any) -> None:
         self._last_cursor = cursor
@@ -297,8 +299,14 @@ def _time_coordinate(cursor, max_size: int) -> int | None:
     if isinstance(cursor, (tuple, list)) and cursor:
         cursor = cursor[0]
     if isinstance(cursor, torch.Tensor):
-        cursor = cursor.reshape(-1)
-        return int(cursor[-1]) if cursor.numel() else None
+        cursor = cursor.detach().reshape(-1)
+        if not cursor.numel():
+            return None
+        if cursor.device.type == "cpu":
+            return int(cursor.numpy()[-1])  # read from memory: no torch op to wait for
+        # a device cursor is copied on its device and read only when asked for: a write
+        # never waits for the device
+        return cursor[-1].clone()
     if isinstance(cursor, slice):
         cursor = range(*cursor.indices(max_size))
     if isinstance(cursor, range):
