@@ -18,9 +18,13 @@ from tensordict import TensorDict
 
 import torchrl_compat as O
 from torchrl_compat import _checkpoint_publish
+from torchrl_compat._releases import since
 
 from test_checkpointers_kill import dump_stopping_in_hook, FORK, kill_spread, TIMEOUT
 from test_replay_buffers import torchrl_trees  # noqa: F401 (fixture)
+
+# From torchrl 0.14 a buffer checkpoint also holds its prefetch queue.
+PREFETCH_FILES = ["prefetch.pkl"] if since("buffer_prefetch_state") else []
 
 CAPACITY = 1 << 13
 TRIALS = 10
@@ -499,7 +503,8 @@ def test_dumps_keeps_what_else_the_directory_holds(tmp_path):
     assert (path / "model.pt").read_text() == "weights"
     assert (path / "logs" / "events").read_text() == "step 1"
     assert sorted(os.listdir(path)) == sorted(
-        ["buffer_metadata.json", "logs", "model.pt", "rng_state", "sampler", "storage", "transform.t", "writer"]
+        ["buffer_metadata.json", "logs", "model.pt", "rng_state", "sampler", "storage", "transform.t", "writer",
+         *PREFETCH_FILES]
     )
     target = transformed_buffer(1)
     target.loads(path)
@@ -533,7 +538,9 @@ def assert_same_ensemble(loaded, reference):
 def test_ensemble_dumps_whole_and_loads_whole(tmp_path, damage):
     path = tmp_path / "ckpt"
     ensemble(1).dumps(path)
-    assert sorted(os.listdir(path)) == ["buffer_metadata.json", "rng_state", "sampler", "storage", "writer"]
+    assert sorted(os.listdir(path)) == sorted(
+        ["buffer_metadata.json", "rng_state", "sampler", "storage", "writer", *PREFETCH_FILES]
+    )
     target = ensemble(5)
     target.loads(path)
     assert_same_ensemble(target, ensemble(1))
