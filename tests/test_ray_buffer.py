@@ -6,6 +6,7 @@ One local cluster (``ray.init(num_cpus=2)``) serves the whole module.
 import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -37,11 +38,17 @@ def cluster():
     # the shard actors import this checkout: the workers inherit the driver's environment
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
     started = not ray.is_initialized()
+    # ray.init replaces the driver's SIGTERM / SIGINT handlers, and ray.shutdown leaves its
+    # own: the storages' clean-up handlers of later tests (and their forked children) would
+    # never run. The module hands back the handlers it found.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     if started:
         ray.shutdown()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
