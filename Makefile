@@ -23,13 +23,12 @@ endif
 # make test's runs against torchrl 0.14 and against the newest tensordict have environments of
 # their own.
 TORCHRL14_VENV = build/venv-torchrl-0.14
-TORCHRL14_PYTHON = $(TORCHRL14_VENV)/bin/python
 LATEST_VENV = build/venv-tensordict-latest
 LATEST_PYTHON = $(LATEST_VENV)/bin/python
 SETUP_INPUTS = requirements-test.txt pyproject.toml setup.py $(wildcard *.pth)
 TORCHRL_PIN = $(shell grep '^torchrl==' requirements-dev.txt)
 
-.PHONY: setup build test test-debug test-torchrl-0.14 test-tensordict-latest demo bench clean
+.PHONY: setup build test test-debug test-tensordict-latest demo bench clean
 
 # $(call make_venv,DIR): a virtual environment with pip in DIR, or one line saying what is missing.
 define make_venv
@@ -81,16 +80,24 @@ test-debug: $(ENV_READY)
 	$(DEBUG_BUILD)
 	$(DEBUG_TESTS)
 
-# The suite against torchrl 0.14.1 and its tensordict, in an environment of its own.
-$(TORCHRL14_VENV)/.setup-done: requirements-torchrl-0.14.txt $(SETUP_INPUTS)
-	$(call make_venv,$(TORCHRL14_VENV))
-	$(TORCHRL14_PYTHON) -m pip install $(PIP_FLAGS) -r requirements-torchrl-0.14.txt
-	$(TORCHRL14_PYTHON) -m pip install $(PIP_FLAGS) --no-deps $(PIP_EDITABLE)
+# The suite against another torchrl release and its tensordict, each in an environment of its own
+# made from requirements-torchrl-<release>.txt: make test-torchrl-0.14 (part of make test), and
+# make test-torchrl-0.12 / make test-torchrl-0.13, run by hand.
+# (precious: make would otherwise delete the marker of an environment it made on the way)
+.PRECIOUS: build/venv-torchrl-%/.setup-done
+build/venv-torchrl-%/.setup-done: requirements-torchrl-%.txt $(SETUP_INPUTS)
+	$(call make_venv,build/venv-torchrl-$*)
+	build/venv-torchrl-$*/bin/python -m pip install $(PIP_FLAGS) -r requirements-torchrl-$*.txt
+	build/venv-torchrl-$*/bin/python -m pip install $(PIP_FLAGS) --no-deps $(PIP_EDITABLE)
 	@touch $@
 
-TORCHRL14_TESTS = $(call versions_line,$(TORCHRL14_PYTHON)) && $(TORCHRL14_PYTHON) -m pytest tests -q -p no:cacheprovider
-test-torchrl-0.14: build $(TORCHRL14_VENV)/.setup-done
-	$(TORCHRL14_TESTS)
+# $(call release_tests,RELEASE): the suite run in that release's environment.
+release_tests = $(call versions_line,build/venv-torchrl-$(1)/bin/python) \
+	&& build/venv-torchrl-$(1)/bin/python -m pytest tests -q -p no:cacheprovider
+TORCHRL14_TESTS = $(call release_tests,0.14)
+# (no .PHONY: make skips pattern rules for phony targets)
+test-torchrl-%: build build/venv-torchrl-%/.setup-done
+	$(call release_tests,$*)
 
 # $(call versions_line,PYTHON): prints the torch, tensordict and torchrl versions a run uses.
 versions_line = $(1) -c "import tensordict, torch, torchrl; print(f'torch {torch.__version__}, tensordict {tensordict.__version__}, torchrl {torchrl.__version__}')"
