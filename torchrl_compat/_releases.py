@@ -51,6 +51,9 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # With ``max_priority_within_buffer``, the largest priority rebuilt from the trees is
     # turned back into a raw priority (not kept as ``p ** alpha``); with alpha == 0 it is kept.
     "prioritized_raw_max_within_buffer": (0, 13),
+    # That rebuild reads the stored values in the trees' dtype (0.11-0.13 gather them into a
+    # tensor of torch's default dtype, a list of Python floats: fp64 trees round to fp32).
+    "prioritized_max_read_in_tree_dtype": (0, 14),
     # ``load_state_dict`` copies the trees and the largest priority (0.11-0.12 alias them).
     "prioritized_load_state_dict_copies": (0, 13),
     # Setting ``alpha`` on a within-buffer sampler holding priorities warns, once (0.13 only:

@@ -261,8 +261,8 @@ def ravel_rows(index: torch.Tensor, shape) -> torch.Tensor:
 def largest_leaf(sum_tree, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(value, index)`` of the largest of the ``size`` leaves, as torchrl's rebuild of the
     max priority gives them, with one reduction instead of torchrl's Python loop over the
-    capacity: a value of ``dtype`` (the trees' from torchrl 0.13 on), else of the default
-    dtype (torchrl 0.11 builds a tensor from Python floats)."""
+    capacity: a value of ``dtype`` (the trees' from torchrl 0.14 on), else of the default
+    dtype (torchrl 0.11-0.13 build a tensor from Python floats)."""
     dtype = torch.get_default_dtype() if dtype is None else dtype
     if is_replay_tree(sum_tree):
         leaves = sum_tree.values()

@@ -343,8 +343,11 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             )
 
     def _tree_argmax(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(value, index)`` of the largest stored value, in the trees' dtype."""
-        return largest_leaf(self._sum_tree, dtype=tree_dtype(self.dtype))
+        """``(value, index)`` of the largest stored value, in the dtype the followed release
+        reads it in."""
+        if since("prioritized_max_read_in_tree_dtype"):
+            return largest_leaf(self._sum_tree, dtype=tree_dtype(self.dtype))
+        return largest_leaf(self._sum_tree)
 
     def _note_storage_length(self, length: int) -> None:
         """Says once, through the library's logger, that the storage is longer than the sampler."""
