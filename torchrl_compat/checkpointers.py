@@ -103,6 +103,13 @@ def _lives_in_checkpoint(storage, path: Path) -> bool:
     )
 
 
+def _saved_path(data) -> Path | None:
+    """Where the memory-mapped tensordict ``data`` lives (``None`` when it is not one)."""
+    if not data.is_memmap() or not data.saved_path:
+        return None
+    return Path(data.saved_path).absolute()
+
+
 def _link_live_files(storage, home: Path, directory: Path) -> None:
     """Carries the files of a storage living in ``home`` into the checkpoint ``directory``:
     its memory-mapped files as hard links (no data is copied), the other files (the
@@ -532,16 +539,20 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         for hook in self._save_hooks:
             _storage = hook(_storage, path=path)
         if is_tensor_collection(_storage):
-            if (
-                home is not None
-                and _storage.is_memmap()
-                and _storage.saved_path
-                and Path(_storage.saved_path).absolute() == home
-            ):
+            saved_in = _saved_path(_storage)
+            if home is not None and saved_in == home:
                 # The linked files are the data, described by the meta.json files copied
                 # beside them. torchrl calls memmap_refresh_() here, which rewrites the
                 # files in place: a dump killed then leaves them truncated.
                 check_tensordict_layout(path)
+            elif saved_in is not None and saved_in == Path(path).absolute():
+                # A save hook (TED2Flat, TED2Nested) wrote the checkpoint here itself. It is
+                # refreshed in place, as torchrl does, so the non-tensor entries' meta.json
+                # are what the installed tensordict writes there: tensordict 0.11 adds
+                # an ``other.pickle`` beside each, 0.14 none (a copy made with
+                # ``memmap(path)`` would carry one everywhere). The directory is not
+                # published yet, so rewriting it in place is safe.
+                _storage.memmap_refresh_()
             else:
                 _storage.memmap(path, copy_existing=True)
             is_pytree = False
