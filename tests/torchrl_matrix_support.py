@@ -457,14 +457,7 @@ class Gap:
         self.cases = re.compile(cases)
 
 
-GAPS = (
-    Gap(
-        "state_dict and empty on ensembles (StorageEnsemble, WriterEnsemble, SamplerEnsemble), "
-        "which torchrl 0.14 implements",
-        lambda: "NotImplementedError" not in _source_of("StorageEnsemble", "state_dict"),
-        r"test_ensembles\[.*\]",
-    ),
-)
+GAPS = ()
 
 
 def gaps_of(node_name) -> list:
