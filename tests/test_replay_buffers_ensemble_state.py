@@ -1,9 +1,12 @@
 """The state of the ensembles (StorageEnsemble, SamplerEnsemble, WriterEnsemble and the
-ReplayBufferEnsemble made of them): ``state_dict`` / ``load_state_dict`` and ``empty``,
-compared with torchrl's ensembles of the installed release. From torchrl 0.14 the
-``state_dict``s cross between torchrl's ensembles and ours in both directions; before, the
-storage and writer ensembles raise ``NotImplementedError`` as torchrl's do."""
+ReplayBufferEnsemble made of them): ``state_dict`` / ``load_state_dict``, ``empty`` and the
+empty members of a storage ensemble's checkpoint, compared with torchrl's ensembles of the
+installed release. From torchrl 0.14 the ``state_dict``s and checkpoints cross between
+torchrl's ensembles and ours in both directions; before, the storage and writer ensembles
+raise ``NotImplementedError`` as torchrl's do."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -221,3 +224,102 @@ def test_no_state_before_014(tmp_path, lib):
     # the sampler ensemble has always had one
     assert list(rbe.sampler.state_dict()) == ["0", "1", "2"]
     assert not hasattr(rbe.storage, "max_size")
+
+
+# -----------------------------------------------------------------------------
+# StorageEnsembleCheckpointer: the empty members (torchrl 0.14's metadata.json)
+# -----------------------------------------------------------------------------
+def _storage_ensemble(M, tmp_path, *, filled=(True, False, True)):
+    storages = M.StorageEnsemble(
+        M.LazyTensorStorage(6), M.LazyTensorStorage(5), M.LazyMemmapStorage(4, scratch_dir=tmp_path / "scratch")
+    )
+    for k, (storage, fill) in enumerate(zip(storages._storages, filled)):
+        if fill:
+            storage.set(torch.arange(3), _records(3, start=100 * k))
+    return storages
+
+
+def _files(path):
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+needs_empty_members = pytest.mark.skipif(
+    not since("ensemble_checkpoint_empty_members"), reason="a torchrl 0.14 behaviour"
+)
+
+
+@needs_empty_members
+@pytest.mark.parametrize("src,dst", [("torchrl", "ours"), ("ours", "torchrl"), ("ours", "ours")])
+def test_empty_members_checkpoint_crosses(tmp_path, src, dst):
+    source = _storage_ensemble(LIBS[src], tmp_path / "src")
+    source.dumps(tmp_path / "ckpt")
+    assert json.loads((tmp_path / "ckpt" / "metadata.json").read_text()) == {"empty_members": [1]}
+    assert not (tmp_path / "ckpt" / "1").exists()
+    # the target's second member holds records, which the load empties
+    target = _storage_ensemble(LIBS[dst], tmp_path / "dst", filled=(False, True, False))
+    target.loads(tmp_path / "ckpt")
+    assert [len(storage) for storage in target._storages] == [3, 0, 3]
+    for k in (0, 2):
+        assert target._storages[k][:3]["step"].tolist() == [100 * k, 100 * k + 1, 100 * k + 2]
+
+
+@needs_empty_members
+def test_empty_members_files_as_torchrl(tmp_path):
+    for lib, M in LIBS.items():
+        _storage_ensemble(M, tmp_path / f"src-{lib}").dumps(tmp_path / lib)
+    assert _files(tmp_path / "ours") == _files(tmp_path / "torchrl")
+    assert (tmp_path / "ours" / "metadata.json").read_text() == (tmp_path / "torchrl" / "metadata.json").read_text()
+
+
+@needs_empty_members
+def test_checkpoint_without_metadata_loads_every_member(tmp_path):
+    """An ensemble checkpoint written before torchrl 0.14 (no metadata.json) loads each
+    member, as torchrl 0.14 loads it."""
+    _storage_ensemble(O, tmp_path / "src", filled=(True, True, True)).dumps(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "metadata.json").unlink()
+    for lib, M in LIBS.items():
+        target = _storage_ensemble(M, tmp_path / f"dst-{lib}", filled=(False, False, False))
+        target.loads(tmp_path / "ckpt")
+        assert [len(storage) for storage in target._storages] == [3, 3, 3], lib
+
+
+@needs_empty_members
+@pytest.mark.parametrize("empty_members", [[3], ["1"], 1, [-1]])
+def test_bad_empty_members_is_refused_before_loading(tmp_path, empty_members):
+    _storage_ensemble(O, tmp_path / "src").dumps(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "metadata.json").write_text(json.dumps({"empty_members": empty_members}))
+    target = _storage_ensemble(O, tmp_path / "dst", filled=(False, True, False))
+    with pytest.raises(ValueError, match="empty_members must be a list of member positions below 3"):
+        target.loads(tmp_path / "ckpt")
+    assert [len(storage) for storage in target._storages] == [0, 3, 0]
+
+
+@pytest.mark.skipif(since("ensemble_checkpoint_empty_members"), reason="torchrl 0.11-0.13 behaviour")
+def test_empty_member_cannot_be_dumped_before_014(tmp_path):
+    """Before torchrl 0.14 every member is dumped, and an empty lazy one cannot be."""
+    with pytest.raises(RuntimeError, match="Cannot save a non-initialized storage"):
+        _storage_ensemble(O, tmp_path / "src").dumps(tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+@needs_empty_members
+@pytest.mark.parametrize("src,dst", [("torchrl", "ours"), ("ours", "torchrl")])
+def test_buffer_ensemble_dumps_cross(tmp_path, src, dst):
+    """A whole ensemble's dumps (storages, samplers, writers, generator): the same files in
+    both libraries, each loaded by the other, sampling on as the source does."""
+    def build(M, where, **kwargs):
+        return _ensemble(M, tmp_path / where, third=M.LazyTensorStorage, **kwargs)
+
+    dumps = {}
+    for lib, M in LIBS.items():
+        rbe = build(M, f"made-{lib}")
+        _sampled(rbe, 2)
+        rbe.dumps(tmp_path / lib)
+        dumps[lib] = rbe
+    assert _files(tmp_path / "ours") == _files(tmp_path / "torchrl")
+    source = dumps[src]
+    target = build(LIBS[dst], "target", start=1000)
+    target.loads(tmp_path / src)
+    for i in range(3):
+        assert torch.equal(target[i][:]["step"], source[i][:]["step"])
+    _assert_same_samples(_sampled(target), _sampled(source))

@@ -127,6 +127,9 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     "ensemble_members_state": (0, 14),
     # StorageEnsemble.max_size: the sum of its storages' (0.11-0.13: no such attribute)
     "storage_ensemble_max_size": (0, 14),
+    # StorageEnsembleCheckpointer writes metadata.json ({"empty_members": [...]}), skips
+    # dumping the empty members and empties them on load
+    "ensemble_checkpoint_empty_members": (0, 14),
 }
 
 
