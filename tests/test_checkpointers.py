@@ -22,6 +22,7 @@ import torchrl.data.replay_buffers.storages as trl
 import torchrl_compat.checkpointers as ck
 import torchrl_compat.storages as ours
 from torchrl_compat import _checkpoint_publish
+from torchrl_compat._releases import since
 
 DATA_DIR = pathlib.Path(__file__).parent / "data"
 CAPACITY = 8  # rows along the first dimension
@@ -353,6 +354,10 @@ def test_compressed_empty_refused(tmp_path):
 # -----------------------------------------------------------------------------
 # StorageEnsemble
 # -----------------------------------------------------------------------------
+# torchrl 0.14's ensemble checkpoints list their empty members (here none) in metadata.json
+ENSEMBLE_METADATA = ["metadata.json"] if since("ensemble_checkpoint_empty_members") else []
+
+
 def ensemble(lib, offset=0.0, transforms=None):
     subs = []
     for i in range(2):
@@ -365,7 +370,7 @@ def ensemble(lib, offset=0.0, transforms=None):
 def test_ensemble_ours_loads_in_torchrl(tmp_path):
     src = ensemble("ours")
     ck.StorageEnsembleCheckpointer.dumps(src, tmp_path / "e")
-    assert sorted(os.listdir(tmp_path / "e")) == ["0", "1"]
+    assert sorted(os.listdir(tmp_path / "e")) == ["0", "1", *ENSEMBLE_METADATA]
     dst = ensemble("torchrl", offset=-5.0)
     trl_ck.StorageEnsembleCheckpointer.loads(dst, tmp_path / "e")
     for i in range(2):
@@ -392,7 +397,7 @@ def test_ensemble_transforms_round_trip(tmp_path):
     transforms = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
     src = ensemble("ours", transforms=transforms)
     ck.StorageEnsembleCheckpointer.dumps(src, tmp_path / "e")
-    assert sorted(os.listdir(tmp_path / "e")) == ["0", "0_transform.pt", "1", "1_transform.pt"]
+    assert sorted(os.listdir(tmp_path / "e")) == ["0", "0_transform.pt", "1", "1_transform.pt", *ENSEMBLE_METADATA]
     fresh = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
     dst = ensemble("ours", offset=-5.0, transforms=fresh)
     ck.StorageEnsembleCheckpointer.loads(dst, tmp_path / "e")

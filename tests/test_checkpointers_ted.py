@@ -6,7 +6,10 @@ storages dumped by one library's checkpointer are loaded by the other's and comp
 data that was written, for partially filled and wrapped storages of one and two dimensions.
 """
 import inspect
+import json
 import os
+import pathlib
+import shutil
 import warnings
 
 import pytest
@@ -18,9 +21,12 @@ import torchrl.data.replay_buffers.storages as trl
 import torchrl.data.replay_buffers.utils as TU
 
 import torchrl_compat.checkpointers as ck
+from data import make_golden_ted_checkpoints as golden
+from torchrl_compat._releases import FOLLOWED
 import torchrl_compat.storages as ours
 import torchrl_compat.utils as U
 
+DATA = pathlib.Path(__file__).parent / "data"
 HOOKS = ["TED2Flat", "Flat2TED", "TED2Nested", "Nested2TED", "H5Split", "H5Combine"]
 PAIRS = [("TED2Flat", "Flat2TED"), ("TED2Nested", "Nested2TED")]
 ROWS = 6  # time steps held by the test storages
@@ -340,9 +346,74 @@ def test_checkpoint_files_match_torchrl(tmp_path, checkpointer, ndim, nwrites):
             fill(lib, ndim, nwrites, 0, checkpointer).dumps(tmp_path / lib)
     ref, mine = (TensorDict.load_memmap(tmp_path / lib) for lib in ("torchrl", "ours"))
     assert_td_equal(mine, ref)
-    assert sorted(p.name for p in (tmp_path / "ours").iterdir()) == sorted(
-        p.name for p in (tmp_path / "torchrl").iterdir()
-    )
+    # every file, down to the non-tensor entries' (which carry an other.pickle with
+    # torchrl 0.11 and tensordict 0.11, none with torchrl 0.14)
+    assert files_of(tmp_path / "ours") == files_of(tmp_path / "torchrl")
+
+
+def files_of(path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file())
+
+
+# -----------------------------------------------------------------------------
+# Golden checkpoints of torchrl 0.11.0 and 0.14.1 (tests/data/make_golden_ted_checkpoints.py)
+# -----------------------------------------------------------------------------
+GOLDEN_LAYOUTS = {(0, 11): "trl011", (0, 14): "trl014"}
+GOLDEN_CHECKPOINTERS = {"flat": "FlatStorageCheckpointer", "nested": "NestedStorageCheckpointer"}
+
+
+def golden_dir(layout, kind):
+    return DATA / f"golden_{layout}_{kind}_checkpoint"
+
+
+def golden_expected():
+    """The storage the golden checkpoints hold: 9 steps in 6 rows (rows 0-2 overwritten),
+    root done states zeroed as the checkpointers restore them."""
+    data = golden.ted_steps(golden.STEPS)[torch.tensor([6, 7, 8, 3, 4, 5])]
+    for key in ("done", "terminated", "truncated"):
+        data[key].zero_()
+    return data
+
+
+@pytest.mark.filterwarnings("ignore:TensorDict.load_memmap is loading a pickled non-tensor field")
+@pytest.mark.parametrize("lib", ["torchrl", "ours"])
+@pytest.mark.parametrize("kind", sorted(GOLDEN_CHECKPOINTERS))
+@pytest.mark.parametrize("layout", sorted(GOLDEN_LAYOUTS.values()))
+def test_golden_checkpoint_loads(tmp_path, layout, kind, lib):
+    """Both releases' layouts load into ours (and into the installed torchrl's storage), with
+    or without an ``other.pickle`` beside the non-tensor entries."""
+    shutil.copytree(golden_dir(layout, kind), tmp_path / "ckpt")
+    mod, ckmod = STORAGES[lib]
+    storage = mod.LazyTensorStorage(golden.ROWS)
+    storage.checkpointer = getattr(ckmod, GOLDEN_CHECKPOINTERS[kind])()
+    storage.loads(tmp_path / "ckpt")
+    assert len(storage) == golden.ROWS
+    expected = golden_expected()
+    got = storage._storage
+    for key in expected.keys(True, True):
+        assert torch.equal(got.get(key), expected.get(key)), key
+
+
+@pytest.mark.parametrize("kind", sorted(GOLDEN_CHECKPOINTERS))
+def test_dumps_as_golden_of_release(tmp_path, kind):
+    """Ours writes the files, and the metadata, the followed release's torchrl wrote."""
+    layout = GOLDEN_LAYOUTS.get(FOLLOWED)
+    if layout is None:
+        pytest.skip(f"no golden checkpoint of torchrl {FOLLOWED}")
+    storage = ours.LazyTensorStorage(golden.ROWS)
+    storage.checkpointer = getattr(ck, GOLDEN_CHECKPOINTERS[kind])()
+    data = golden.ted_steps(golden.STEPS)
+    for t in range(golden.STEPS):
+        storage.set(t % golden.ROWS, data[t])
+    storage.dumps(tmp_path / "ckpt")
+    reference = golden_dir(layout, kind)
+    assert files_of(tmp_path / "ckpt") == files_of(reference)
+    for name in files_of(reference):
+        mine, theirs = (tmp_path / "ckpt" / name).read_bytes(), (reference / name).read_bytes()
+        if name.endswith(".json"):
+            assert json.loads(mine) == json.loads(theirs), name
+        elif name.endswith(".memmap"):
+            assert mine == theirs, name
 
 
 # -----------------------------------------------------------------------------

@@ -299,3 +299,52 @@ def test_sequence_priorities_reduced_to_anchors_as_torchrl(cls):
         leaves.append(torch.as_tensor(rb._sampler._sum_tree[np.arange(20)]))
     assert not torch.equal(leaves[0], torch.ones(20))
     torch.testing.assert_close(leaves[0], leaves[1])
+
+
+@needs_014
+@pytest.mark.parametrize("generations", [False, True], ids=["plain-writer", "tracking-writer"])
+@pytest.mark.parametrize("cls", ["TensorDictPrioritizedReplayBuffer", "PrioritizedReplayBuffer"])
+def test_unsynchronized_prioritized_sample_units_as_torchrl(cls, generations):
+    """``sync=False``: the learner's local prioritized sampler draws anchors that the buffer's
+    ``Sequence`` sample unit expands into windows, with the slots' ``"index_generation"``
+    when the writer tracks them, and a tensordict buffer's priority update goes to the
+    anchors (each one's largest valid priority), as torchrl 0.14 does."""
+    import numpy as np
+    from torchrl.data.replay_buffers.sample_units import Sequence
+
+    O.install_segment_trees()
+    results = []
+    for ns in (O, T):
+        rb = getattr(ns, cls)(
+            alpha=0.7, beta=0.5, storage=ns.LazyTensorStorage(30), sample_unit=Sequence(length=3),
+            batch_size=5, sync=False,
+        )
+        if generations:
+            # (the prioritized buffers take no writer: the tracking one is put in place)
+            rb._writer = ns.TensorDictRoundRobinWriter(track_generations=True)
+            rb._writer.register_storage(rb._storage)
+        data = _data(34)
+        data["next", "done"] = (torch.arange(34) % 7 == 6).unsqueeze(-1)
+        rb.extend(data[:20])
+        rb.extend(data[20:])  # wraps around: slots 0-3 written twice
+        batches = []
+        for seed in range(3):
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            sample, info = rb.sample(return_info=True)
+            batches.append((sample["a"], info))
+            if cls == "TensorDictPrioritizedReplayBuffer":
+                sample["td_error"] = torch.arange(sample.numel(), dtype=torch.float).reshape(sample.shape) + 1
+                rb.update_tensordict_priority(sample)
+        leaves = torch.as_tensor(rb.prioritized_sampler._sum_tree[np.arange(30)])
+        results.append((batches, leaves))
+    (ours, our_leaves), (theirs, their_leaves) = results
+    for (a, info), (want_a, want_info) in zip(ours, theirs):
+        assert torch.equal(a, want_a)
+        assert set(info) == set(want_info)
+        assert ("index_generation" in info) == generations
+        for key in want_info:
+            torch.testing.assert_close(torch.as_tensor(info[key]), torch.as_tensor(want_info[key]), msg=key)
+    torch.testing.assert_close(our_leaves, their_leaves)
+    if cls == "TensorDictPrioritizedReplayBuffer":
+        assert not torch.equal(our_leaves[:30], torch.ones(30))

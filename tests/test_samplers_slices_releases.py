@@ -4,6 +4,8 @@ key found in the storage, ``is_init`` at each slice start, ``pad_output``, ``end
 ``find_start_stop_traj``. Each case runs in every release; the reference is the installed
 torchrl on the same data and seeds."""
 import inspect
+import json
+import pathlib
 
 import pytest
 import torch
@@ -14,6 +16,8 @@ from tensordict import TensorDict
 import torchrl_compat as ours
 from torchrl_compat._releases import since
 from torchrl_compat.utils import find_start_stop_traj
+
+DATA = pathlib.Path(__file__).parent / "data"
 
 
 def _data(size, *, keys=("episode",), is_init=True, seed=0):
@@ -285,3 +289,92 @@ def test_find_start_stop_traj_exported():
     end = torch.tensor([False, True, False, True])
     got = find_start_stop_traj(end=end, at_capacity=False, device="cpu")
     assert [t.tolist() for t in got] == [[[0], [2]], [[1], [3]], [2, 2]]
+
+
+# -----------------------------------------------------------------------------
+# Golden files of torchrl 0.14.1's SliceSamplerWithoutReplacement
+# (tests/data/make_golden_slice_samplers014.py), in every release
+# -----------------------------------------------------------------------------
+def _golden():
+    from data import make_golden_slice_samplers014 as golden
+
+    return golden
+
+
+def _golden_record():
+    golden = _golden()
+    return json.loads((DATA / f"{golden.NAME}.json").read_text())
+
+
+def _state_of(sampler) -> dict:
+    return {
+        key: value.tolist() if isinstance(value, torch.Tensor) else value
+        for key, value in sampler.state_dict().items()
+    }
+
+
+def _loaded_pair(load):
+    """Ours and torchrl's ``SliceSamplerWithoutReplacement``, each given ``load(sampler)``,
+    with a storage of the golden trajectories each."""
+    golden = _golden()
+    pair = []
+    for samplers, storages in ((ours, ours), (trl_samplers, trl_storages)):
+        sampler = samplers.SliceSamplerWithoutReplacement(**golden.SAMPLER_KWARGS)
+        load(sampler)
+        pair.append((sampler, golden.trajectories(storages.LazyTensorStorage)))
+    return pair
+
+
+def test_golden_slice_without_replacement_state_dict_loads():
+    """torchrl 0.14.1's state_dict, part-way through the permutation of the trajectories,
+    loads into ours and the epoch goes on with torchrl's slices (its state_dict has the
+    same layout in every release)."""
+    golden = _golden()
+    state = torch.load(DATA / f"{golden.NAME}.pt")
+    (mine, my_storage), (theirs, their_storage) = _loaded_pair(lambda sampler: sampler.load_state_dict(state))
+    record = _golden_record()
+    assert _state_of(mine) == _state_of(theirs) == record["state"]
+    got = golden.next_slices(mine, my_storage)
+    assert got == golden.next_slices(theirs, their_storage)
+    if since("slice_end_keys_fragmented"):  # the slices torchrl 0.14.1 sampled
+        assert got == record["next_slices"]
+
+
+def test_golden_slice_without_replacement_dumps_loads():
+    """torchrl 0.14.1's dumps loads into ours as into the installed torchrl: from 0.13 the
+    permutation state is read (and the epoch goes on with torchrl's slices); before, loads is a
+    no-op in both, and the samplers keep their fresh state."""
+    golden = _golden()
+    (mine, my_storage), (theirs, their_storage) = _loaded_pair(lambda sampler: sampler.loads(DATA / golden.NAME))
+    assert _state_of(mine) == _state_of(theirs)
+    if since("slice_without_replacement_dumps"):
+        assert _state_of(mine) == _golden_record()["state"]
+        assert golden.next_slices(mine, my_storage) == golden.next_slices(theirs, their_storage)
+    else:
+        assert _state_of(mine)["len_storage"] == 0
+
+
+def test_slice_without_replacement_dumps_as_torchrl_014(tmp_path):
+    """Ours, holding the golden state, dumps torchrl 0.14.1's files (from 0.13; nothing before,
+    as torchrl), which torchrl's sampler loads back."""
+    golden = _golden()
+    state = torch.load(DATA / f"{golden.NAME}.pt")
+    mine = ours.SliceSamplerWithoutReplacement(**golden.SAMPLER_KWARGS)
+    mine.load_state_dict(state)
+    mine.dumps(tmp_path / "ckpt")
+    theirs = trl_samplers.SliceSamplerWithoutReplacement(**golden.SAMPLER_KWARGS)
+    theirs.dumps(tmp_path / "theirs")
+    if not since("slice_without_replacement_dumps"):
+        assert not (tmp_path / "ckpt").exists() and not (tmp_path / "theirs").exists()
+        return
+    reference = DATA / golden.NAME
+    files = sorted(p.name for p in reference.iterdir())
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == files
+    for name in files:
+        mine_bytes, golden_bytes = (tmp_path / "ckpt" / name).read_bytes(), (reference / name).read_bytes()
+        if name.endswith(".json"):
+            assert json.loads(mine_bytes) == json.loads(golden_bytes), name
+        else:
+            assert mine_bytes == golden_bytes, name
+    theirs.loads(tmp_path / "ckpt")
+    assert _state_of(theirs) == _golden_record()["state"]

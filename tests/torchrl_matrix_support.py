@@ -457,21 +457,7 @@ class Gap:
         self.cases = re.compile(cases)
 
 
-GAPS = (
-    Gap(
-        "FlatStorageCheckpointer / NestedStorageCheckpointer dumps holding the files torchrl "
-        "0.14.1's hold (ours add an other.pickle under storage/_storage_shape, is_full and shift)",
-        # found with torchrl 0.14, which also brought the prefetch state dumps write
-        lambda: hasattr(torchrl_own("ReplayBuffer"), "_dump_prefetch_state"),
-        r"test_checkpointers\[(Flat|Nested)StorageCheckpointer-Lazy(Tensor|Memmap)Storage\]",
-    ),
-    Gap(
-        "state_dict and empty on ensembles (StorageEnsemble, WriterEnsemble, SamplerEnsemble), "
-        "which torchrl 0.14 implements",
-        lambda: "NotImplementedError" not in _source_of("StorageEnsemble", "state_dict"),
-        r"test_ensembles\[.*\]",
-    ),
-)
+GAPS = ()
 
 
 def gaps_of(node_name) -> list:

@@ -37,8 +37,8 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # the storage, saved by the writer); ``generations_of``, ``tracks_generations`` and
     # ``write_at``; samples carry ``"index_generation"`` when the writer tracks them
     "writer_slot_generations": (0, 14),
-    # ``WriterEnsemble`` registers a storage ensemble on its members, empties them, saves
-    # their ``state_dict``s and reports their total write count
+    # ``WriterEnsemble`` registers a storage ensemble on its members and reports their total
+    # write count
     "writer_ensemble_members": (0, 14),
     # ---- prioritized samplers
     # PrioritizedSampler(device=...) and its ``device`` property: the trees follow a CUDA
@@ -124,6 +124,15 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     "buffer_consume_after_n_samples": (0, 14),
     # ReplayBufferEnsemble members built from components are buffers too (``rb[0]`` is one)
     "ensemble_members_from_components": (0, 14),
+    # StorageEnsemble and WriterEnsemble save and load their members' ``state_dict``s (one
+    # entry per member, ``"0"``, ``"1"``, ...; SamplerEnsemble always has), and the three
+    # ensembles empty their members, so ReplayBufferEnsemble.state_dict / empty work
+    "ensemble_members_state": (0, 14),
+    # StorageEnsemble.max_size: the sum of its storages' (0.11-0.13: no such attribute)
+    "storage_ensemble_max_size": (0, 14),
+    # StorageEnsembleCheckpointer writes metadata.json ({"empty_members": [...]}), skips
+    # dumping the empty members and empties them on load
+    "ensemble_checkpoint_empty_members": (0, 14),
 }
 
 

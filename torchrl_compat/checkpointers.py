@@ -35,7 +35,13 @@ from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDi
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten_with_path, tree_map
 
-from torchrl_compat._checkpoint_checks import load_module_states, read_for_loading, read_torch_file
+from torchrl_compat._checkpoint_checks import (
+    MetadataError,
+    load_module_states,
+    read_for_loading,
+    read_json_object,
+    read_torch_file,
+)
 from torchrl_compat._checkpoint_publish import (
     COPY,
     LINK,
@@ -46,6 +52,7 @@ from torchrl_compat._checkpoint_publish import (
     reading,
     write_aside,
 )
+from torchrl_compat._releases import since
 from torchrl_compat._storage_live_home import files_home, memmap_files, move_out
 from torchrl_compat._storage_checkpoint_checks import (
     TENSORDICT_METADATA_FILE,
@@ -101,6 +108,13 @@ def _lives_in_checkpoint(storage, path: Path) -> bool:
         and Path(scratch_dir).absolute() == Path(path).absolute()
         and bool(memmap_files(getattr(storage, "_storage", None)))
     )
+
+
+def _saved_path(data) -> Path | None:
+    """Where the memory-mapped tensordict ``data`` lives (``None`` when it is not one)."""
+    if not data.is_memmap() or not data.saved_path:
+        return None
+    return Path(data.saved_path).absolute()
 
 
 def _link_live_files(storage, home: Path, directory: Path) -> None:
@@ -532,16 +546,20 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         for hook in self._save_hooks:
             _storage = hook(_storage, path=path)
         if is_tensor_collection(_storage):
-            if (
-                home is not None
-                and _storage.is_memmap()
-                and _storage.saved_path
-                and Path(_storage.saved_path).absolute() == home
-            ):
+            saved_in = _saved_path(_storage)
+            if home is not None and saved_in == home:
                 # The linked files are the data, described by the meta.json files copied
                 # beside them. torchrl calls memmap_refresh_() here, which rewrites the
                 # files in place: a dump killed then leaves them truncated.
                 check_tensordict_layout(path)
+            elif saved_in is not None and saved_in == Path(path).absolute():
+                # A save hook (TED2Flat, TED2Nested) wrote the checkpoint here itself. It is
+                # refreshed in place, as torchrl does, so the non-tensor entries' meta.json
+                # are what the installed tensordict writes there: tensordict 0.11 adds
+                # an ``other.pickle`` beside each, 0.14 none (a copy made with
+                # ``memmap(path)`` would carry one everywhere). The directory is not
+                # published yet, so rewriting it in place is safe.
+                _storage.memmap_refresh_()
             else:
                 _storage.memmap(path, copy_existing=True)
             is_pytree = False
@@ -939,7 +957,9 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
     """Checkpointer for ensemble storages.
 
     Storage ``i`` is saved in ``path / str(i)`` and its transform, if any, in
-    ``path / f"{i}_transform.pt"`` (torchrl 0.11's layout).
+    ``path / f"{i}_transform.pt"`` (torchrl 0.11's layout). From torchrl 0.14 on,
+    ``metadata.json`` lists the empty members (``{"empty_members": [...]}``), which are not
+    dumped and are emptied on load (a checkpoint without it has none).
 
     .. note::
         torchrl 0.11's ``dumps`` saves the transforms of the last sub-storage instead of the
@@ -959,12 +979,19 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
         own = [str(i) for i in range(len(storages))]
         if transforms is not None:
             own += [f"{i}_transform.pt" for i in range(len(transforms))]
+        empty = []
+        if since("ensemble_checkpoint_empty_members"):
+            own.append(ENSEMBLE_METADATA_FILE)
+            empty = [i for i, sub in enumerate(storages) if not len(sub)]
         previous = published_path(path)
 
         def write(root):
             carry_over(previous, root, skip=own)
+            if since("ensemble_checkpoint_empty_members"):
+                _dump_json({"empty_members": empty}, root / ENSEMBLE_METADATA_FILE)
             for i, sub in enumerate(storages):
-                sub.dumps(root / str(i))
+                if i not in empty:
+                    sub.dumps(root / str(i))
             if transforms is not None:
                 for i, transform in enumerate(transforms):
                     if transform is not None:
@@ -981,7 +1008,11 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
         path = Path(path).absolute()
         if not path.is_dir():
             raise missing_checkpoint_error(path, "the directory does not exist")
-        loaders = [read_for_loading(sub, path / str(i)) for i, sub in enumerate(storage._storages)]
+        empty = _empty_members(path, len(storage._storages))
+        loaders = [
+            sub._empty if i in empty else read_for_loading(sub, path / str(i))
+            for i, sub in enumerate(storage._storages)
+        ]
         transform_states = []
         if storage._transforms is not None:
             for i, transform in enumerate(storage._transforms):
@@ -1003,3 +1034,21 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
                 raise
 
         return load
+
+
+ENSEMBLE_METADATA_FILE = "metadata.json"
+
+
+def _empty_members(path: Path, count: int) -> set:
+    """The members an ensemble checkpoint lists as empty (torchrl 0.14's ``metadata.json``;
+    none without it, as in an older checkpoint)."""
+    file = path / ENSEMBLE_METADATA_FILE
+    if not since("ensemble_checkpoint_empty_members") or not file.exists():
+        return set()
+    metadata = read_json_object(file)
+    empty = metadata.get("empty_members")
+    if not isinstance(empty, list) or not all(isinstance(i, int) and 0 <= i < count for i in empty):
+        raise MetadataError(
+            f"{file}: empty_members must be a list of member positions below {count}, got {empty!r}"
+        )
+    return set(empty)

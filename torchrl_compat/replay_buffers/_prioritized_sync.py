@@ -59,12 +59,19 @@ def catch_up(buffer) -> None:
 
 
 def sample_local(buffer, batch_size: int) -> tuple[Any, dict]:
-    """A sample drawn by the local prioritized sampler, once caught up."""
+    """A sample drawn by the local prioritized sampler, once caught up: its anchors expanded
+    by the buffer's sample unit, and with their slots' ``"index_generation"`` when the writer
+    tracks them (torchrl 0.14), as a synchronized buffer's sample."""
     catch_up(buffer)
+    storage = buffer._storage
     with buffer._replay_lock, buffer._write_lock:
-        index, info = local_sampler(buffer).sample(buffer._storage, batch_size)
+        index, info = local_sampler(buffer).sample(storage, batch_size)
+        if buffer._sample_unit is not None:
+            index, info = buffer._sample_unit.expand(index, info, storage)
         info["index"] = index
-        data = buffer._storage.get(index)
+        if getattr(buffer._writer, "tracks_generations", False):
+            info["index_generation"] = buffer._writer.generations_of(index)
+        data = storage.get(_on_storage_device(index, storage))
     if not isinstance(index, INT_CLASSES):
         data = buffer._collate_fn(data)
     if buffer._has_transforms():
@@ -72,6 +79,20 @@ def sample_local(buffer, batch_size: int) -> tuple[Any, dict]:
     if buffer._pin_memory:
         data = _pin_memory(data)
     return data, info
+
+
+def _on_storage_device(index, storage):
+    """``index`` (a tensor or a tuple of them) on the storage's device, where the storage has
+    one: the local sampler's trees may live elsewhere (``sampler_device``)."""
+    device = getattr(storage, "device", None)
+    if device is None or device == "auto":
+        return index
+    device = torch.device(device)
+
+    def moved(item):
+        return item.to(device) if isinstance(item, torch.Tensor) and item.device != device else item
+
+    return tuple(moved(item) for item in index) if isinstance(index, tuple) else moved(index)
 
 
 def update_local(buffer, index, priority) -> None:

@@ -208,6 +208,11 @@ class TensorDictPrioritizedReplayBuffer(
             priority = _reduce(priority.reshape(priority.shape[0], -1), sampler.reduction, dim=1)
         elif priority.numel() > 1:
             priority = torch.as_tensor(_reduce(priority, sampler.reduction))
+        if data.ndim:
+            # a Sequence sample's windows: each anchor gets its valid records' largest priority
+            anchored = self._anchor_reduced_priority(data, priority)
+            if anchored is not None:
+                return _sync.update_local(self, *anchored)
         index = data.get("index")
         while index.shape != priority.shape:
             index = index[..., 0]

@@ -292,8 +292,16 @@ class SamplerEnsemble(Sampler, *torchrl_twin("samplers", "SamplerEnsemble")):
         for i, sampler in enumerate(self._samplers):
             sampler.load_state_dict(state_dict[str(i)])
 
-    def _empty(self):
-        raise NotImplementedError
+    if since("ensemble_members_state"):
+
+        def _empty(self):
+            for sampler in self._samplers:
+                sampler._empty()
+
+    else:
+
+        def _empty(self):
+            raise NotImplementedError
 
     _INDEX_ERROR = INDEX_ERROR
 

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import textwrap
+from collections import OrderedDict
 from typing import Any
 
 import torch
 
 from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import StorageEnsembleCheckpointer
 from .base import Storage
@@ -55,6 +57,8 @@ class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
         self._checkpointer = self._default_checkpointer()
         self._compilable = False
         self._attached_entities_list = []
+        if since("storage_ensemble_max_size"):
+            self.max_size = sum(storage.max_size for storage in storages)
 
     _rng = members_rng("_storages")
 
@@ -98,11 +102,27 @@ class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
     def _get_storage(self, sub):
         return self._storages[sub]
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+    if since("ensemble_members_state"):
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise NotImplementedError
+        def state_dict(self) -> dict[str, Any]:
+            """The members' ``state_dict``s, under their positions (``"0"``, ``"1"``, ...)."""
+            return OrderedDict((str(i), storage.state_dict()) for i, storage in enumerate(self._storages))
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            for i, storage in enumerate(self._storages):
+                storage.load_state_dict(state_dict[str(i)])
+
+        def _empty(self) -> None:
+            for storage in self._storages:
+                storage._empty()
+
+    else:
+
+        def state_dict(self) -> dict[str, Any]:
+            raise NotImplementedError
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            raise NotImplementedError
 
     _INDEX_ERROR = INDEX_ERROR
 

@@ -45,9 +45,6 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
 
     _rng = members_rng("_writers")
 
-    def _empty(self, empty_write_count: bool = True) -> None:
-        raise NotImplementedError
-
     def dumps(self, path: Path):
         # every member's files are written aside and published together
         def write(directory):
@@ -88,11 +85,30 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
         writers = textwrap.indent(f"writers={self._writers}", " " * 4)
         return f"WriterEnsemble(\n{writers})"
 
-    def state_dict(self) -> dict[str, Any]:
-        raise NotImplementedError
+    if since("ensemble_members_state"):
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        raise NotImplementedError
+        def _empty(self, empty_write_count: bool = True) -> None:
+            for writer in self._writers:
+                writer._empty(empty_write_count=empty_write_count)
+
+        def state_dict(self) -> dict[str, Any]:
+            """The members' ``state_dict``s, under their positions (``"0"``, ``"1"``, ...)."""
+            return OrderedDict((str(i), writer.state_dict()) for i, writer in enumerate(self._writers))
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            for i, writer in enumerate(self._writers):
+                writer.load_state_dict(state_dict[str(i)])
+
+    else:
+
+        def _empty(self, empty_write_count: bool = True) -> None:
+            raise NotImplementedError
+
+        def state_dict(self) -> dict[str, Any]:
+            raise NotImplementedError
+
+        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+            raise NotImplementedError
 
     def __getstate__(self):
         state = copy(self.__dict__)
@@ -131,14 +147,3 @@ class WriterEnsemble(Writer, *torchrl_twin("writers", "WriterEnsemble")):
                 have different shapes).
             """
             return routed_generations(self._writers, index)
-
-        def _empty(self, empty_write_count: bool = True) -> None:
-            for writer in self._writers:
-                writer._empty(empty_write_count=empty_write_count)
-
-        def state_dict(self) -> dict[str, Any]:
-            return OrderedDict((str(i), writer.state_dict()) for i, writer in enumerate(self._writers))
-
-        def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-            for i, writer in enumerate(self._writers):
-                writer.load_state_dict(state_dict[str(i)])
