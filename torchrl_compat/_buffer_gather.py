@@ -18,14 +18,12 @@ storage; the output is the same tensor). Other leaves use ``index_select``.
 from __future__ import annotations
 
 import torch
-from tensordict import MemoryMappedTensor, TensorDict
+from tensordict import TensorDict
 
 from torchrl_compat._sampler_storage import has_plain_get
+from torchrl_compat.storages._rows import array_of, gather_tensordict, LEAF_TYPES, Rows
 
 __all__ = ["array_of", "gather_rows", "info_tree", "plain_storage"]
-
-_LEAF_TYPES = (torch.Tensor, MemoryMappedTensor)
-
 
 def info_tree(info: dict, numel: int, device) -> dict | None:
     """The entries of ``info`` a tensordict buffer sets into a 1-D batch as they are, as a
@@ -132,8 +130,8 @@ def gather_rows(
     if type(data) is TensorDict:
         if info is not None:
             info = info_tree(info, index.shape[0], data.device)  # None: the buffer sets them
-        return _gather_tensordict(data, _Rows(index, arrays, numpy_index), info)
-    if info is None and type(data) in _LEAF_TYPES and data.device == index.device:
+        return gather_tensordict(data, Rows(index, arrays, numpy_index), info)
+    if info is None and type(data) in LEAF_TYPES and data.device == index.device:
         if index.device.type == "cpu":
             array = array_of(data, arrays)
             if array is not None:
@@ -141,91 +139,3 @@ def gather_rows(
                 return torch.from_numpy(array.take(rows, axis=0))
         return torch.index_select(data, 0, index)
     return None
-
-
-class _Rows:
-    """The sampled rows, and how to gather them from one leaf."""
-
-    __slots__ = ("index", "numpy_index", "arrays")
-
-    def __init__(self, index: torch.Tensor, arrays: dict, numpy_index=None):
-        self.index = index
-        if numpy_index is None and index.is_cpu:
-            numpy_index = index.numpy()
-        self.numpy_index = numpy_index
-        self.arrays = arrays
-
-    def take(self, leaf: torch.Tensor) -> torch.Tensor | None:
-        """``leaf[index]`` as a new tensor, or ``None`` when ``leaf`` is on another device."""
-        if self.numpy_index is not None:
-            # a CPU index (is_cpu reads a flag, where comparing devices builds two objects)
-            if not leaf.is_cpu:
-                return None
-            array = array_of(leaf, self.arrays)
-            if array is not None:
-                return torch.from_numpy(array.take(self.numpy_index, axis=0))
-        elif leaf.device != self.index.device:
-            return None
-        return torch.index_select(leaf, 0, self.index)
-
-
-# Dtypes a CPU tensor shares with numpy (``Tensor.numpy()`` refuses the others).
-_NUMPY_DTYPES = frozenset({
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-})
-
-
-def array_of(leaf: torch.Tensor, arrays: dict):
-    """A numpy view of the CPU tensor ``leaf`` (``None`` when it has none), cached in
-    ``arrays`` by identity: making one costs about a microsecond."""
-    entry = arrays.get(id(leaf))
-    if entry is not None and entry[0] is leaf:
-        return entry[1]
-    array = None
-    if leaf.dtype in _NUMPY_DTYPES and not leaf.requires_grad:
-        try:
-            array = leaf.numpy()
-        except (TypeError, RuntimeError):  # conjugate or negative views
-            array = None
-    if len(arrays) >= _MAX_ARRAYS:
-        arrays.clear()  # leaves replaced over time: start again rather than hold them
-    arrays[id(leaf)] = (leaf, array)
-    return array
-
-
-_MAX_ARRAYS = 256
-
-
-def _gather_tensordict(data: TensorDict, rows: _Rows, info: dict | None):
-    """The rows of ``data``, with the entries of the ``info`` tree set as ``TensorDict.set``
-    would: in place of a stored entry of the same key, else after the stored ones."""
-    if data._td_dim_names is not None:
-        return None
-    device = data.device
-    if device is not None and device != rows.index.device:
-        return None
-    out = {}
-    for key, leaf in data._tensordict.items():
-        extra = None if info is None else info.get(key)
-        if extra is not None and type(extra) is not dict:
-            out[key] = extra  # replaced: not gathered
-            continue
-        leaf_type = type(leaf)
-        if leaf_type is TensorDict:
-            value = _gather_tensordict(leaf, rows, extra)
-        elif extra is None and leaf_type in _LEAF_TYPES:
-            value = rows.take(leaf)
-        else:
-            return None  # a nested info key under a tensor, or a leaf of another kind
-        if value is None:
-            return None
-        out[key] = value
-    if info is not None:
-        for key, value in info.items():
-            if key not in out:
-                if type(value) is dict:
-                    return None  # would create a nested tensordict: left to set()
-                out[key] = value
-    batch_size = torch.Size([rows.index.shape[0]]) + data._batch_size[1:]
-    return TensorDict._new_unsafe(out, batch_size=batch_size, device=device, nested=False)

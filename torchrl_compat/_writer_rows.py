@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 import replay
 
-from torchrl_compat._buffer_gather import array_of
+from torchrl_compat.storages._rows import array_of
 from torchrl_compat.storages import TensorStorage
 
 try:
@@ -53,7 +53,7 @@ def write_rows(
             booked as the storage's ``_last_cursor``, as ``storage.set(index, data)`` does.
         data (torch.Tensor or TensorDict): a batch of at most ``capacity`` items.
         arrays (dict, optional): numpy views of the storage's leaves already made (see
-            :func:`~torchrl_compat._buffer_gather.array_of`), filled in as leaves are met.
+            :func:`~torchrl_compat.storages._rows.array_of`), filled in as leaves are met.
         extra (dict, optional): top-level entries written as if ``data`` held them too
             (a tensordict's ``"index"``, left out of the caller's data).
         check (callable, optional): called before leaves are copied one by one (a copy that

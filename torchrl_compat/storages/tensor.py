@@ -39,6 +39,7 @@ from torchrl_compat.utils import (
     INT_CLASSES,
     tree_iter,
 )
+from ._rows import LeafArrays, read_rows, write_rows
 from .base import Storage, _rewrites_items, _uniform_indices
 from .utils import _device_of, _flip_list, _leading_dim, _shape_of
 
@@ -458,6 +459,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         # the journal lists this process's writes: a copy starts without any
         state.pop("_journal", None)
         state.pop("_last_run", None)
+        state.pop("_leaf_array_views", None)  # views of this process's memory
         if get_spawning_popen() is None:
             # plain pickling: the length and the write count travel as numbers
             length = self._len
@@ -621,12 +623,13 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
                 storage_keys = self._storage_keys
                 if storage_keys is not None:
                     data = data.select(*storage_keys, strict=False)
-                try:
-                    self._storage[cursor] = data
-                except RuntimeError as e:
-                    if "locked" in str(e).lower():
-                        self._raise_informative_lock_error(data, e)
-                    raise
+                if is_compiling() or not write_rows(self._storage, cursor, data):
+                    try:
+                        self._storage[cursor] = data
+                    except RuntimeError as e:
+                        if "locked" in str(e).lower():
+                            self._raise_informative_lock_error(data, e)
+                        raise
             elif isinstance(data, torch.Tensor) and isinstance(
                 self._storage, torch.Tensor
             ):
@@ -740,6 +743,13 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             )
         raise RuntimeError("".join(error_parts)) from original_error
 
+    def _leaf_arrays(self) -> LeafArrays:
+        """The numpy views of the leaves that :meth:`get` and :meth:`set` read and write."""
+        arrays = self.__dict__.get("_leaf_array_views")
+        if arrays is None:
+            arrays = self.__dict__["_leaf_array_views"] = LeafArrays()
+        return arrays
+
     # ------------------------------------------------------------------ read
     def get(self, index: int | Sequence[int] | slice) -> Any:
         if not self.initialized:
@@ -760,6 +770,10 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
                     _storage = tree_map(lambda x: x[:length], _storage)
             else:
                 index = mapped
+        if _storage is self._storage and type(index) is torch.Tensor and not is_compiling():
+            rows = read_rows(_storage, index, self._leaf_arrays())
+            if rows is not None:
+                return rows
         if is_tc or isinstance(_storage, torch.Tensor):
             return _storage[index]
         return tree_map(lambda x: x[index], _storage)
