@@ -46,10 +46,7 @@ from torchrl_compat.storages import ListStorage
 from torchrl_compat.utils import _is_int, _pin_memory, _to_numpy, INT_CLASSES
 from torchrl_compat.writers import RoundRobinWriter, Writer
 
-try:
-    from torch.compiler import is_compiling
-except ImportError:  # pragma: no cover - torch < 2.3
-    from torch._dynamo import is_compiling
+from torchrl_compat._compile import is_compiling, opaque_to_compile
 
 
 _RL_WARNINGS = os.environ.get("RL_WARNINGS", "1").lower() in ("1", "y", "yes", "t", "true", "on")
@@ -821,6 +818,7 @@ class ReplayBuffer(*_TWIN):
 
     # ---------------------------------------------------------------- write
     @_maybe_delay_init
+    @opaque_to_compile
     def add(self, data: Any) -> int:
         """Add a single element to the replay buffer.
 
@@ -881,6 +879,7 @@ class ReplayBuffer(*_TWIN):
         self._sampler.extend(index)
         return index
 
+    @opaque_to_compile
     def extend(self, data: Sequence, *, update_priority: bool | None = None) -> torch.Tensor:
         """Extends the replay buffer with one or more elements contained in an iterable.
 
@@ -1034,6 +1033,7 @@ class ReplayBuffer(*_TWIN):
         with data.unlock_() if is_td else contextlib.nullcontext(), _set_dispatch_td_nn_modules(is_td):
             return self._transform(data)
 
+    @opaque_to_compile
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Samples a batch of data from the replay buffer.
 
