@@ -268,6 +268,13 @@ class ReplayBuffer(*_TWIN):
         quarter to a fifth; see ``bench/RESULTS.md``. ``len()`` reads the storage's
         length without taking the buffer's lock (torchrl takes it).
 
+    .. note:: Reached from a :func:`torch.compile`\ d function, :meth:`add`,
+        :meth:`extend` and :meth:`sample` run eagerly, outside the graph (one graph
+        break each, no tracing into the buffer): they cost what they cost eagerly plus
+        dynamo's frame switch, and never recompile as the cursor and length change.
+        torchrl traces into them (for a tensordict ``extend`` + ``sample``, 24 graphs
+        over 135 frames compiled while warming up). ``fullgraph=True`` fails on both.
+
     .. note:: :meth:`set_storage` registers the new storage with the writer and
         attaches the buffer to it (torchrl keeps writing into the previous storage
         while sampling from the new one). :meth:`insert_transform` accepts a plain
