@@ -9,6 +9,7 @@ from tensordict import is_tensor_collection, is_tensorclass, TensorDict, TensorD
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right
 
+from torchrl_compat._compile import is_compiling, opaque_to_compile
 from torchrl_compat._sampler_priorities import check_new_priorities
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy
@@ -16,8 +17,6 @@ from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.utils import _is_int, _reduce, _to_torch
 from torchrl_compat.writers import TensorDictRoundRobinWriter
 from .base import PRIORITIZED_SAMPLERS, ReplayBuffer, _maybe_delay_init, _stacked
-
-from torchrl_compat._compile import is_compiling, opaque_to_compile
 
 
 class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "TensorDictReplayBuffer")):
