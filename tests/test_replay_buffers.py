@@ -348,6 +348,33 @@ def test_slice_samplers_match_torchrl(sampler, kwargs):
             ref.update_tensordict_priority(expected)
 
 
+@pytest.mark.parametrize("storage_name", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_slice_sample_gathered_with_a_new_next_level(storage_name, monkeypatch):
+    """A trajectory-key sample of a storage without ``"next"``: the gather makes the level the
+    done / terminated / truncated entries go in (no ``storage.get``), and the batch matches
+    torchrl's, nested tensordicts (keys in order, batch size, device, lock) included."""
+    ours, ref = buffers("TensorDictReplayBuffer", storage_name=storage_name, storage_args=(50,),
+                        sampler="SliceSampler", sampler_kwargs={"num_slices": 4, "traj_key": "episode"}, seed=3)
+    import torchrl_compat.replay_buffers.base as buffer_base
+
+    gathered = []
+    gather_rows = buffer_base.gather_rows
+    monkeypatch.setattr(buffer_base, "gather_rows", lambda *a, **k: gathered.append(gather_rows(*a, **k)) or gathered[-1])
+    for step in range(6):
+        data = make_td(13, seed=step, start=13 * step).exclude("next")
+        data["episode"] = (torch.arange(13) + 13 * step) // 6
+        ours.extend(data)
+        ref.extend(data.clone())
+        got, info = ours.sample(12, return_info=True)
+        expected, ref_info = ref.sample(12, return_info=True)
+        assert_same(got, expected)
+        assert_same_info(info, ref_info)
+        assert list(got.keys(True)) == list(expected.keys(True))
+        for a, b in ((got, expected), (got["next"], expected["next"])):
+            assert (a.batch_size, a.device, a.is_locked, a.names) == (b.batch_size, b.device, b.is_locked, b.names)
+    assert len(gathered) == 6 and all(batch is not None for batch in gathered)
+
+
 @pytest.mark.parametrize("key", ["end_key", "traj_key"])
 @pytest.mark.parametrize("return_info", [False, True])
 def test_slice_sampler_loop_matches_torchrl(key, return_info):

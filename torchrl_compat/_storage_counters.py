@@ -11,10 +11,7 @@ from __future__ import annotations
 import functools
 import multiprocessing as mp
 
-try:
-    from torch.compiler import disable as compile_disable, is_compiling
-except ImportError:  # pragma: no cover - torch < 2.3
-    from torch._dynamo import disable as compile_disable, is_compiling
+from torchrl_compat._compile import compile_disable, dynamo_active, is_compiling
 
 __all__ = ["compile_disable", "is_compiling", "outside_graph", "restore_counter", "shared_counter"]
 
@@ -52,15 +49,16 @@ def outside_graph(method):
     Shared counters cannot be traced at all, and tracing the plain ints of a compilable
     storage makes torch.compile guard on their values and recompile at every write (torchrl
     keeps its length reads out of the graph for the same reason). So a compilable storage
-    always calls the dynamo-disabled method, which holds even where dynamo runs the calling
-    frame eagerly; a shared one calls it only while being traced, and is otherwise called
-    directly: the disabled wrapper's frame switch costs about half a microsecond.
+    calls the dynamo-disabled method wherever dynamo may see the call, even where it runs
+    the calling frame eagerly; a shared one calls it only while being traced. Otherwise
+    (plain eager code, or inside a buffer call kept out of the graph) the method is called
+    directly: the disabled wrapper's frame switch costs a few microseconds.
     """
     disabled = compile_disable()(method)
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        if self._compilable or is_compiling():
+        if is_compiling() or (self._compilable and dynamo_active()):
             return disabled(self, *args, **kwargs)
         return method(self, *args, **kwargs)
 

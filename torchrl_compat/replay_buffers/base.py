@@ -46,10 +46,7 @@ from torchrl_compat.storages import ListStorage
 from torchrl_compat.utils import _is_int, _pin_memory, _to_numpy, INT_CLASSES
 from torchrl_compat.writers import RoundRobinWriter, Writer
 
-try:
-    from torch.compiler import is_compiling
-except ImportError:  # pragma: no cover - torch < 2.3
-    from torch._dynamo import is_compiling
+from torchrl_compat._compile import is_compiling, opaque_to_compile
 
 
 _RL_WARNINGS = os.environ.get("RL_WARNINGS", "1").lower() in ("1", "y", "yes", "t", "true", "on")
@@ -270,6 +267,13 @@ class ReplayBuffer(*_TWIN):
         of tensors costs about a third of torchrl's time, a loop step on transitions a
         quarter to a fifth; see ``bench/RESULTS.md``. ``len()`` reads the storage's
         length without taking the buffer's lock (torchrl takes it).
+
+    .. note:: Reached from a :func:`torch.compile`\ d function, :meth:`add`,
+        :meth:`extend` and :meth:`sample` run eagerly, outside the graph (one graph
+        break each, no tracing into the buffer): they cost what they cost eagerly plus
+        dynamo's frame switch, and never recompile as the cursor and length change.
+        torchrl traces into them (for a tensordict ``extend`` + ``sample``, 24 graphs
+        over 135 frames compiled while warming up). ``fullgraph=True`` fails on both.
 
     .. note:: :meth:`set_storage` registers the new storage with the writer and
         attaches the buffer to it (torchrl keeps writing into the previous storage
@@ -821,6 +825,7 @@ class ReplayBuffer(*_TWIN):
 
     # ---------------------------------------------------------------- write
     @_maybe_delay_init
+    @opaque_to_compile
     def add(self, data: Any) -> int:
         """Add a single element to the replay buffer.
 
@@ -881,6 +886,7 @@ class ReplayBuffer(*_TWIN):
         self._sampler.extend(index)
         return index
 
+    @opaque_to_compile
     def extend(self, data: Sequence, *, update_priority: bool | None = None) -> torch.Tensor:
         """Extends the replay buffer with one or more elements contained in an iterable.
 
@@ -1034,6 +1040,7 @@ class ReplayBuffer(*_TWIN):
         with data.unlock_() if is_td else contextlib.nullcontext(), _set_dispatch_td_nn_modules(is_td):
             return self._transform(data)
 
+    @opaque_to_compile
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Samples a batch of data from the replay buffer.
 

@@ -9,6 +9,7 @@ import torch
 from tensordict import is_tensor_collection, TensorDictBase
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 
+from torchrl_compat._compile import opaque_to_compile
 from torchrl_compat._releases import keywords_since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
@@ -168,6 +169,7 @@ class TensorDictPrioritizedReplayBuffer(
     def __getstate__(self):
         return _sync.state_for_pickling(self, super().__getstate__())
 
+    @opaque_to_compile
     def add(self, data: TensorDictBase) -> int:
         if self.__dict__.get("_sync", True):
             return super().add(data)
@@ -183,6 +185,7 @@ class TensorDictPrioritizedReplayBuffer(
             self._set_index_in_td(data, index)
         return index
 
+    @opaque_to_compile
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
         if self.__dict__.get("_sync", True):
             return super().extend(tensordicts, update_priority=update_priority)

@@ -9,6 +9,7 @@ from tensordict import is_tensor_collection, is_tensorclass, TensorDict, TensorD
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right
 
+from torchrl_compat._compile import is_compiling, opaque_to_compile
 from torchrl_compat._sampler_priorities import check_new_priorities
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy
@@ -16,11 +17,6 @@ from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.utils import _is_int, _reduce, _to_torch
 from torchrl_compat.writers import TensorDictRoundRobinWriter
 from .base import PRIORITIZED_SAMPLERS, ReplayBuffer, _maybe_delay_init, _stacked
-
-try:
-    from torch.compiler import is_compiling
-except ImportError:  # pragma: no cover - torch < 2.3
-    from torch._dynamo import is_compiling
 
 
 class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "TensorDictReplayBuffer")):
@@ -114,6 +110,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             priority = priority.unflatten(0, tensordict.shape[:ndim])
         return priority
 
+    @opaque_to_compile
     @_maybe_delay_init
     def add(self, data: TensorDictBase) -> int:
         with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
@@ -138,6 +135,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             return shallow_copy(data)
         return self._transform.inv(data)
 
+    @opaque_to_compile
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
         """Extends the replay buffer with a batch of data.
 
@@ -303,6 +301,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             info["index"] = stacked
         return info
 
+    @opaque_to_compile
     def sample(
         self,
         batch_size: int | None = None,

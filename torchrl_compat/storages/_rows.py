@@ -218,11 +218,17 @@ def gather_tensordict(data: TensorDict, rows: Rows, info: dict | None):
         if value is None:
             return None
         out[key] = value
+    batch_size = torch.Size([rows.index.shape[0]]) + data._batch_size[1:]
     if info is not None:
         for key, value in info.items():
             if key not in out:
-                if type(value) is dict:
-                    return None  # would create a nested tensordict: left to set()
-                out[key] = value
-    batch_size = torch.Size([rows.index.shape[0]]) + data._batch_size[1:]
+                # set() makes a missing level (the slice samplers' "next") as an empty
+                # tensordict of the batch's size and device, then fills it in order
+                out[key] = _new_level(value, batch_size, device) if type(value) is dict else value
+    return TensorDict._new_unsafe(out, batch_size=batch_size, device=device, nested=False)
+
+
+def _new_level(tree: dict, batch_size: torch.Size, device) -> TensorDict:
+    """The tensordict ``set`` creates for a missing nested key, holding the ``tree``'s entries."""
+    out = {key: _new_level(value, batch_size, device) if type(value) is dict else value for key, value in tree.items()}
     return TensorDict._new_unsafe(out, batch_size=batch_size, device=device, nested=False)
