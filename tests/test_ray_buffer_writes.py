@@ -93,8 +93,9 @@ def test_extend_returns_indices_before_the_shards_answer():
         rb.close()
 
 
-def test_failed_write_is_reported_by_the_next_call():
-    rb = prioritized(2, 400, chunk_rows=10)
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_failed_write_is_reported_by_the_next_call(num_shards):
+    rb = prioritized(num_shards, 400, chunk_rows=10)
     try:
         rb.extend(rows(40))
         # a batch the shards' storages refuse (4 columns where they hold 1): extend returns
@@ -104,8 +105,9 @@ def test_failed_write_is_reported_by_the_next_call():
             rb.sample(8)
         err = caught.value
         assert sorted(err.index.tolist()) == sorted(bad.tolist())
-        assert {shard for shard, _, _ in err.failures} == set((bad // 200).tolist())
-        assert err.shard == int(bad[0] // 200)
+        stride = 400 // num_shards
+        assert {shard for shard, _, _ in err.failures} == set((bad // stride).tolist())
+        assert err.shard == int(bad[0] // stride)
         message = str(err)
         assert "20 row(s) an earlier extend returned the indices of were not stored" in message
         for shard, index, reason in err.failures:  # each write (a chunk, or part of one)

@@ -78,6 +78,7 @@ class ReplayShard:
     def __init__(self, shard: int, replay_buffer_cls, buffer_kwargs: dict, recovery_dir=None,
                  write_ahead: bool = False) -> None:
         self._shard = shard
+        _limit_threads()
         self._generator = torch.Generator()
         self._buffer = replay_buffer_cls(**buffer_kwargs)
         self._buffer.set_rng(self._generator)
@@ -497,6 +498,25 @@ class ReplayShard:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+
+
+def _limit_threads() -> None:
+    """Gives torch in the shard's process as many intra-op threads as CPUs Ray reserved for the
+    actor, at least one (none by default). A shard's calls are small: on a busy machine a
+    second thread only waits for a core (gathering 256 rows of a 100,000-row tensor took
+    20 ms with 2 threads on a loaded 2-core machine, 13 us with one)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        context = ray.get_runtime_context()
+        if context.worker.mode != ray.WORKER_MODE:
+            return  # not an actor's process (a shard built in the driver, in tests)
+        cpus = float(context.get_assigned_resources().get("CPU", 0.0))
+    except Exception:  # noqa: BLE001 - outside Ray: leave torch as it is
+        return
+    torch.set_num_threads(max(1, int(cpus)))
 
 
 def _reservable(buffer) -> bool:

@@ -185,7 +185,8 @@ class RayReplayBuffer(ReplayBuffer):
         earlier one. A shard asked for draws that has no row anymore makes the client refresh
         the totals and draw the batch again. The importance weights use the minimum from the
         sample's own replies. With one client and no prefetch, sampling is exact: the split
-        waits for the replies of the client's own writes and updates.
+        waits for the replies of the client's own writes and updates (with one shard there is
+        no split, and a sample reaches the shard after them without waiting).
 
     .. note:: Writes do not wait for the shards. Each shard hands a client ranges of its write
         sequence (a few chunks at a time, asked for ahead of need, so only a client's first
@@ -207,9 +208,9 @@ class RayReplayBuffer(ReplayBuffer):
 
     .. note:: Priority updates are checked on the client (indices held by a shard, finite and
         non-negative priorities). Without ``prefetch`` they are sent at once, without waiting,
-        and the next :meth:`sample` waits for their replies so that its split includes them
-        (calls from one client reach a shard in order). With ``prefetch``, samples are drawn
-        ahead, as in torchrl, before the updates of the batches just returned: the updates then
+        and the next :meth:`sample` sees them: calls from one client reach a shard in order,
+        and with several shards it waits for their replies so that its split includes them.
+        With ``prefetch``, samples are drawn ahead, as in torchrl, before the updates of the batches just returned: the updates then
         travel with the next sample's calls to each shard (one call per shard and step).
 
     .. note:: Faults. A shard actor that dies is restarted by Ray (``max_restarts``) and reloads
@@ -851,12 +852,18 @@ class RayReplayBuffer(ReplayBuffer):
                 while len(queue) < self._prefetch_cap:
                     queue.append(self._submit_sample(batch_size))
             else:
-                # exact: the split uses totals that include every write and update made so far
-                self._wait_for_writes()
-                self._wait_for_updates()
+                if self._num_shards > 1:
+                    # exact: the split uses totals that include every write and update made so
+                    # far (one shard needs no split: the sample reaches it after them)
+                    self._wait_for_writes()
+                    self._wait_for_updates()
                 pending = self._submit_sample(batch_size)
             self._harvest_updates()
             result = self._collect(pending)
+            if not self._prefetch_cap:
+                # done before the sample on its shard: their failures are reported now
+                self._wait_for_writes()
+                self._wait_for_updates()
             if result is not None:
                 return result
             self._discard_prefetched()
@@ -1064,7 +1071,11 @@ class RayReplayBuffer(ReplayBuffer):
         A client (:meth:`client`, or a copy unpickled in another process) only lets go of
         them."""
         if "_actors" in self.__dict__ and not self.__dict__.get("_owner", False):
-            self._close_client()
+            try:
+                self._close_client()
+            finally:
+                self.__dict__.pop("_actors", None)  # let go even when a last write failed
+            return
         actors = self.__dict__.pop("_actors", None)
         if actors is None or not self.__dict__.get("_owner", False):
             return
