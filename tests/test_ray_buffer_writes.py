@@ -212,3 +212,31 @@ def test_sample_after_update_sees_it_without_prefetch(num_shards):
             assert (sample["obs"][:, 0] == chosen).all()
     finally:
         rb.close()
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_prefetched_samples_see_an_update_after_prefetch_batches(num_shards):
+    """With ``prefetch=2`` the two batches already in flight were drawn before the update;
+    the one after them reflects it inside each shard (the split over several shards may
+    still be the earlier one: a shard's share of draws then goes to its rows of priority
+    ``eps``)."""
+    rb = prioritized(num_shards, 200, chunk_rows=10, prefetch=2, batch_size=32)
+    try:
+        index = rb.extend(rows(100))
+        rb.update_priority(index, torch.ones(100, dtype=torch.float64))
+        rb.sample()
+        for step, chosen in enumerate((3, 71, 40)):
+            priority = torch.zeros(100, dtype=torch.float64)
+            priority[chosen] = 1.0
+            rb.update_priority(index, priority)
+            rb.sample()
+            rb.sample()  # drawn before the update
+            sample = rb.sample()
+            same_shard = sample["index"] // (200 // num_shards) == index[chosen] // (200 // num_shards)
+            if step == 0:  # split by equal sums: both shards get draws
+                assert same_shard.any()
+            assert (sample["index"][same_shard] == index[chosen]).all()
+            if num_shards == 1:
+                assert same_shard.all()
+    finally:
+        rb.close()

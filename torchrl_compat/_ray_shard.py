@@ -263,19 +263,21 @@ class ReplayShard:
     def sample_prioritized(self, fraction: np.ndarray, updates=None):
         """Draws ``len(fraction)`` leaves: draw ``i`` descends the sum tree with the mass
         ``fraction[i] * total``. ``(packed rows, local index, priority, totals)``, or
-        ``(None, None, None, totals)`` when the shard holds no row."""
+        ``(None, None, None, totals)`` when the shard holds no row of positive priority (the
+        client split the batch by totals from before an update set them all to 0: it draws
+        again with the new ones)."""
         self._apply_updates(updates)
-        storage = self._buffer._storage
-        count = len(storage)
-        if count == 0:
-            return None, None, None, self.totals()
+        totals = self.totals()
+        count = totals[0]
+        if count == 0 or not totals[1] > 0:
+            return None, None, None, totals
         tree = self._buffer._sampler._sum_tree
         if is_replay_tree(tree):
             index, priority, _ = tree.sample_prioritized(count, fraction)
         else:
             index, priority, _ = tree.sample_prioritized(torch.from_numpy(fraction), count)
             index, priority = index.cpu().numpy(), priority.cpu().numpy()
-        return self._gather(index), index, priority, self.totals()
+        return self._gather(index), index, priority, totals
 
     def sample_uniform(self, fraction: np.ndarray, updates=None):
         """Row ``floor(fraction[i] * count)`` for each draw: ``(packed rows, local index, totals)``."""

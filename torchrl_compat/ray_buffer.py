@@ -210,8 +210,10 @@ class RayReplayBuffer(ReplayBuffer):
         non-negative priorities). Without ``prefetch`` they are sent at once, without waiting,
         and the next :meth:`sample` sees them: calls from one client reach a shard in order,
         and with several shards it waits for their replies so that its split includes them.
-        With ``prefetch``, samples are drawn ahead, as in torchrl, before the updates of the batches just returned: the updates then
-        travel with the next sample's calls to each shard (one call per shard and step).
+        With ``prefetch``, samples are drawn ahead, as in torchrl, before the updates of the
+        batches just returned: the updates then travel with the next sample's calls to each
+        shard (one call per shard and step), and a batch does not reflect the updates of the
+        ``prefetch`` batches before it (torchrl's prefetching threads trade the same).
 
     .. note:: Faults. A shard actor that dies is restarted by Ray (``max_restarts``) and reloads
         its part of the last checkpoint (:meth:`dumps` or :meth:`loads`), then replays its journal
