@@ -72,13 +72,19 @@ def payloads(count: int = 8):
     return [TensorDict({"obs": torch.randn(WRITE, OBS, generator=gen)}, [WRITE]) for _ in range(count)]
 
 
-def make_torchrl():
+# torch in a Ray worker of a 2-CPU cluster runs 2 intra-op threads: on a loaded machine a
+# gather then waits for the second one (our shards use one thread; this gives torchrl's actor
+# the same, for a like-for-like comparison).
+ONE_THREAD = {"runtime_env": {"env_vars": {"OMP_NUM_THREADS": "1"}}}
+
+
+def make_torchrl(one_thread: bool = False):
     from torchrl.data import LazyTensorStorage, PrioritizedSampler, TensorDictReplayBuffer
     from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
 
     return RayReplayBuffer(
         replay_buffer_cls=TensorDictReplayBuffer,
-        remote_config={"num_cpus": 0},
+        remote_config={"num_cpus": 0, **(ONE_THREAD if one_thread else {})},
         storage=functools.partial(LazyTensorStorage, CAPACITY),
         sampler=functools.partial(PrioritizedSampler, CAPACITY, alpha=0.7, beta=0.5),
         batch_size=BATCH,
@@ -123,6 +129,17 @@ def learner_step(rb) -> int:
     return BATCH
 
 
+def sustained(rb, fn, rounds: int) -> float:
+    """Seconds per call over ``rounds`` calls and the wait for what they left in flight (ours
+    returns from ``extend`` before the shard has written: this is the rate the shards keep)."""
+    start = time.perf_counter()
+    for _ in range(rounds):
+        fn()
+    if hasattr(rb, "sync"):
+        rb.sync()
+    return (time.perf_counter() - start) / rounds
+
+
 def per_call(fn, rounds: int) -> float:
     times = []
     for _ in range(rounds):
@@ -155,6 +172,8 @@ def writer_actor(ray):
                 else:
                     self.target.extend(data)
                 written += WRITE
+            if not self.torchrl_side:
+                self.target.sync()  # our writes return before they land: count landed ones
             return written
 
     return Writer
@@ -183,6 +202,8 @@ def mixed_run(ray, rb, torchrl_side: bool, seconds: float) -> dict:
 
 def parts(rb, data, rounds: int = 200) -> dict:
     """Time per part of our extend and sample: client side and the shard's side."""
+    import pickle
+
     from torchrl_compat import _ray_routing as routing, _ray_wire as wire
 
     ray = rb._ray
@@ -196,6 +217,17 @@ def parts(rb, data, rounds: int = 200) -> dict:
             lambda: ray.get(actor.extend.remote(None, (packed[0], packed[1], (1,) * len(packed[2]), packed[3]), *packed[2])),
             rounds) * 1e6,
     }
+    args = wire.to_arguments(packed)
+    # Ray pickles arguments with protocol 5, numpy buffers out of band
+    out["client_pickle_pieces_us"] = per_call(
+        lambda: pickle.dumps(args, protocol=5, buffer_callback=[].append), rounds) * 1e6
+    out["client_pickle_pieces_inband_us"] = per_call(lambda: pickle.dumps(args, protocol=5), rounds) * 1e6
+    token_start = ray.get(actor.reserve.remote(WRITE * rounds))[0]
+    starts = iter(range(token_start[1], token_start[1] + WRITE * rounds, WRITE))
+    refs = []
+    out["client_submit_write_us"] = per_call(
+        lambda: refs.append(actor.write_at.remote(token_start[0], next(starts), None, *args)), rounds) * 1e6
+    ray.get(refs)
     fraction = np.random.default_rng(0).random(BATCH)
     out["round_trip_sample_us"] = per_call(lambda: ray.get(actor.sample_prioritized.remote(fraction)), rounds) * 1e6
     reply = ray.get(actor.sample_prioritized.remote(fraction))
@@ -240,9 +272,10 @@ def main(argv=None) -> None:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--sides", nargs="+", default=["torchrl", "ours"],
-                        help="torchrl (0.11's RayReplayBuffer), torchrl014 (0.14's service_backend='ray', "
-                             "in its own environment), ours")
+    parser.add_argument("--sides", nargs="+", default=["torchrl", "torchrl_1thread", "ours"],
+                        help="torchrl (0.11's RayReplayBuffer), torchrl_1thread (the same, its actor on "
+                             "one torch thread), torchrl014 (0.14's service_backend='ray', in its own "
+                             "environment), ours")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     ray = start_cluster()
@@ -255,11 +288,12 @@ def main(argv=None) -> None:
         if shards is not None:
             rb = make_ours(shards)
         else:
-            rb = make_torchrl014() if name == "torchrl014" else make_torchrl()
+            rb = make_torchrl014() if name == "torchrl014" else make_torchrl(name == "torchrl_1thread")
         fill(rb, data)
         counter = iter(range(10**9))
         result = {
             "extend_ms": per_call(lambda: rb.extend(data[next(counter) % len(data)]), args.rounds) * 1e3,
+            "extend_sustained_ms": sustained(rb, lambda: rb.extend(data[next(counter) % len(data)]), args.rounds) * 1e3,
             "sample_update_ms": per_call(lambda: learner_step(rb), args.rounds) * 1e3,
         }
         if shards is not None:

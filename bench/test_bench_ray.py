@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ray_bench  # noqa: E402
 
 MIXED_SECONDS = float(os.environ.get("RAY_BENCH_MIXED_SECONDS", "30"))
-SIDES = ["torchrl", "ours_1", "ours_2"]
+SIDES = ["torchrl", "torchrl_1thread", "ours_1", "ours_2"]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +35,8 @@ def data():
 
 
 def build(side: str, prefetch=None):
-    if side == "torchrl":
-        return ray_bench.make_torchrl()
+    if side.startswith("torchrl"):
+        return ray_bench.make_torchrl(side == "torchrl_1thread")
     return ray_bench.make_ours(int(side.split("_")[1]), prefetch=prefetch)
 
 
@@ -54,6 +54,17 @@ def test_extend(benchmark, filled, data):
     benchmark.name = side
     counter = iter(range(10**9))
     benchmark.pedantic(lambda: rb.extend(data[next(counter) % len(data)]), rounds=200, warmup_rounds=10)
+
+
+def test_extend_sustained(benchmark, filled, data):
+    """20 writes and the wait for them to land (ours returns from ``extend`` before its shard
+    has written: this is the rate the shards keep up)."""
+    side, rb = filled
+    benchmark.group = "ray extend 1000 rows x 20, landed"
+    benchmark.name = side
+    counter = iter(range(10**9))
+    benchmark.pedantic(lambda: ray_bench.sustained(rb, lambda: rb.extend(data[next(counter) % len(data)]), 20),
+                       rounds=20, warmup_rounds=2)
 
 
 def test_sample_update(benchmark, filled):
@@ -79,13 +90,13 @@ def test_sample_update_prefetch(benchmark, cluster, data, side):
 def test_mixed_run(benchmark, cluster, data, side):
     """Two writer processes and one learner for ``RAY_BENCH_MIXED_SECONDS``: transitions
     written + sampled per second go to ``extra_info``."""
-    rb = build(side, prefetch=None if side == "torchrl" else 2)
+    rb = build(side, prefetch=None if side.startswith("torchrl") else 2)
     try:
         ray_bench.fill(rb, data)
         benchmark.group = "ray mixed run"
         benchmark.name = side
         result = benchmark.pedantic(
-            lambda: ray_bench.mixed_run(cluster, rb, side == "torchrl", MIXED_SECONDS), rounds=1, iterations=1
+            lambda: ray_bench.mixed_run(cluster, rb, side.startswith("torchrl"), MIXED_SECONDS), rounds=1, iterations=1
         )
         benchmark.extra_info.update(result)
         assert result["written_per_s"] > 0 and result["sampled_per_s"] > 0

@@ -198,6 +198,7 @@ def test_uniform_draws_cover_shards_and_capacity_is_global():
     try:
         assert rb.shard_totals()["count"].tolist() == [0, 0, 0]
         index = rb.extend(rows(150)).numpy()
+        rb.sync()  # the writes' replies: shard_totals() makes no call
         counts = rb.shard_totals()["count"]
         assert counts.sum() == 150 and len(set(counts.tolist())) > 1  # uneven shards
         got = rb[index]

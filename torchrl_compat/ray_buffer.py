@@ -24,11 +24,12 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_compat import _ray_routing as routing, _ray_wire as wire
+from torchrl_compat._ray_writes import Reservations, describe_rows
 from torchrl_compat._checkpoint_publish import publish_file
 from torchrl_compat.replay_buffers import ReplayBuffer
 from torchrl_compat.utils import _reduce
 
-__all__ = ["RayReplayBuffer", "ShardRestartedError", "ShardUnavailableError"]
+__all__ = ["RayReplayBuffer", "ShardRestartedError", "ShardUnavailableError", "ShardWriteError"]
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "torchrl_compat.RayReplayBuffer/1"
@@ -43,6 +44,9 @@ SERVICE_OPTIONS = ("ray_init_config", "remote_config", "num_shards", "recovery_d
 # The shard actors' defaults: no CPU reserved (a shard mostly waits), restarted after a crash,
 # and calls never retried behind the caller's back (a lost write must be reported).
 DEFAULT_SHARD_OPTIONS = {"num_cpus": 0, "max_restarts": 4, "max_task_retries": 0}
+# Writes a client keeps in flight before it waits for the oldest (so that a fast writer
+# cannot pile calls up in a shard's queue).
+MAX_WRITES_IN_FLIGHT = 16
 
 
 def _import_ray():
@@ -61,8 +65,9 @@ class ShardRestartedError(RuntimeError):
         rows_lost (int): rows the shard had written (as this client last saw it) that the
             restarted shard does not hold.
         restored (dict): what the shard restored (checkpoint version, rows, journal records).
-        index (torch.Tensor or None): for a write, the global indices of the rows the call did
-            store (``-1`` for rows that were not stored).
+        index (torch.Tensor or None): the global indices, returned by earlier :meth:`extend`
+            calls of this client, of the rows that were not stored (writes in flight when the
+            shard died, or refused by the restarted shard).
     """
 
     def __init__(self, message: str, *, shard: int, rows_lost: int, restored, index=None):
@@ -73,12 +78,39 @@ class ShardRestartedError(RuntimeError):
         self.index = index
 
 
+class ShardWriteError(RuntimeError):
+    """A write that :meth:`RayReplayBuffer.extend` returned the indices of was not stored: raised
+    by the client's next call.
+
+    Attributes:
+        shard (int): the shard of the first failed write.
+        index (torch.Tensor): the global indices of every row not stored (all failed writes).
+        failures (list): ``(shard, index, reason)`` of each failed write.
+    """
+
+    def __init__(self, message: str, *, failures):
+        super().__init__(message)
+        self.failures = failures
+        self.shard = failures[0][0]
+        self.index = torch.from_numpy(np.concatenate([index for _, index, _ in failures]))
+
+
 class ShardUnavailableError(RuntimeError):
     """A shard actor did not answer within the buffer's ``sample_timeout``."""
 
     def __init__(self, message: str, *, shard: int):
         super().__init__(message)
         self.shard = shard
+
+
+class _Write:
+    """A write in flight: its call, the global indices it returned, its reserved range."""
+
+    __slots__ = ("shard", "seq", "ref", "index", "token", "start")
+
+    def __init__(self, shard, seq, ref, index, token, start):
+        self.shard, self.seq, self.ref, self.index = shard, seq, ref, index
+        self.token, self.start = token, start
 
 
 class _Pending:
@@ -153,14 +185,35 @@ class RayReplayBuffer(ReplayBuffer):
         earlier one. A shard asked for draws that has no row anymore makes the client refresh
         the totals and draw the batch again. The importance weights use the minimum from the
         sample's own replies. With one client and no prefetch, sampling is exact: the split
-        waits for the replies of the client's own updates.
+        waits for the replies of the client's own writes and updates (with one shard there is
+        no split, and a sample reaches the shard after them without waiting).
+
+    .. note:: Writes do not wait for the shards. Each shard hands a client ranges of its write
+        sequence (a few chunks at a time, asked for ahead of need, so only a client's first
+        write to a shard waits for one); the client writes each chunk at rows of its ranges,
+        so :meth:`extend` returns the global indices at once and the call travels on without
+        being waited for. Ranges are disjoint: clients in any number of processes get distinct
+        rows of a lap. A write that fails is reported by the client's next call
+        (:class:`ShardWriteError` or :class:`ShardRestartedError`, naming the shard and the
+        global indices of the rows not stored); a client's calls reach a shard in the order it
+        makes them, so its reads, samples and priority updates come after its writes. A
+        writer process calls :meth:`sync` (or :meth:`close`) before it exits. What this
+        trades: rows reserved by one client and not yet written are passed over by the
+        others' writes (a lap evicts in reservation order, not write order), and until the
+        shards fill they count in ``len()`` and read as the storage's initial rows (a uniform
+        sample may draw them; a prioritized one never does, their priority being 0).
+        A reservation lapses when its shard restarts, is emptied or loaded: a write under it
+        is refused and reported. Shards whose writer is not round-robin or whose storage is
+        not a 1-D tensor storage return the indices of each write after it is stored.
 
     .. note:: Priority updates are checked on the client (indices held by a shard, finite and
         non-negative priorities). Without ``prefetch`` they are sent at once, without waiting,
-        and the next :meth:`sample` waits for their replies so that its split includes them
-        (calls from one client reach a shard in order). With ``prefetch``, samples are drawn
-        ahead, as in torchrl, before the updates of the batches just returned: the updates then
-        travel with the next sample's calls to each shard (one call per shard and step).
+        and the next :meth:`sample` sees them: calls from one client reach a shard in order,
+        and with several shards it waits for their replies so that its split includes them.
+        With ``prefetch``, samples are drawn ahead, as in torchrl, before the updates of the
+        batches just returned: the updates then travel with the next sample's calls to each
+        shard (one call per shard and step), and a batch does not reflect the updates of the
+        ``prefetch`` batches before it (torchrl's prefetching threads trade the same).
 
     .. note:: Faults. A shard actor that dies is restarted by Ray (``max_restarts``) and reloads
         its part of the last checkpoint (:meth:`dumps` or :meth:`loads`), then replays its journal
@@ -301,13 +354,27 @@ class RayReplayBuffer(ReplayBuffer):
         self._is_tensordict = first["tensordict"]
         self._priority_key = first["priority_key"]
         self._totals = routing.ShardTotals(self._num_shards)
-        self._seq = [0] * self._num_shards  # calls submitted to each shard
-        self._seen = [0] * self._num_shards  # the latest call whose totals are in self._totals
-        self._update_calls = []
-        self._pending_updates = [[] for _ in range(self._num_shards)]
-        self._prefetch_queue = collections.deque()
+        self._reservable = all(d.get("reservable", False) for d in descriptions)
+        # a reservation: four chunks, at most an eighth of a shard (rows a client reserved and
+        # has not written are passed over by the other clients' writes)
+        self._reserve_rows = max(1, min(4 * self._chunk_rows, min(self._capacities) // 8))
+        self._init_client_state()
         for shard, description in enumerate(descriptions):
             self._totals.update(shard, description["totals"])
+
+    def _init_client_state(self) -> None:
+        """What each client holds for itself: calls submitted, writes and updates in flight,
+        reservations, prefetched samples."""
+        n = self._num_shards
+        self._seq = [0] * n  # calls submitted to each shard
+        self._seen = [0] * n  # the latest call whose totals are in self._totals
+        self._update_calls = []
+        self._pending_updates = [[] for _ in range(n)]
+        self._prefetch_queue = collections.deque()
+        self._writes = collections.deque()  # _Write, oldest first
+        self._rows_ahead = np.zeros(n, dtype=np.int64)  # rows in flight, per shard
+        self._reservations = Reservations(n, self._reserve_rows)
+        self._reserve_calls = [None] * n  # a reservation asked for ahead, per shard
 
     # ------------------------------------------------------------------ plumbing
     def _submit(self, shard: int, method: str, *args):
@@ -332,6 +399,8 @@ class RayReplayBuffer(ReplayBuffer):
         lost = max(0, previous_rows - kept)
         self._totals.update(shard, description["totals"])
         self._pending_updates[shard] = []  # they name rows of the shard as it was
+        self._reservations.drop(shard)  # they lapsed with the old incarnation
+        self._reserve_calls[shard] = None
         if restored is None:
             origin = "empty (it had no checkpoint)"
         else:
@@ -441,13 +510,140 @@ class RayReplayBuffer(ReplayBuffer):
         """Writes ``data`` (rows along the first dimension), cut into contiguous chunks of at
         most ``chunk_rows`` rows, each to the shard written the least so far.
 
+        The indices come from the rows this client has reserved on each shard: the calls are
+        sent without waiting for them (see the class docstring), and a write that fails is
+        reported by this client's next call.
+
         Returns:
             the global indices of the rows (int64).
 
         Raises:
-            ShardRestartedError: a shard restarted; its ``index`` holds the indices of the rows
-                that were stored (``-1`` for the others).
+            ShardWriteError: an earlier write was not stored (its shard and rows named).
+            ShardRestartedError: a shard restarted; its ``index`` holds the global indices of
+                the rows of earlier writes that were not stored.
         """
+        self._check_writes()
+        if not self._reservable:
+            return self._extend_blocking(data)
+        packed = wire.pack(data)
+        num_rows = wire.num_rows(packed)
+        if num_rows == 0:
+            return torch.zeros((0,), dtype=torch.long)
+        plan = routing.write_plan(num_rows, self._totals.rows_written + self._rows_ahead, self._capacities,
+                                  self._chunk_rows)
+        max_priority = self._totals.global_max_priority() if self._kind == "prioritized" else None
+        index = np.empty(num_rows, dtype=np.int64)
+        for shard, start, stop in plan:
+            capacity = self._capacities[shard]
+            for token, first, count in self._reserved(shard, stop - start):
+                rows = (np.arange(first, first + count, dtype=np.int64) % capacity) + shard * self._stride
+                index[start:start + count] = rows
+                call = self._submit(shard, "write_at", token, first, max_priority,
+                                    *wire.to_arguments(wire.rows(packed, start, start + count)))
+                self._writes.append(_Write(shard, call[1], call[2], rows, token, first))
+                self._rows_ahead[shard] += count
+                start += count
+        if len(self._writes) > MAX_WRITES_IN_FLIGHT:
+            self._harvest_writes(at_least=len(self._writes) - MAX_WRITES_IN_FLIGHT)
+        return torch.from_numpy(index)
+
+    def _reserved(self, shard: int, rows: int) -> list[tuple]:
+        """``(token, start, count)`` runs of ``rows`` rows reserved on ``shard``; waits for a
+        reservation only when this client holds too few, and asks for the next one ahead."""
+        reservations = self._reservations
+        runs = reservations.take(shard, rows)
+        rows -= sum(count for _, _, count in runs)
+        while rows:
+            self._receive_reservation(shard)
+            more = reservations.take(shard, rows)
+            runs += more
+            rows -= sum(count for _, _, count in more)
+        if reservations.held(shard) < reservations.block // 2 and self._reserve_calls[shard] is None:
+            self._reserve_calls[shard] = self._submit(shard, "reserve", reservations.block)
+        return runs
+
+    def _receive_reservation(self, shard: int) -> None:
+        call = self._reserve_calls[shard]
+        if call is None:
+            call = self._submit(shard, "reserve", self._reservations.block)
+        self._reserve_calls[shard] = None
+        (token, start), _ = self._finish([call])[shard]
+        self._reservations.add(shard, token, start)
+
+    def _check_writes(self) -> None:
+        """Reads the replies of the writes that have arrived, without waiting; raises what
+        failed."""
+        if self._writes:
+            self._harvest_writes()
+
+    def _wait_for_writes(self) -> None:
+        if self._writes:
+            self._harvest_writes(at_least=len(self._writes))
+
+    def _harvest_writes(self, at_least: int = 0) -> None:
+        """Reads the replies of the writes in flight that have arrived (waiting for at least
+        ``at_least`` of them, oldest first); raises :class:`ShardWriteError` (or
+        :class:`ShardRestartedError`) naming the shards and rows of those not stored."""
+        writes = self._writes
+        if at_least >= len(writes):
+            done, self._writes = list(writes), collections.deque()
+        else:
+            refs = [write.ref for write in writes]
+            ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+            if len(ready) < at_least:
+                ready, _ = self._ray.wait(refs[:at_least], num_returns=at_least)
+                ready += self._ray.wait(refs[at_least:], num_returns=len(refs) - at_least, timeout=0)[0]
+            if not ready:
+                return
+            ready = set(ready)
+            done = [write for write in writes if write.ref in ready]
+            self._writes = collections.deque(write for write in writes if write.ref not in ready)
+        failures = []
+        for write in done:
+            self._rows_ahead[write.shard] -= len(write.index)
+            try:
+                reason, totals = self._result(write.shard, write.seq, write.ref)
+                self._note(write.shard, write.seq, totals)
+            except self._ray.exceptions.RayTaskError as err:
+                # the shard refused the batch and wrote nothing: its rows serve the next write
+                self._reservations.restore(write.shard, write.token, write.start, write.start + len(write.index))
+                reason = err
+            except Exception as err:  # noqa: BLE001 - reported below with the rows
+                reason = err
+            if reason is not None:
+                failures.append((write.shard, write.index, reason))
+        if failures:
+            raise self._write_failure(failures)
+
+    def _write_failure(self, failures) -> Exception:
+        lines = [f"shard {shard}: global indices {describe_rows(index)}: {_reason(reason)}"
+                 for shard, index, reason in failures]
+        restarted = next((reason for _, _, reason in failures if isinstance(reason, ShardRestartedError)), None)
+        if restarted is not None:
+            restarted.index = torch.from_numpy(np.concatenate([index for _, index, _ in failures]))
+            restarted.args = (f"{restarted.args[0]}; rows of writes in flight not stored: " + "; ".join(lines),)
+            return restarted
+        return ShardWriteError(
+            f"{sum(len(index) for _, index, _ in failures)} row(s) an earlier extend returned the "
+            "indices of were not stored: " + "; ".join(lines),
+            failures=failures,
+        )
+
+    def _drop_reservations(self) -> None:
+        """After the shards' epoch changed (empty, load): every reservation lapsed."""
+        self._reservations.drop()
+        self._reserve_calls = [None] * self._num_shards
+
+    def sync(self) -> None:
+        """Waits for this client's writes and priority updates in flight; raises what failed
+        (a writer process calls it before it exits, or any blocking call such as
+        :meth:`sample` or ``len()``)."""
+        self._wait_for_writes()
+        self._wait_for_updates()
+
+    def _extend_blocking(self, data) -> torch.Tensor:
+        """The write of a shard that cannot write where the client says (a writer other than
+        round-robin, a storage other than a 1-D tensor storage): waits for the indices."""
         packed = wire.pack(data)
         num_rows = wire.num_rows(packed)
         if num_rows == 0:
@@ -493,6 +689,7 @@ class RayReplayBuffer(ReplayBuffer):
         Negative indices (``-1``: rows a writer skipped) are ignored, as in torchrl."""
         if isinstance(index, tuple):
             raise ValueError("RayReplayBuffer holds 1-D storages: index must be a 1-D tensor, not a tuple")
+        self._check_writes()
         index = _numpy(index, "index").reshape(-1)
         priority = _numpy(priority, "priority")
         if priority.ndim == 0 or priority.size == 1:
@@ -647,6 +844,7 @@ class RayReplayBuffer(ReplayBuffer):
         return (torch.from_numpy(priority) / p_min).pow_(-beta)
 
     def _sample(self, batch_size: int):
+        self._check_writes()
         for _ in range(8):
             if self._prefetch_cap:
                 queue = self._prefetch_queue
@@ -656,11 +854,18 @@ class RayReplayBuffer(ReplayBuffer):
                 while len(queue) < self._prefetch_cap:
                     queue.append(self._submit_sample(batch_size))
             else:
-                # exact: the split uses totals that include every update made so far
-                self._wait_for_updates()
+                if self._num_shards > 1:
+                    # exact: the split uses totals that include every write and update made so
+                    # far (one shard needs no split: the sample reaches it after them)
+                    self._wait_for_writes()
+                    self._wait_for_updates()
                 pending = self._submit_sample(batch_size)
             self._harvest_updates()
             result = self._collect(pending)
+            if not self._prefetch_cap:
+                # done before the sample on its shard: their failures are reported now
+                self._wait_for_writes()
+                self._wait_for_updates()
             if result is not None:
                 return result
             self._discard_prefetched()
@@ -701,6 +906,7 @@ class RayReplayBuffer(ReplayBuffer):
     def __getitem__(self, index):
         """The rows at the global ``index`` (an int, or a 1-D sequence / array / tensor)."""
         scalar = isinstance(index, (int, np.integer)) or (isinstance(index, torch.Tensor) and index.ndim == 0)
+        self._check_writes()
         flat, calls = self._local_calls(np.asarray(index).reshape(-1) if scalar else index, "get")
         replies = self._finish([call for _, call in calls])
         held = len(np.asarray(flat).reshape(-1))
@@ -711,17 +917,20 @@ class RayReplayBuffer(ReplayBuffer):
         return data[0] if scalar else data
 
     def __setitem__(self, index, value) -> None:
+        self._check_writes()
         packed = wire.pack(value)
         _, calls = self._local_calls(np.asarray(index).reshape(-1), "set",
                                      lambda where: wire.to_arguments(_take_rows(packed, where)))
         self._finish([call for _, call in calls])
 
     def __len__(self) -> int:
+        self._check_writes()
         self._refresh_totals()
         return int(self._totals.count.sum())
 
     @property
     def write_count(self) -> int:
+        self._check_writes()
         self._refresh_totals()
         return int(self._totals.rows_written.sum())
 
@@ -743,14 +952,15 @@ class RayReplayBuffer(ReplayBuffer):
         return {name: np.array(getattr(self._totals, name)) for name in routing.ShardTotals.FIELDS}
 
     def empty(self, empty_write_count: bool = True) -> None:
-        self._discard_prefetched()
-        self._wait_for_updates()
+        self._settle()
+        self._drop_reservations()
         self._finish([self._submit(k, "empty") for k in range(self._num_shards)])
 
     # ------------------------------------------------------------------ checkpoints
     def _settle(self) -> None:
-        """Before a checkpoint: prefetched samples dropped, pending updates applied."""
+        """Before a checkpoint: prefetched samples dropped, writes and updates applied."""
         self._discard_prefetched()
+        self._wait_for_writes()
         self._wait_for_updates()
 
     def state_dict(self) -> dict[str, Any]:
@@ -761,6 +971,7 @@ class RayReplayBuffer(ReplayBuffer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._check_layout(state_dict.get("num_shards"), state_dict.get("capacities"), "state_dict")
         self._settle()
+        self._drop_reservations()
         self._finish([self._submit(k, "load_state_dict", state) for k, state in enumerate(state_dict["shards"])])
 
     def _check_layout(self, num_shards, capacities, source: str) -> None:
@@ -818,6 +1029,7 @@ class RayReplayBuffer(ReplayBuffer):
         self._check_layout(manifest["num_shards"], manifest["capacities"], str(path / MANIFEST_FILE))
         versions = [entry["version"] for entry in manifest["shards"]]
         self._settle()
+        self._drop_reservations()
         self._ray.get([actor.check.remote(str(path), v) for actor, v in zip(self._actors, versions)])
         self._finish([self._submit(k, "loads", str(path), v) for k, v in enumerate(versions)])
 
@@ -860,6 +1072,12 @@ class RayReplayBuffer(ReplayBuffer):
         """Terminates the shard actors (and removes the recovery directory this buffer made).
         A client (:meth:`client`, or a copy unpickled in another process) only lets go of
         them."""
+        if "_actors" in self.__dict__ and not self.__dict__.get("_owner", False):
+            try:
+                self._close_client()
+            finally:
+                self.__dict__.pop("_actors", None)  # let go even when a last write failed
+            return
         actors = self.__dict__.pop("_actors", None)
         if actors is None or not self.__dict__.get("_owner", False):
             return
@@ -871,12 +1089,23 @@ class RayReplayBuffer(ReplayBuffer):
         if self._owned_recovery_dir is not None:
             shutil.rmtree(self._owned_recovery_dir, ignore_errors=True)
 
+    def _close_client(self) -> None:
+        """A client lets go: its writes and updates land, and the rows it reserved and did not
+        write go back to their shards (when nothing was reserved after them)."""
+        self.sync()
+        for shard, call in enumerate(self._reserve_calls):
+            if call is not None:
+                self._receive_reservation(shard)
+        for shard, token, start, stop in self._reservations.drop():
+            self._actors[shard].release.remote(token, start, stop)
+        self._reserve_calls = [None] * self._num_shards
+
     def __getstate__(self) -> dict:
         """A client for another process: the same shard actors, the totals known now, nothing
         pending."""
         names = ("_num_shards", "_sample_timeout", "_chunk_rows", "_prefetch_cap", "_pin_memory",
                  "_batch_size", "_recovery_dir", "_actors", "_description", "_kind", "_capacities",
-                 "_stride", "_is_tensordict", "_priority_key", "_totals")
+                 "_stride", "_is_tensordict", "_priority_key", "_totals", "_reservable", "_reserve_rows")
         return {name: self.__dict__[name] for name in names}
 
     def __setstate__(self, state: dict) -> None:
@@ -885,15 +1114,24 @@ class RayReplayBuffer(ReplayBuffer):
         self._ray = _import_ray()
         self._generator = None
         self._owned_recovery_dir = None
-        self._seq = [0] * self._num_shards
-        self._seen = [0] * self._num_shards
-        self._update_calls = []
-        self._pending_updates = [[] for _ in range(self._num_shards)]
-        self._prefetch_queue = collections.deque()
+        self._init_client_state()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_shards={self._num_shards}, sampler={self._description['sampler']}, "
                 f"capacities={self._capacities})")
+
+
+def _reason(reason) -> str:
+    """Why a write was not stored: the shard's refusal, or the error it raised (without Ray's
+    wrapping)."""
+    if isinstance(reason, str):
+        return reason
+    if isinstance(reason, ShardRestartedError):
+        return "not stored by the restarted shard"
+    cause = getattr(reason, "cause", None)
+    if isinstance(cause, BaseException):
+        reason = cause
+    return f"{type(reason).__name__}: {reason}"
 
 
 def _is_totals(reply) -> bool:
