@@ -190,8 +190,6 @@ def test_random_sampler_partial_and_empty():
 
 def _run_without_replacement(module, storage_sizes, batch_size, **kwargs):
     sampler = module.SamplerWithoutReplacement(**kwargs)
-    # Same permutations as torch.randperm: the torch path (the CPU kernel draws others).
-    sampler._use_cpu_kernels = False
     sampler._rng = generator(7)
     out = []
     for size in storage_sizes:
@@ -210,6 +208,43 @@ def test_without_replacement_matches_torchrl(drop_last, shuffle):
     assert _run_without_replacement(ours, sizes, 3, **kwargs) == _run_without_replacement(
         trl, sizes, 3, **kwargs
     )
+
+
+@pytest.mark.parametrize("with_generator", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_without_replacement_buffer_draws_torchrls_batches(seed, ndim, drop_last, with_generator):
+    """Seeded as torchrl's users seed (``torch.manual_seed``, or a buffer generator), buffers on
+    ours sample torchrl's batches over several epochs, a growing storage and the wrap-around,
+    and leave torch's RNG where torchrl's leave it."""
+
+    def run(lib):
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed + 10) if with_generator else None
+        rb = lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(24, ndim=ndim),
+            sampler=lib.SamplerWithoutReplacement(drop_last=drop_last),
+            batch_size=5,
+            generator=gen,
+        )
+        out = []
+        for step in range(12):
+            if step % 3 == 0:  # 7 items (rows of 2 when ndim == 2) a write, wrapping at 24
+                data = torch.arange(step * 100, step * 100 + 14)
+                rb.extend(data.view(7, 2) if ndim == 2 else data[:7])
+            out.append(rb.sample())
+        return out, torch.rand(4)
+
+    import torchrl.data as torchrl_data
+
+    import torchrl_compat
+
+    theirs, mine = run(torchrl_data), run(torchrl_compat)
+    assert len(theirs[0]) == len(mine[0])
+    for a, b in zip(theirs[0], mine[0]):
+        assert torch.equal(a, b)
+    assert torch.equal(theirs[1], mine[1])
 
 
 @pytest.mark.parametrize("n,batch", [(1, 1), (10, 3), (12, 4), (64, 64), (7, 10)])
@@ -250,7 +285,6 @@ def test_without_replacement_state_dict_crosses_torchrl(tmp_path):
     ref._rng = generator(1)
     ref.sample(storage, 6)
     mine = ours.SamplerWithoutReplacement(drop_last=False)
-    mine._use_cpu_kernels = False  # torch.randperm's permutations, as torchrl
     mine.load_state_dict(ref.state_dict())
     mine._rng = torch.Generator()
     mine._rng.set_state(ref._rng.get_state())

@@ -103,40 +103,41 @@ def test_prioritized_global_seed_reproduces():
 
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize("n,batch", [(1, 1), (10, 3), (12, 4), (64, 64), (7, 10)])
-def test_without_replacement_kernel_epochs(n, batch, drop_last):
-    """Each epoch covers every index once; ran_out / _remaining_batches follow the torch path."""
+def test_without_replacement_epochs(n, batch, drop_last):
+    """Each epoch is torchrl's (the same ``torch.randperm``), and ran_out / _remaining_batches
+    follow torchrl's."""
+    import torchrl.data.replay_buffers.samplers as trl
+
     storage = make_storage(64, filled=n)
-    fast, slow = _pair(ours.SamplerWithoutReplacement, drop_last=drop_last)
-    fast._rng, slow._rng = generator(1), generator(1)
+    mine, theirs = ours.SamplerWithoutReplacement(drop_last=drop_last), trl.SamplerWithoutReplacement(drop_last=drop_last)
+    mine._rng, theirs._rng = generator(1), generator(1)
     if drop_last and batch > n:
-        for sampler in (fast, slow):
+        for sampler in (mine, theirs):
             with pytest.raises(ValueError, match="greater than the storage capacity"):
                 sampler.sample(storage, batch)
         return
-    assert fast.sample(storage, batch)[0].numel() and fast.__dict__["_epoch"] is not None
-    fast._empty()
     epoch_size = n // batch * batch if drop_last else n
     for _ in range(3):
         seen = []
         while True:
-            (a, _), (b, _) = fast.sample(storage, batch), slow.sample(storage, batch)
-            assert a.shape == b.shape and a.dtype == b.dtype == torch.int64
-            assert (fast.ran_out, fast._remaining_batches) == (slow.ran_out, slow._remaining_batches)
+            (a, _), (b, _) = mine.sample(storage, batch), theirs.sample(storage, batch)
+            assert torch.equal(a, b) and a.dtype == b.dtype == torch.int64
+            assert (mine.ran_out, mine._remaining_batches) == (theirs.ran_out, theirs._remaining_batches)
             seen += a.tolist()
-            if fast.ran_out:
+            if mine.ran_out:
                 break
         assert len(seen) == epoch_size and len(set(seen)) == epoch_size
         assert set(seen) <= set(range(n))
 
 
-def test_without_replacement_kernel_state_is_torchrl_format(tmp_path):
+def test_without_replacement_state_is_torchrl_format(tmp_path):
     import torchrl.data.replay_buffers.samplers as trl
 
     storage = make_storage(64, filled=20)
     mine = ours.SamplerWithoutReplacement()
     mine._rng = generator(3)
     first, _ = mine.sample(storage, 6)
-    assert mine.__dict__["_epoch"] is not None  # nothing materialised yet
+    assert mine.__dict__["_sample_pos"] == 6  # the rest not cut yet
     assert repr(mine) == "SamplerWithoutReplacement( 70.0000% sampled)"
     state = mine.state_dict()
     assert list(state) == ["len_storage", "_sample_list", "drop_last", "_ran_out"]
@@ -275,8 +276,8 @@ def test_without_replacement_state_mid_epoch_after_slicing_batches():
     storage = make_storage(64, filled=20)
     sampler = ours.SamplerWithoutReplacement()
     sampler._rng = generator(4)
-    handed = [sampler.sample(storage, 4)[0] for _ in range(3)]  # lazy, then two slices
-    assert sampler.__dict__["_epoch"] is None and sampler.__dict__["_sample_pos"] == 8
+    handed = [sampler.sample(storage, 4)[0] for _ in range(3)]
+    assert sampler.__dict__["_sample_pos"] == 12
     assert repr(sampler) == "SamplerWithoutReplacement( 40.0000% sampled)"
     clone = pickle.loads(pickle.dumps(sampler))
     rest = sampler.state_dict()["_sample_list"]
@@ -290,8 +291,8 @@ def test_without_replacement_state_mid_epoch_after_slicing_batches():
 
 
 def test_without_replacement_reading_its_state_does_not_change_the_epoch():
-    """Reading ``_sample_list`` (state_dict, dumps) after the first, lazy batch materialises
-    the rest of the epoch exactly as the next batch would: the samples stay the same."""
+    """Reading ``_sample_list`` (state_dict, dumps) after the first batch cuts the rest of the
+    epoch exactly as the next batches hand it out: the samples stay the same."""
     storage = make_storage(64, filled=40)
     read, unread = ours.SamplerWithoutReplacement(), ours.SamplerWithoutReplacement()
     read._rng, unread._rng = generator(9), generator(9)

@@ -549,12 +549,9 @@ def test_slice_without_replacement_matches_torchrl(drop_last):
     storage = episode_storage(lengths)
 
     def make(module):
-        sampler = module.SliceSamplerWithoutReplacement(
+        return module.SliceSamplerWithoutReplacement(
             num_slices=3, traj_key="episode", drop_last=drop_last, strict_length=False
         )
-        # torch.randperm's permutations, as torchrl (the CPU kernel draws others)
-        sampler._use_cpu_kernels = False
-        return sampler
 
     run_both(
         make,

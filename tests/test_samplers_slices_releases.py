@@ -129,9 +129,9 @@ def test_trajectory_key_found_as_torchrl_finds_it(keys, is_init):
     assert ours_sampler._fetch_traj == theirs._fetch_traj
 
 
-def test_without_replacement_matches_torchrl():
-    # in trajectory order: shuffled epochs are seeded permutations other than torchrl's
-    kwargs = dict(num_slices=3, shuffle=False)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_without_replacement_matches_torchrl(shuffle):
+    kwargs = dict(num_slices=3, shuffle=shuffle)
     if since("slice_end_keys_fragmented"):
         kwargs.update(end_keys=[("next", "done")], init_key="is_init")
     _sample_both(kwargs, _data(40), 9, calls=4, cls="SliceSamplerWithoutReplacement")

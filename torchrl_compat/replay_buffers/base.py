@@ -268,7 +268,7 @@ class ReplayBuffer(*_TWIN):
         quarter to a fifth; see ``bench/RESULTS.md``. ``len()`` reads the storage's
         length without taking the buffer's lock (torchrl takes it).
 
-    .. note:: Reached from a :func:`torch.compile`\ d function, :meth:`add`,
+    .. note:: Reached from a function compiled with :func:`torch.compile`, :meth:`add`,
         :meth:`extend` and :meth:`sample` run eagerly, outside the graph (one graph
         break each, no tracing into the buffer): they cost what they cost eagerly plus
         dynamo's frame switch, and never recompile as the cursor and length change.

@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-import replay
 from .._checkpoint_checks import MetadataError, read_memmapped_state
 from .._checkpoint_publish import write_aside
 from .._sampler_storage import storage_device
@@ -93,14 +92,13 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
     Each epoch visits a fresh permutation of the storage's indices (or the indices in
     order when ``shuffle=False``), drawn on the storage's device.
 
-    .. note:: torchrl draws a full ``torch.randperm`` (O(storage)) before the first batch of
-        every epoch. On CPU the first batch here is drawn lazily by
-        ``replay.PermutationEpoch`` in O(batch); the second call shuffles the rest of the
-        epoch at once with a cache-friendly bucketed shuffle (about half a
-        ``torch.randperm``), and later batches are slices of it, as torchrl's are. The seed
-        comes from the buffer's generator or from torch's global RNG, so seeded runs repeat,
-        though with other permutations than torchrl's. The ``_sample_list`` tensor of
-        torchrl's ``state_dict`` / ``dumps`` is materialised (O(remaining)) only when read.
+    .. note:: Each epoch is torchrl's ``torch.randperm`` of the storage's length, drawn from
+        the buffer's generator (or torch's global RNG) at the same calls as torchrl draws
+        it, so the same seeds give torchrl's batches. Batches are then handed out by
+        moving a position along the stored permutation (torchrl slices off the remainder
+        at every batch); the remainder is cut only when ``_sample_list`` is read.
+        (``replay.PermutationEpoch`` draws a first batch in O(batch) instead of a whole
+        permutation, but from other numbers than ``torch.randperm``: it is not used here.)
 
     .. note:: :meth:`dumps` writes torchrl's files aside and publishes them in one rename (an
         interrupted call leaves the previous checkpoint whole); :meth:`loads` reads them
@@ -199,15 +197,11 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
     def _apply_checkpoint(self, state: dict) -> None:
         self.load_state_dict(state)
 
-    # ``_sample_list`` (torchrl's state) is a property: on CPU the first batch of an epoch is
-    # drawn by ``replay.PermutationEpoch`` (O(batch)) and the rest of the permutation is only
-    # materialised as a tensor at the second batch or when it is read, e.g. by
-    # ``state_dict`` / ``dumps``; sampling then continues from that tensor.
-    # Batches handed out from the stored permutation advance ``_sample_pos`` instead of
-    # slicing off the remainder at every batch; the remainder is cut when read.
+    # ``_sample_list`` (torchrl's state) is a property: batches handed out from the stored
+    # permutation advance ``_sample_pos`` instead of slicing off the remainder at every
+    # batch; the remainder is cut when read.
     @property
     def _sample_list(self):
-        self._materialize_epoch()
         d = self.__dict__
         value = d.get("_sample_list_value")
         position = d.get("_sample_pos", 0)
@@ -216,67 +210,23 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
             d["_sample_pos"] = 0
         return value
 
-    def _materialize_epoch(self) -> None:
-        """Stores the rest of a lazy epoch as a tensor, as sampling goes on: once the lazy
-        first batch is out, the rest is shuffled at once (so reading the state leaves the
-        samples as they were). An epoch read before its first batch (at an epoch boundary)
-        draws that batch lazily with the batch size of the call that opened the epoch, then
-        shuffles the rest: the same samples as unread while the batch size stays the same."""
-        d = self.__dict__
-        epoch = d.get("_epoch")
-        if epoch is None:
-            return
-        if epoch.remaining < epoch.n:
-            rest = epoch.shuffle_rest()
-        else:
-            first = d.get("_epoch_batch_size", 0)
-            if 0 < first < epoch.n:
-                rest = torch.cat([epoch.next_batch(first), epoch.shuffle_rest()])
-            else:
-                rest = epoch.next_batch(epoch.n)
-        d["_sample_list_value"] = rest
-        d["_epoch"] = None
-        d["_sample_pos"] = 0
-
     @_sample_list.setter
     def _sample_list(self, value):
-        self.__dict__["_epoch"] = None
         self.__dict__["_sample_list_value"] = value
         self.__dict__["_sample_pos"] = 0
 
     def _has_sample_list(self) -> bool:
-        return (
-            self.__dict__.get("_epoch") is not None
-            or self.__dict__.get("_sample_list_value") is not None
-        )
+        return self.__dict__.get("_sample_list_value") is not None
 
     def _remaining_in_epoch(self) -> int:
-        epoch = self.__dict__.get("_epoch")
-        if epoch is not None:
-            return epoch.remaining
         return self.__dict__["_sample_list_value"].numel() - self.__dict__.get("_sample_pos", 0)
 
     def _get_sample_list(self, storage: Storage, len_storage: int, batch_size: int):
         if storage is None:
-            if self.__dict__.get("_epoch") is not None:
-                device = torch.device("cpu")
-            else:
-                device = self.__dict__["_sample_list_value"].device
+            device = self.__dict__["_sample_list_value"].device
         else:
             device = storage_device(storage)
-        if (
-            self.shuffle
-            and self._use_cpu_kernels
-            and (device is None or device.type == "cpu")
-            and (self._rng is None or self._rng.device.type == "cpu")
-        ):
-            # Seeded from the buffer's generator (or torch's global RNG): seeded runs repeat,
-            # with other permutations than torch.randperm's.
-            epoch = replay.PermutationEpoch(len_storage, generator=self._rng)
-            self._sample_list = None
-            self.__dict__["_epoch"] = epoch
-            self.__dict__["_epoch_batch_size"] = batch_size
-        elif self.shuffle:
+        if self.shuffle:
             self._sample_list = _randperm(len_storage, device, self._rng)
         else:
             self._sample_list = torch.arange(len_storage, device=device)
@@ -288,24 +238,13 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
         return -(remaining // -batch_size)
 
     def _single_sample(self, len_storage, batch_size):
-        epoch = self.__dict__.get("_epoch")
-        if epoch is not None and epoch.remaining < epoch.n:
-            # The first batch came from the lazy shuffle (O(batch)); the rest of the epoch is
-            # now shuffled at once, cache-friendly (about half a torch.randperm), and later
-            # batches are slices of it, as torchrl's are.
-            self._materialize_epoch()
-            epoch = None
-        if epoch is not None:
-            index = epoch.next_batch(batch_size)
-            remaining = epoch.remaining
-        else:
-            d = self.__dict__
-            sample_list = d["_sample_list_value"]
-            position = d.get("_sample_pos", 0)
-            end = min(position + batch_size, sample_list.shape[0])
-            index = sample_list[position:end]
-            d["_sample_pos"] = end
-            remaining = sample_list.shape[0] - end
+        d = self.__dict__
+        sample_list = d["_sample_list_value"]
+        position = d.get("_sample_pos", 0)
+        end = min(position + batch_size, sample_list.shape[0])
+        index = sample_list[position:end]
+        d["_sample_pos"] = end
+        remaining = sample_list.shape[0] - end
         self._remaining_batches = self._count_batches(remaining, batch_size)
         # Whether one more batch of the same size can be drawn from this epoch: the
         # buffer reads ``ran_out`` to stop its iterator.
@@ -333,7 +272,6 @@ class SamplerWithoutReplacement(Sampler, *torchrl_twin("samplers", "SamplerWitho
         sample_list = d.get("_sample_list_value")
         if (
             sample_list is not None
-            and d.get("_epoch") is None
             and len_storage == self.len_storage
             and type(batch_size) is int
         ):
