@@ -28,6 +28,7 @@ from torchrl.data.replay_buffers import LazyTensorStorage  # noqa: E402
 
 import torchrl_compat.replay_buffers as our_buffers  # noqa: E402
 import torchrl_compat.samplers as ours  # noqa: E402
+import torchrl_compat.storages as our_storages  # noqa: E402
 
 
 # --------------------------------------------------------------------------- storages
@@ -42,7 +43,7 @@ def _trajectory_rows(rng, rows, max_len, first_id):
     return torch.tensor(ids[:rows])
 
 
-def _make_storage(rng, ndim, capacity, max_len, wrap, terminated):
+def _make_storage(rng, ndim, capacity, max_len, wrap, terminated, storage_cls=LazyTensorStorage):
     """A ``LazyTensorStorage`` written in chunks; with ``wrap`` the writes run past its
     capacity (the cursor wraps around and the last trajectory is cut). 2-d storages hold
     ``columns`` trajectories side by side (their ids never shared between columns)."""
@@ -62,7 +63,7 @@ def _make_storage(rng, ndim, capacity, max_len, wrap, terminated):
     data = TensorDict(fields, [total, columns])
     if ndim == 1:
         data = data[:, 0]
-    storage = LazyTensorStorage(rows * columns, ndim=ndim)
+    storage = storage_cls(rows * columns, ndim=ndim)
     written = 0
     while written < total:
         size = min(int(rng.integers(1, rows + 1)), total - written)
@@ -178,9 +179,13 @@ def _assert_same(expected, got):
         assert e.dtype == g.dtype and e.shape == g.shape and torch.equal(e, g), (key, e, g)
 
 
-def _compare(make, storage, priority, batch_size, calls, seed, seeding):
+def _compare(make, storage, priority, batch_size, calls, seed, seeding, own_storage=None):
+    """torchrl's sampler on ``storage`` against ours (on ``own_storage``, which holds the same
+    data, when given)."""
     ref, ref_draws, ref_rest, ref_sampler = _run(trl.samplers, make, storage, priority, batch_size, calls, seed, seeding)
-    got, got_draws, got_rest, sampler = _run(ours, make, storage, priority, batch_size, calls, seed, seeding)
+    got, got_draws, got_rest, sampler = _run(
+        ours, make, storage if own_storage is None else own_storage, priority, batch_size, calls, seed, seeding
+    )
     assert len(ref) == len(got) and len(ref_draws) == len(got_draws)
     # the prioritized draws: the same starts and weights, to the bit
     for (index_e, info_e), (index_g, info_g) in zip(ref_draws, got_draws):
@@ -201,9 +206,13 @@ def _compare(make, storage, priority, batch_size, calls, seed, seeding):
     assert ref_rest[0] == got_rest[0] and torch.equal(ref_rest[1], got_rest[1])
     if ref_rest[2] is not None:
         assert torch.equal(ref_rest[2], got_rest[2])
-    # torchrl wrote its leaves back; ours never wrote them
+    # ours never wrote its leaves (torchrl writes them back, unless a draw failed)
     n = storage.shape.numel()
-    np.testing.assert_array_equal(np.asarray(ref_sampler._sum_tree[np.arange(n)]), np.asarray(sampler._sum_tree[np.arange(n)]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fresh = make(trl.samplers)
+    fresh.update_priority(torch.arange(n), priority)
+    np.testing.assert_array_equal(np.asarray(fresh._sum_tree[np.arange(n)]), np.asarray(sampler._sum_tree[np.arange(n)]))
     return ref, got
 
 
@@ -225,14 +234,24 @@ SPANS = st.sampled_from(["off", "true", "int"])
     double=st.booleans(),
     with_zeros=st.booleans(),
     seeding=st.sampled_from(["numpy", "generator"]),
+    own_storage=st.booleans(),
 )
 def test_prioritized_slice_sampler_matches_torchrl(
     seed, ndim, wrap, use_traj_key, slice_len, by_num_slices, span, strict_length, truncated,
-    cache_values, double, with_zeros, seeding,
+    cache_values, double, with_zeros, seeding, own_storage,
 ):
     rng = np.random.default_rng(seed)
     capacity = int(rng.integers(8, 120))
-    storage = _make_storage(rng, ndim, capacity, max_len=3 * slice_len, wrap=wrap, terminated=truncated and bool(rng.integers(2)))
+    terminated = truncated and bool(rng.integers(2))
+    storage_seed = int(rng.integers(2**31))
+    storage = _make_storage(np.random.default_rng(storage_seed), ndim, capacity, 3 * slice_len, wrap, terminated)
+    # ours on torchrl_compat's storage (bounds followed from its writes) or on torchrl's
+    mine = None
+    if own_storage:
+        mine = _make_storage(
+            np.random.default_rng(storage_seed), ndim, capacity, 3 * slice_len, wrap, terminated,
+            our_storages.LazyTensorStorage,
+        )
     n = storage.shape.numel()
     slices = int(rng.integers(1, 9))
     batch_size = slices * slice_len
@@ -246,7 +265,7 @@ def test_prioritized_slice_sampler_matches_torchrl(
         span=span_value,
         cache_values=cache_values,
         dtype=torch.double if double else torch.float,
-        eps=float(rng.choice([1e-8, 1e-3])),
+        eps=float(rng.choice([1e-8, 1e-3, 0.0])),  # 0: zero priorities stay zero
     )
     if not truncated:
         kwargs["truncated_key"] = None
@@ -260,7 +279,7 @@ def test_prioritized_slice_sampler_matches_torchrl(
         return module.PrioritizedSliceSampler(n, alpha, beta, **kwargs)
 
     priority = _priorities(rng, n, with_zeros)
-    _compare(make, storage, priority, batch_size, 3, seed, seeding)
+    _compare(make, storage, priority, batch_size, 3, seed, seeding, mine)
 
 
 @pytest.mark.parametrize("seeding", ["numpy", "generator"])
