@@ -132,7 +132,7 @@ cdef class _SegmentTree:
 
 cdef class _SumSegmentTree(_SegmentTree):
     cdef object _scratch             # numpy float64 scratch of the exclusion kernel, or None
-    cdef object _zeroed_scratch      # int64 positions then float64 values of the zeroed view, or None
+    cdef object _zeroed_scratch      # (int64 positions, float64 values) of the zeroed view, or None
 
 
 # =====================================================================================

@@ -1000,32 +1000,40 @@ cdef class _SumSegmentTree(_SegmentTree):
         cdef rp_segtree_zeroed z
         wanted = _num_valid(num_valid)
         ex = _as_index_array(exclude, "exclude")
-        if ex.shape[0] > 1 and not (ex[1:] > ex[:ex.shape[0] - 1]).all():
-            ex = np.unique(ex)  # the kernel takes a strictly increasing list
-        if ex.shape[0] and ex[0] < 0:
-            raise IndexError(f"exclude value {int(ex[0])} is negative")
         with self._lock:
             self._draw_range(wanted, &mass_end, &nv)
-            if ex.shape[0] and ex[ex.shape[0] - 1] >= self._layout.size:
+            # The kernel checks the list as it reads it (strictly increasing, within the
+            # leaves): any other list is sorted, deduplicated and cut here, then read again.
+            for attempt in range(2):
+                m = ex.shape[0]
+                eptr = NULL
+                if m:
+                    ev = ex
+                    eptr = &ev[0]
+                need = rp_segtree_zeroed_scratch(&self._layout, m)
+                # kept between calls (and used under the lock): fresh ones cost page faults
+                if self._zeroed_scratch is None or self._zeroed_scratch[0].shape[0] <= need:
+                    self._zeroed_scratch = (np.empty(need + 1, dtype=np.int64), np.empty(need + 1, dtype=np.float64))
+                ib = self._zeroed_scratch[0]
+                vb = self._zeroed_scratch[1]
+                with nogil:
+                    if self._fp64:
+                        rc = rp_sumtree_zeroed_build_f64(&self._layout, self._t64, eptr, m, &ib[0], &vb[0], need, &z, &bad)
+                    else:
+                        rc = rp_sumtree_zeroed_build_f32(&self._layout, self._t32, eptr, m, &ib[0], &vb[0], need, &z, &bad)
+                if rc != RP_ERR_INDEX or attempt:
+                    break
+                ex = np.unique(ex)
+                if ex.shape[0] and ex[0] < 0:
+                    raise IndexError(f"exclude value {int(ex[0])} is negative")
                 ex = np.ascontiguousarray(ex[ex < self._layout.size])
-            m = ex.shape[0]
-            if m:
-                ev = ex
-                eptr = &ev[0]
-            need = rp_segtree_zeroed_scratch(&self._layout, m)
-            if self._zeroed_scratch is None or self._zeroed_scratch.shape[0] < 2 * need + 2:
-                self._zeroed_scratch = np.empty(2 * need + 2, dtype=np.int64)
-            ib = self._zeroed_scratch[:need + 1]
-            vb = self._zeroed_scratch[need + 1:2 * need + 2].view(np.float64)
-            with nogil:
-                if self._fp64:
-                    rc = rp_sumtree_zeroed_build_f64(&self._layout, self._t64, eptr, m, &ib[0], &vb[0], need, &z, &bad)
-                    p_sum = rp_sumtree_zeroed_query_f64(&self._layout, self._t64, &z, 0, mass_end)
-                else:
-                    rc = rp_sumtree_zeroed_build_f32(&self._layout, self._t32, eptr, m, &ib[0], &vb[0], need, &z, &bad)
-                    p_sum = rp_sumtree_zeroed_query_f32(&self._layout, self._t32, &z, 0, mass_end)
             if rc != RP_OK:
                 raise RuntimeError(f"unexpected kernel return code {rc} (bad={bad})")
+            with nogil:
+                if self._fp64:
+                    p_sum = rp_sumtree_zeroed_query_f64(&self._layout, self._t64, &z, 0, mass_end)
+                else:
+                    p_sum = rp_sumtree_zeroed_query_f32(&self._layout, self._t32, &z, 0, mass_end)
             us = _as_value_array(masses(p_sum), np.float64, "mass")
             n = us.shape[0]
             out_index = np.empty(n, dtype=np.int64)

@@ -1001,12 +1001,6 @@ int FN(rp_sumtree_zeroed_build)(const rp_segtree_layout *layout, const SCALAR *t
                                 const int64_t *exclude, int64_t n_exclude, int64_t *index_buf,
                                 double *value_buf, int64_t buf_len, rp_segtree_zeroed *z,
                                 int64_t *bad) {
-    for (int64_t r = 0; r < n_exclude; r++) {
-        if (RP_UNLIKELY(exclude[r] < 0 || exclude[r] >= layout->size || (r > 0 && exclude[r] <= exclude[r - 1]))) {
-            *bad = r;
-            return RP_ERR_INDEX;
-        }
-    }
     if (n_exclude < 0 || buf_len < rp_segtree_zeroed_scratch(layout, n_exclude)) {
         *bad = -1;
         return RP_ERR_VALUE;
@@ -1015,25 +1009,74 @@ int FN(rp_sumtree_zeroed_build)(const rp_segtree_layout *layout, const SCALAR *t
     z->n[0] = n_exclude;
     z->index[0] = exclude;
     z->value[0] = NULL; /* the zeroed leaves */
-    int64_t used = 0;
-    for (int64_t t = 1; t <= layout->top; t++) {
+    /* exclude is checked (strictly increasing within [0, size)) as it is read, each entry
+     * before its position is used: only the scratch is written before an error. */
+    int64_t prev = -1;
+    if (layout->top == 0) {
+        for (int64_t k = 0; k < n_exclude; k++) {
+            if ((uint64_t)exclude[k] >= (uint64_t)layout->size || exclude[k] <= prev) {
+                *bad = k;
+                return RP_ERR_INDEX;
+            }
+            prev = exclude[k];
+        }
+        return RP_OK;
+    }
+    /* Level 1: the parents of the zeroed leaves, each from a mask of its zeroed children
+     * (no scattered stores for node_sum to read back); a parent whose 16 leaves are all
+     * zeroed is 0 without reading them. */
+    int64_t on = 0;
+    for (int64_t k = 0; k < n_exclude;) {
+        const int64_t p = exclude[k] >> 4;
+        /* the leaves a few parents ahead (a miss each where the runs lie far apart) */
+        if (k + 64 < n_exclude && (uint64_t)exclude[k + 64] < (uint64_t)layout->size)
+            RP_PREFETCH(tree + (exclude[k + 64] & ~(int64_t)15));
+        uint32_t mask = 0;
+        do {
+            const int64_t i = exclude[k];
+            if (RP_UNLIKELY((uint64_t)i >= (uint64_t)layout->size || i <= prev)) {
+                *bad = k;
+                return RP_ERR_INDEX;
+            }
+            if ((i >> 4) != p) break;
+            mask |= 1u << (i & 15);
+            prev = i;
+            k++;
+        } while (k < n_exclude);
+        double sum = 0.0;
+        if (mask != 0xFFFFu) {
+            const SCALAR *lo = tree + RP_SEGTREE_FANOUT * p;
+            SCALAR e[RP_SEGTREE_FANOUT];
+            for (int j = 0; j < RP_SEGTREE_FANOUT; j++) e[j] = (mask >> j) & 1u ? (SCALAR)0 : lo[j];
+            sum = (double)(SCALAR)FN(node_sum)(e); /* as refresh stores it */
+        }
+        index_buf[on] = p;
+        value_buf[on] = sum;
+        on++;
+    }
+    z->n[1] = on;
+    z->index[1] = index_buf;
+    z->value[1] = value_buf;
+    int64_t used = on;
+    for (int64_t t = 2; t <= layout->top; t++) {
         const int64_t *pi = z->index[t - 1];
         const double *pv = z->value[t - 1];
         const int64_t pn = z->n[t - 1];
         const SCALAR *lo = tree + layout->offset[t - 1];
         int64_t *oi = index_buf + used;
         double *ov = value_buf + used;
-        int64_t on = 0;
+        on = 0;
         for (int64_t k = 0; k < pn;) {
             const int64_t p = pi[k] >> 4;
+            if (k + 16 < pn) FN(prefetch_node)(lo + (pi[k + 16] & ~(int64_t)15));
             SCALAR e[RP_SEGTREE_FANOUT];
             memcpy(e, lo + RP_SEGTREE_FANOUT * p, sizeof e);
             do {
-                e[pi[k] & 15] = pv != NULL ? (SCALAR)pv[k] : (SCALAR)0;
+                e[pi[k] & 15] = (SCALAR)pv[k];
                 k++;
             } while (k < pn && (pi[k] >> 4) == p);
             oi[on] = p;
-            ov[on] = (double)(SCALAR)FN(node_sum)(e); /* as refresh stores it */
+            ov[on] = (double)(SCALAR)FN(node_sum)(e);
             on++;
         }
         z->n[t] = on;

@@ -358,3 +358,24 @@ def test_refused_draw_takes_no_random_number():
         with pytest.raises(RuntimeError, match="non-positive p_sum"):
             sampler.sample(storage, 6)
         assert np.random.random() == expected
+
+
+@pytest.mark.parametrize("seeding", ["numpy", "generator"])
+@pytest.mark.parametrize("given", ["ends", "trajectories"])
+def test_given_ends_or_trajectories_match_torchrl(seeding, given):
+    """``ends=`` / ``trajectories=`` with ``cache_values=True``: the excluded starts come from
+    the given signal and are cached, the draws stay torchrl's over several calls."""
+    rng = np.random.default_rng(9)
+    storage = _make_storage(rng, 1, 90, 8, False, False)
+    n = storage.shape.numel()
+    data = storage[:]
+    signal = {"ends": data["next", "done"].squeeze(-1), "trajectories": data["episode"]}[given]
+    priority = _priorities(rng, n, True)
+
+    def make(module):
+        return module.PrioritizedSliceSampler(
+            n, 0.9, 0.7, slice_len=3, cache_values=True, strict_length=False, **{given: signal}
+        )
+
+    for seed in range(3):
+        _compare(make, storage, priority, 24, 4, seed, seeding)
