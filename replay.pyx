@@ -970,8 +970,9 @@ cdef class _SumSegmentTree(_SegmentTree):
                 and values past the tree's leaves are ignored.
             masses (callable): called once with the sum of the zeroed tree's leaves
                 ``[0, num_valid)`` (a float, as :meth:`query` gives it), under the tree's
-                lock; returns the prefix masses of the draws (array or tensor of reals). It
-                may raise, to refuse the draw (nothing is drawn then).
+                lock (so it must not call this tree); returns the prefix masses of the draws
+                (array or tensor of reals). It may raise, to refuse the draw (nothing is
+                drawn then).
 
         Keyword Args:
             relative_to (float, optional): as in :meth:`sample_prioritized`.
