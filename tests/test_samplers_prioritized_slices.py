@@ -379,3 +379,25 @@ def test_given_ends_or_trajectories_match_torchrl(seeding, given):
 
     for seed in range(3):
         _compare(make, storage, priority, 24, 4, seed, seeding)
+
+
+@pytest.mark.parametrize("seeding", ["numpy", "generator"])
+def test_cached_excluded_starts_follow_the_slice_length(seeding):
+    """``cache_values=True`` with ``num_slices`` and changing batch sizes: torchrl keeps the
+    starts excluded for the first call's slice length (see the note); ours lists them again
+    for each length, and draws what torchrl draws without the cache."""
+    rng = np.random.default_rng(2)
+    storage = _make_storage(rng, 1, 80, 8, False, False)
+    n = storage.shape.numel()
+    priority = _priorities(rng, n, False)
+    outputs = []
+    for module, cache_values in ((trl.samplers, False), (ours, True)):
+        sampler = module.PrioritizedSliceSampler(n, 0.8, 0.5, num_slices=4, traj_key="episode", cache_values=cache_values)
+        sampler.update_priority(torch.arange(n), priority)
+        np.random.seed(0)
+        torch.manual_seed(0)
+        if seeding == "generator":
+            sampler._rng = torch.Generator().manual_seed(0)
+        outputs.append([sampler.sample(storage, batch_size) for batch_size in (8, 20, 20, 8, 12)])
+    for expected, got in zip(*outputs):
+        _assert_same(expected, got)

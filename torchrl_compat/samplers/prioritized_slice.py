@@ -107,6 +107,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
           trajectory, too far);
         - an empty (or emptied) storage raises ``RuntimeError: Cannot sample from an empty
           storage.``, as the other samplers do (torchrl fails with an ``IndexError``);
+        - with ``cache_values=True``, a call whose slice length differs from the first
+          call's (``num_slices`` and another batch size): torchrl keeps the positions it
+          excluded for the first length, so its slices then run past trajectory ends (or
+          starts that fit are never drawn); here they are listed again for the new length
+          (the trajectory bounds stay cached), and the draws are those torchrl makes without
+          the cache;
         - a mass of exactly 0 (a draw of probability 2**-53, or 2**-24 with a generator)
           when the first leaf cannot start a slice or has no priority: torchrl steps left
           from leaf 0, fails with "Failed to find a suitable index" and leaves the excluded
