@@ -326,12 +326,13 @@ def generator_kept_on_failure(generator):
 
 
 def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, mass=None, uniform=None,
-                     seed=None, batch_size=None, exclude=None):
+                     seed=None, batch_size=None):
     """``(index, weight)`` from one fused ``replay`` kernel call: descend, gather, divide.
 
     Reads O(batch * log(size)) tree nodes: no pass over the leaves. The draws land at the
     prefix masses ``mass`` or, without them, at ``uniform`` times the sum, or else at
-    ``batch_size`` draws of the kernel's stream seeded with ``seed``.
+    ``batch_size`` draws of the kernel's stream seeded with ``seed``. (Draws with excluded
+    leaves: :func:`draw_zeroed_with_kernel`.)
     """
     # The kernel divides the priorities by p_min in the trees' precision (IEEE division:
     # what torch's div gives) and torch raises them to -beta, as torchrl does: the two
@@ -343,17 +344,10 @@ def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, mas
         "relative_to": p_min,
     }
     try:
-        if exclude is None:
-            index, priority, _ = sum_tree.sample_prioritized(num_valid, uniform, mass=mass, **options)
-        else:
-            # The excluded leaves count as zero for this draw only: the tree is not modified.
-            if isinstance(exclude, torch.Tensor):
-                exclude = exclude.detach().cpu().numpy()
-            index, priority, _ = sum_tree.sample_prioritized_excluding(num_valid, exclude, uniform, **options)
+        index, priority, _ = sum_tree.sample_prioritized(num_valid, uniform, mass=mass, **options)
     except RuntimeError:
         raise RuntimeError(
-            f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
-            f"outside the excluded ones sum to 0"
+            f"non-positive p_sum: no positive priority among the {num_valid} sampleable items"
         ) from None
     return torch.from_numpy(index), torch.from_numpy(priority).pow_(-beta)
 
