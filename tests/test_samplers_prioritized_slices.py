@@ -401,3 +401,19 @@ def test_cached_excluded_starts_follow_the_slice_length(seeding):
         outputs.append([sampler.sample(storage, batch_size) for batch_size in (8, 20, 20, 8, 12)])
     for expected, got in zip(*outputs):
         _assert_same(expected, got)
+
+
+@pytest.mark.parametrize("column", [False, True], ids=["lengths", "column"])
+def test_padded_indices_match_torchrl(column):
+    """The left-padded table of ``_padded_indices``, for lengths given flat or as the column
+    torchrl's ``_preceding_stop_idx`` passes (zero lengths and a longer ``arange`` included)."""
+    rng = np.random.default_rng(4)
+    ref = trl.samplers.PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2)
+    mine = ours.PrioritizedSliceSampler(10, 1.0, 1.0, slice_len=2)
+    for _ in range(30):
+        lengths = torch.as_tensor(rng.integers(0, 7, int(rng.integers(1, 6))))
+        lengths[0] += 1
+        shapes = lengths.view(-1, 1) if column else lengths
+        arange = torch.arange(int(lengths.sum()) + int(rng.integers(0, 3)))
+        expected, got = ref._padded_indices(shapes, arange), mine._padded_indices(shapes, arange)
+        assert expected.dtype == got.dtype and torch.equal(expected, got)

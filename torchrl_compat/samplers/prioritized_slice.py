@@ -218,7 +218,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
 
     def _padded_indices(self, shapes, arange) -> torch.Tensor:
         """A left-padded table: row ``g`` ends with the ``shapes[g]`` next values of ``arange``,
-        after ``-1`` padding. One masked assignment, where torchrl loops over the rows."""
+        after ``-1`` padding. One masked assignment, where torchrl loops over the rows.
+        ``shapes`` may be a column (``[G, 1]``), as torchrl passes the lengths."""
+        shapes = shapes.reshape(-1)
         max_len = int(shapes.max())
         pad = torch.full((shapes.shape[0], max_len), -1, dtype=arange.dtype, device=arange.device)
         columns = torch.arange(max_len, device=shapes.device)
