@@ -42,6 +42,12 @@ cdef extern from "ckernels/segtree.h" nogil:
         int64_t prefix[17]
     int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bint with_prefix)
 
+    ctypedef struct rp_segtree_zeroed:
+        int64_t n[17]
+        const int64_t *index[17]
+        const double *value[17]
+    int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exclude)
+
     void rp_segtree_fill_f32(const rp_segtree_layout *layout, float *tree, float identity)
     void rp_segtree_fill_f64(const rp_segtree_layout *layout, double *tree, double identity)
     int rp_segtree_get_f32(const rp_segtree_layout *layout, const float *tree, const int64_t *index, int64_t n, float *out, int64_t *bad)
@@ -84,6 +90,12 @@ cdef extern from "ckernels/segtree.h" nogil:
     int rp_sumtree_sample_masses_f64(const rp_segtree_layout *layout, const double *tree, int64_t mass_end, int64_t num_valid, const double *mass, int64_t n, double p_min, double beta, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
     int rp_sumtree_sample_exclude_f32(const rp_segtree_layout *layout, const float *tree, int64_t mass_end, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, float *out_priority, double *out_weight, int64_t *bad)
     int rp_sumtree_sample_exclude_f64(const rp_segtree_layout *layout, const double *tree, int64_t mass_end, int64_t num_valid, const int64_t *exclude, int64_t n_exclude, const double *uniform, int64_t n, double p_min, double beta, double *scratch, int64_t scratch_len, int64_t *out_index, double *out_priority, double *out_weight, int64_t *bad)
+    int rp_sumtree_zeroed_build_f32(const rp_segtree_layout *layout, const float *tree, const int64_t *exclude, int64_t n_exclude, int64_t *index_buf, double *value_buf, int64_t buf_len, rp_segtree_zeroed *z, int64_t *bad)
+    int rp_sumtree_zeroed_build_f64(const rp_segtree_layout *layout, const double *tree, const int64_t *exclude, int64_t n_exclude, int64_t *index_buf, double *value_buf, int64_t buf_len, rp_segtree_zeroed *z, int64_t *bad)
+    double rp_sumtree_zeroed_query_f32(const rp_segtree_layout *layout, const float *tree, const rp_segtree_zeroed *z, int64_t l, int64_t r)
+    double rp_sumtree_zeroed_query_f64(const rp_segtree_layout *layout, const double *tree, const rp_segtree_zeroed *z, int64_t l, int64_t r)
+    int rp_sumtree_zeroed_sample_masses_f32(const rp_segtree_layout *layout, const float *tree, const rp_segtree_zeroed *z, int64_t num_valid, const double *mass, int64_t n, int64_t *out_index, float *out_priority, int64_t *bad)
+    int rp_sumtree_zeroed_sample_masses_f64(const rp_segtree_layout *layout, const double *tree, const rp_segtree_zeroed *z, int64_t num_valid, const double *mass, int64_t n, int64_t *out_index, double *out_priority, int64_t *bad)
 
 
 cdef class _SegmentTree:
@@ -120,6 +132,7 @@ cdef class _SegmentTree:
 
 cdef class _SumSegmentTree(_SegmentTree):
     cdef object _scratch             # numpy float64 scratch of the exclusion kernel, or None
+    cdef object _zeroed_scratch      # (int64 positions, float64 values) of the zeroed view, or None
 
 
 # =====================================================================================

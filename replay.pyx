@@ -950,6 +950,121 @@ cdef class _SumSegmentTree(_SegmentTree):
                 None if out_weight is None else _numpy_to_like(out_weight, like))
 
 
+    def sample_prioritized_zeroed(self, num_valid, exclude, masses, *, relative_to=None):
+        """Draw as torchrl's ``PrioritizedSliceSampler`` does, with the leaves ``exclude`` set to
+        zero for this call only, without writing the tree.
+
+        torchrl writes zeros at those leaves, sums ``query(0, num_valid)``, draws the prefix
+        masses from that sum, finds them with :meth:`scan_lower_bound`, clamps the leaves to
+        ``num_valid - 1``, steps left off zero-valued leaves, and writes the leaves back. Every
+        parent of this tree being a fixed function of its children, the zeroed tree is known
+        from the ancestors of the excluded leaves alone: their entries are computed once (no
+        copy of, nor pass over, the leaves) and read in place of the tree's, so the sum and the
+        draws are those of the zeroed tree bit for bit, while the tree (and any concurrent
+        reader or writer, held off by its lock) never sees a zero.
+
+        Args:
+            num_valid (int): leaves ``[0, num_valid)`` may be drawn (as in
+                :meth:`sample_prioritized`).
+            exclude (array or tensor of ints): the leaves set to zero, in any order; repeats
+                and values past the tree's leaves are ignored.
+            masses (callable): called once with the sum of the zeroed tree's leaves
+                ``[0, num_valid)`` (a float, as :meth:`query` gives it), under the tree's
+                lock (so it must not call this tree); returns the prefix masses of the draws
+                (array or tensor of reals). It may raise, to refuse the draw (nothing is
+                drawn then).
+
+        Keyword Args:
+            relative_to (float, optional): as in :meth:`sample_prioritized`.
+
+        Returns:
+            ``(index, priority)``: int64 indices and their leaf values (tree dtype), numpy
+            arrays.
+
+        Raises:
+            IndexError: when ``num_valid`` is below 1, or a value of ``exclude`` is negative.
+            ValueError: for a NaN mass.
+            RuntimeError: when no leaf below ``num_valid`` outside ``exclude`` is positive.
+        """
+        cdef int64_t n, nv, mass_end, m, need, bad = 0
+        cdef int rc = RP_OK
+        cdef double p_sum
+        cdef const int64_t[::1] ev
+        cdef const double[::1] mv
+        cdef int64_t[::1] oi
+        cdef float[::1] p32
+        cdef double[::1] p64
+        cdef int64_t[::1] ib
+        cdef double[::1] vb
+        cdef const int64_t *eptr = NULL
+        cdef const double *mptr = NULL
+        cdef rp_segtree_zeroed z
+        wanted = _num_valid(num_valid)
+        ex = _as_index_array(exclude, "exclude")
+        with self._lock:
+            self._draw_range(wanted, &mass_end, &nv)
+            # The kernel checks the list as it reads it (strictly increasing, within the
+            # leaves): any other list is sorted, deduplicated and cut here, then read again.
+            for attempt in range(2):
+                m = ex.shape[0]
+                eptr = NULL
+                if m:
+                    ev = ex
+                    eptr = &ev[0]
+                need = rp_segtree_zeroed_scratch(&self._layout, m)
+                # kept between calls (and used under the lock): fresh ones cost page faults
+                if self._zeroed_scratch is None or self._zeroed_scratch[0].shape[0] <= need:
+                    self._zeroed_scratch = (np.empty(need + 1, dtype=np.int64), np.empty(need + 1, dtype=np.float64))
+                ib = self._zeroed_scratch[0]
+                vb = self._zeroed_scratch[1]
+                with nogil:
+                    if self._fp64:
+                        rc = rp_sumtree_zeroed_build_f64(&self._layout, self._t64, eptr, m, &ib[0], &vb[0], need, &z, &bad)
+                    else:
+                        rc = rp_sumtree_zeroed_build_f32(&self._layout, self._t32, eptr, m, &ib[0], &vb[0], need, &z, &bad)
+                if rc != RP_ERR_INDEX or attempt:
+                    break
+                ex = np.unique(ex)
+                if ex.shape[0] and ex[0] < 0:
+                    raise IndexError(f"exclude value {int(ex[0])} is negative")
+                ex = np.ascontiguousarray(ex[ex < self._layout.size])
+            if rc != RP_OK:
+                raise RuntimeError(f"unexpected kernel return code {rc} (bad={bad})")
+            with nogil:
+                if self._fp64:
+                    p_sum = rp_sumtree_zeroed_query_f64(&self._layout, self._t64, &z, 0, mass_end)
+                else:
+                    p_sum = rp_sumtree_zeroed_query_f32(&self._layout, self._t32, &z, 0, mass_end)
+            us = _as_value_array(masses(p_sum), np.float64, "mass")
+            n = us.shape[0]
+            out_index = np.empty(n, dtype=np.int64)
+            out_priority = np.empty(n, dtype=self._dtype)
+            if n:
+                mv = us
+                mptr = &mv[0]
+                oi = out_index
+                if self._fp64:
+                    p64 = out_priority
+                    with nogil:
+                        rc = rp_sumtree_zeroed_sample_masses_f64(&self._layout, self._t64, &z, nv, mptr, n,
+                                                                 &oi[0], &p64[0], &bad)
+                else:
+                    p32 = out_priority
+                    with nogil:
+                        rc = rp_sumtree_zeroed_sample_masses_f32(&self._layout, self._t32, &z, nv, mptr, n,
+                                                                 &oi[0], &p32[0], &bad)
+        if rc == RP_ERR_VALUE:
+            raise ValueError(f"mass {us[bad]} at position {bad} is NaN")
+        if rc == RP_ERR_EMPTY:
+            raise RuntimeError(
+                f"no positive priority among the first {num_valid} leaves outside the "
+                f"{m} excluded ones: cannot sample")
+        if rc != RP_OK:
+            raise IndexError(f"num_valid={num_valid}: a tree of size {self._size} has no leaf to draw")
+        if relative_to is not None:
+            _divide_in_place(out_priority, self._fp64, relative_to)
+        return out_index, out_priority
+
 cdef class SumSegmentTreeFp32(_SumSegmentTree):
     """A sum segment tree over float32 leaves; drop-in for ``torchrl._torchrl.SumSegmentTreeFp32``.
 

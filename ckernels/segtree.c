@@ -31,6 +31,15 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
     return RP_OK;
 }
 
+int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exclude) {
+    int64_t total = 0, bound = n_exclude > 0 ? n_exclude : 0;
+    for (int64_t t = 1; t <= layout->top; t++) {
+        if (bound > layout->length[t]) bound = layout->length[t];
+        total += bound;
+    }
+    return total;
+}
+
 int rp_segtree_index_runs(const int64_t *index, int64_t n, int64_t max_runs, int64_t *bounds,
                           int64_t *n_runs, int64_t *bad) {
     int64_t runs = 0;

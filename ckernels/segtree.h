@@ -57,6 +57,21 @@ typedef struct {
  * additions. Returns RP_OK, or RP_ERR_VALUE when size is negative or too large. O(log size). */
 int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_prefix);
 
+/* A sum tree seen with some leaves set to zero (Z), without writing it: for each level t,
+ * the n[t] entries of Z that differ from the tree's, at the strictly increasing positions
+ * index[t], with the values value[t] (NULL at level 0: the zeroed leaves themselves). Built by
+ * rp_sumtree_zeroed_build_*, it points into the caller's exclude list and scratch, and holds
+ * while the tree is not written. */
+typedef struct {
+    int64_t n[RP_SEGTREE_MAX_LEVELS];
+    const int64_t *index[RP_SEGTREE_MAX_LEVELS];
+    const double *value[RP_SEGTREE_MAX_LEVELS];
+} rp_segtree_zeroed;
+
+/* The scratch (int64 positions and as many doubles) rp_sumtree_zeroed_build_* needs for
+ * n_exclude zeroed leaves: at most min(n_exclude, entries) changed entries a level. O(log size). */
+int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exclude);
+
 #define RP_SEGTREE_DECLARE(SCALAR, SUFFIX)                                                        \
     /* Set every entry of the buffer to `identity`. O(total). */                                 \
     void rp_segtree_fill_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity); \
@@ -157,6 +172,31 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
                                            double p_min, double beta, double *scratch,           \
                                            int64_t scratch_len, int64_t *out_index,              \
                                            SCALAR *out_priority, double *out_weight, int64_t *bad); \
+    /* Z, the tree with the leaves exclude[0, n_exclude) (strictly increasing, in [0, size))     \
+     * set to zero, as its ancestors' entries: each changed parent is node_sum of its children   \
+     * with the changes applied, as a write of zeros would store it. index_buf / value_buf hold   \
+     * buf_len entries (rp_segtree_zeroed_scratch). RP_ERR_INDEX with *bad = r for a bad          \
+     * exclude[r]; RP_ERR_VALUE (*bad = -1) for a short scratch. Reads the tree only.             \
+     * O(n_exclude + 16 * changed entries).                                                      \
+     * rp_sumtree_zeroed_query: query(l, r) of Z, bit for bit (O(16 log16 size log n_exclude)).  \
+     * rp_sumtree_zeroed_sample_masses: the draws torchrl's slice sampler makes on Z with the    \
+     * prefix masses mass[0, n) (rounded to the tree's dtype as scan_lower_bound takes them):    \
+     * scan_lower_bound's leaf (0 for a mass <= 0, size past Z's total), clamped to              \
+     * num_valid - 1, moved left to the nearest positive leaf of Z (right when there is none).   \
+     * Writes out_index and out_priority (the leaf values); RP_ERR_VALUE for a NaN mass          \
+     * (*bad = k), RP_ERR_EMPTY when no positive leaf of Z lies below num_valid, RP_ERR_INDEX     \
+     * when num_valid is outside [1, size]. O(n * 16 log16 size log n_exclude). */               \
+    int rp_sumtree_zeroed_build_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,    \
+                                         const int64_t *exclude, int64_t n_exclude,              \
+                                         int64_t *index_buf, double *value_buf, int64_t buf_len, \
+                                         rp_segtree_zeroed *z, int64_t *bad);                    \
+    double rp_sumtree_zeroed_query_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree, \
+                                            const rp_segtree_zeroed *z, int64_t l, int64_t r);   \
+    int rp_sumtree_zeroed_sample_masses_##SUFFIX(const rp_segtree_layout *layout,                \
+                                                 const SCALAR *tree, const rp_segtree_zeroed *z, \
+                                                 int64_t num_valid, const double *mass,          \
+                                                 int64_t n, int64_t *out_index,                  \
+                                                 SCALAR *out_priority, int64_t *bad);            \
     /* Check a prioritized-replay update before it is written: index[k] (k < n) is a leaf in      \
      * [0, size) or negative (an item to skip: writers mark those with -1), and priority[k *      \
      * priority_stride] (stride 0 broadcasts one value) is finite and >= 0 wherever index[k] is   \

@@ -979,6 +979,211 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
     return RP_OK;
 }
 
+/* --- The tree with some leaves zeroed, read without writing it -----------------------------
+ * torchrl's PrioritizedSliceSampler sets the leaves that cannot start a slice to zero, draws,
+ * and puts them back. Since every parent is the node_sum of its 16 children, that tree (Z) is a
+ * pure function of its leaves: `rp_segtree_zeroed` lists, level by level, the entries of Z that
+ * differ from the tree's (the ancestors of the zeroed leaves), and the reads below substitute
+ * them. Z's sums, descents and leaves are thus those of the zeroed tree to the bit. */
+
+/* The 16 entries of node j of level t in Z (t = 0: leaves). */
+static inline void FN(zeroed_node)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                   const rp_segtree_zeroed *z, int64_t t, int64_t j, SCALAR *e) {
+    memcpy(e, tree + layout->offset[t] + RP_SEGTREE_FANOUT * j, RP_SEGTREE_FANOUT * sizeof *e);
+    const int64_t *ix = z->index[t];
+    const double *val = z->value[t];
+    const int64_t n = z->n[t], first = RP_SEGTREE_FANOUT * j;
+    for (int64_t at = FN(first_at_least)(ix, n, first); at < n && ix[at] < first + RP_SEGTREE_FANOUT; at++)
+        e[ix[at] & 15] = val != NULL ? (SCALAR)val[at] : (SCALAR)0;
+}
+
+int FN(rp_sumtree_zeroed_build)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                const int64_t *exclude, int64_t n_exclude, int64_t *index_buf,
+                                double *value_buf, int64_t buf_len, rp_segtree_zeroed *z,
+                                int64_t *bad) {
+    if (n_exclude < 0 || buf_len < rp_segtree_zeroed_scratch(layout, n_exclude)) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    memset(z, 0, sizeof *z);
+    z->n[0] = n_exclude;
+    z->index[0] = exclude;
+    z->value[0] = NULL; /* the zeroed leaves */
+    /* exclude is checked (strictly increasing within [0, size)) as it is read, each entry
+     * before its position is used: only the scratch is written before an error. */
+    int64_t prev = -1;
+    if (layout->top == 0) {
+        for (int64_t k = 0; k < n_exclude; k++) {
+            if ((uint64_t)exclude[k] >= (uint64_t)layout->size || exclude[k] <= prev) {
+                *bad = k;
+                return RP_ERR_INDEX;
+            }
+            prev = exclude[k];
+        }
+        return RP_OK;
+    }
+    /* Level 1: the parents of the zeroed leaves, each from a mask of its zeroed children
+     * (no scattered stores for node_sum to read back); a parent whose 16 leaves are all
+     * zeroed is 0 without reading them. */
+    int64_t on = 0;
+    for (int64_t k = 0; k < n_exclude;) {
+        const int64_t p = exclude[k] >> 4;
+        /* the leaves a few parents ahead (a miss each where the runs lie far apart) */
+        if (k + 64 < n_exclude && (uint64_t)exclude[k + 64] < (uint64_t)layout->size)
+            RP_PREFETCH(tree + (exclude[k + 64] & ~(int64_t)15));
+        uint32_t mask = 0;
+        do {
+            const int64_t i = exclude[k];
+            if (RP_UNLIKELY((uint64_t)i >= (uint64_t)layout->size || i <= prev)) {
+                *bad = k;
+                return RP_ERR_INDEX;
+            }
+            if ((i >> 4) != p) break;
+            mask |= 1u << (i & 15);
+            prev = i;
+            k++;
+        } while (k < n_exclude);
+        double sum = 0.0;
+        if (mask != 0xFFFFu) {
+            const SCALAR *lo = tree + RP_SEGTREE_FANOUT * p;
+            SCALAR e[RP_SEGTREE_FANOUT];
+            for (int j = 0; j < RP_SEGTREE_FANOUT; j++) e[j] = (mask >> j) & 1u ? (SCALAR)0 : lo[j];
+            sum = (double)(SCALAR)FN(node_sum)(e); /* as refresh stores it */
+        }
+        index_buf[on] = p;
+        value_buf[on] = sum;
+        on++;
+    }
+    z->n[1] = on;
+    z->index[1] = index_buf;
+    z->value[1] = value_buf;
+    int64_t used = on;
+    for (int64_t t = 2; t <= layout->top; t++) {
+        const int64_t *pi = z->index[t - 1];
+        const double *pv = z->value[t - 1];
+        const int64_t pn = z->n[t - 1];
+        const SCALAR *lo = tree + layout->offset[t - 1];
+        int64_t *oi = index_buf + used;
+        double *ov = value_buf + used;
+        on = 0;
+        for (int64_t k = 0; k < pn;) {
+            const int64_t p = pi[k] >> 4;
+            if (k + 16 < pn) FN(prefetch_node)(lo + (pi[k + 16] & ~(int64_t)15));
+            SCALAR e[RP_SEGTREE_FANOUT];
+            memcpy(e, lo + RP_SEGTREE_FANOUT * p, sizeof e);
+            do {
+                e[pi[k] & 15] = (SCALAR)pv[k];
+                k++;
+            } while (k < pn && (pi[k] >> 4) == p);
+            oi[on] = p;
+            ov[on] = (double)(SCALAR)FN(node_sum)(e);
+            on++;
+        }
+        z->n[t] = on;
+        z->index[t] = oi;
+        z->value[t] = ov;
+        used += on;
+    }
+    return RP_OK;
+}
+
+double FN(rp_sumtree_zeroed_query)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                   const rp_segtree_zeroed *z, int64_t l, int64_t r) {
+    const int64_t size = layout->size;
+    SCALAR e[RP_SEGTREE_FANOUT];
+    if (l < 0) l = 0;
+    if (r > size) r = size;
+    if (l >= r) return 0.0;
+    if (l == 0 && r == size) { /* root_total: the root's prefix sums, stored or not, are these */
+        SCALAR prefix[RP_SEGTREE_FANOUT];
+        FN(zeroed_node)(layout, tree, z, layout->top, 0, e);
+        FN(scalar_prefix)(e, prefix);
+        return (double)prefix[RP_SEGTREE_FANOUT - 1];
+    }
+    /* FN(query)'s climb, each partial node read from Z (range_sum's order relative to its start) */
+    double acc = 0.0;
+    int64_t a = l, b = r;
+    for (int64_t t = 0; a < b; t++) {
+        if (t == layout->top || (a >> 4) == ((b - 1) >> 4)) {
+            FN(zeroed_node)(layout, tree, z, t, a >> 4, e);
+            acc += FN(range_sum)(e, a & 15, (a & 15) + (b - a));
+            break;
+        }
+        if (a & 15) {
+            FN(zeroed_node)(layout, tree, z, t, a >> 4, e);
+            acc += FN(range_sum)(e, a & 15, RP_SEGTREE_FANOUT);
+            a = (a >> 4) + 1;
+        } else {
+            a >>= 4;
+        }
+        if (b & 15) {
+            FN(zeroed_node)(layout, tree, z, t, b >> 4, e);
+            acc += FN(range_sum)(e, 0, b & 15);
+        }
+        b >>= 4;
+    }
+    return acc;
+}
+
+/* FN(descend) of one mass v > 0 in Z: the same comparisons on the same prefix sums. */
+static int64_t FN(zeroed_descend)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                  const rp_segtree_zeroed *z, double v) {
+    int64_t node = 0;
+    for (int64_t t = layout->top; t >= 0; t--) {
+        SCALAR e[RP_SEGTREE_FANOUT], computed[RP_SEGTREE_FANOUT];
+        FN(zeroed_node)(layout, tree, z, t, node, e);
+        const SCALAR bound = FN(round_down)(v);
+        int child = FN(count_below_computed)(e, bound, computed);
+        if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
+            child = RP_SEGTREE_FANOUT - 1;
+            while (child > 0 && !(e[child] > 0)) child--;
+            v = (double)e[child];
+        } else if (child > 0) {
+            v = v - (double)computed[RP_COMPUTED_AT(child - 1)];
+        }
+        node = RP_SEGTREE_FANOUT * node + child;
+    }
+    return node;
+}
+
+int FN(rp_sumtree_zeroed_sample_masses)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                        const rp_segtree_zeroed *z, int64_t num_valid,
+                                        const double *mass, int64_t n, int64_t *out_index,
+                                        SCALAR *out_priority, int64_t *bad) {
+    if (num_valid < 1 || num_valid > layout->size) {
+        *bad = -1;
+        return RP_ERR_INDEX;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        if (RP_UNLIKELY(isnan(mass[k]))) {
+            *bad = k;
+            return RP_ERR_VALUE;
+        }
+    }
+    const double total = FN(rp_sumtree_zeroed_query)(layout, tree, z, 0, layout->size);
+    const int64_t *exclude = z->index[0];
+    const int64_t m = z->n[0];
+    for (int64_t k = 0; k < n; k++) {
+        /* scan_lower_bound's rule on the mass rounded to the tree's dtype */
+        const double x = (double)(SCALAR)mass[k];
+        int64_t i = x <= 0 ? 0 : x > total ? layout->size : FN(zeroed_descend)(layout, tree, z, x);
+        if (i >= num_valid) i = num_valid - 1;
+        if (!(tree[i] > 0) || FN(is_excluded)(exclude, m, i)) {
+            /* torchrl steps left to the first positive leaf of Z; it raises where there is none
+             * (a draw of exactly 0 with leaf 0 zero), where this takes the first on the right */
+            const int64_t left = FN(last_allowed_at_or_before)(layout, tree, exclude, m, i);
+            i = left >= 0 ? left : FN(first_allowed_at_or_after)(layout, tree, exclude, m, i, num_valid);
+            if (i < 0) {
+                *bad = k;
+                return RP_ERR_EMPTY;
+            }
+        }
+        out_index[k] = i;
+        out_priority[k] = tree[i];
+    }
+    return RP_OK;
+}
+
 int FN(rp_priority_scan)(const int64_t *index, int64_t n, int64_t size, const SCALAR *priority,
                          int64_t priority_stride, int64_t *skipped, int64_t *argmax, int64_t *bad) {
     int64_t negative = 0, best = -1;

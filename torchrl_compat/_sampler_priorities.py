@@ -31,13 +31,13 @@ __all__ = [
     "check_update",
     "draw_with_kernel",
     "draw_with_torch",
+    "draw_zeroed_with_kernel",
     "generator_kept_on_failure",
     "kernel_seed",
     "largest_leaf",
     "ravel_rows",
     "stored_values",
     "torchrl_masses",
-    "torchrl_uniforms",
 ]
 
 _UINT64_MASK = (1 << 64) - 1
@@ -298,14 +298,6 @@ def torchrl_masses(batch_size: int, p_sum: float, generator) -> np.ndarray:
     return _cpu_rand(batch_size, generator).mul_(p_sum).numpy()
 
 
-def torchrl_uniforms(batch_size: int, generator) -> np.ndarray:
-    """Draws in ``[0, 1)`` from the stream :func:`torchrl_masses` reads (one number per
-    draw), for draws whose mass the kernel scales itself."""
-    if generator is None:
-        return np.random.random_sample(batch_size)
-    return _cpu_rand(batch_size, generator).numpy()
-
-
 def _cpu_rand(batch_size: int, generator: torch.Generator) -> torch.Tensor:
     """``torch.rand(batch_size, generator=generator)`` on the CPU (drawn on the generator's
     device, as the generator must)."""
@@ -334,12 +326,13 @@ def generator_kept_on_failure(generator):
 
 
 def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, mass=None, uniform=None,
-                     seed=None, batch_size=None, exclude=None):
+                     seed=None, batch_size=None):
     """``(index, weight)`` from one fused ``replay`` kernel call: descend, gather, divide.
 
     Reads O(batch * log(size)) tree nodes: no pass over the leaves. The draws land at the
     prefix masses ``mass`` or, without them, at ``uniform`` times the sum, or else at
-    ``batch_size`` draws of the kernel's stream seeded with ``seed``.
+    ``batch_size`` draws of the kernel's stream seeded with ``seed``. (Draws with excluded
+    leaves: :func:`draw_zeroed_with_kernel`.)
     """
     # The kernel divides the priorities by p_min in the trees' precision (IEEE division:
     # what torch's div gives) and torch raises them to -beta, as torchrl does: the two
@@ -351,18 +344,41 @@ def draw_with_kernel(sum_tree, num_valid: int, p_min: float, beta: float, *, mas
         "relative_to": p_min,
     }
     try:
-        if exclude is None:
-            index, priority, _ = sum_tree.sample_prioritized(num_valid, uniform, mass=mass, **options)
-        else:
-            # The excluded leaves count as zero for this draw only: the tree is not modified.
-            if isinstance(exclude, torch.Tensor):
-                exclude = exclude.detach().cpu().numpy()
-            index, priority, _ = sum_tree.sample_prioritized_excluding(num_valid, exclude, uniform, **options)
+        index, priority, _ = sum_tree.sample_prioritized(num_valid, uniform, mass=mass, **options)
     except RuntimeError:
         raise RuntimeError(
-            f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
-            f"outside the excluded ones sum to 0"
+            f"non-positive p_sum: no positive priority among the {num_valid} sampleable items"
         ) from None
+    return torch.from_numpy(index), torch.from_numpy(priority).pow_(-beta)
+
+
+def draw_zeroed_with_kernel(sum_tree, min_tree, num_valid: int, beta: float, batch_size: int,
+                            exclude, generator):
+    """``(index, weight)`` of ``batch_size`` draws with the leaves ``exclude`` counted as zero:
+    those of torchrl's ``PrioritizedSliceSampler``, which writes zeros there, checks and draws
+    as :class:`PrioritizedSampler` does, and writes the leaves back. One ``replay`` call reads
+    the zeroed tree's sums and descents without writing the tree
+    (``sample_prioritized_zeroed``): the checks, in torchrl's order (the sum of the zeroed
+    tree, then the smallest priority of the min tree, which torchrl leaves as it is), come
+    before any random number is taken, so a refused call takes none."""
+    p_min = min_tree.query(0, num_valid)
+
+    def masses(p_sum):
+        if not p_sum > 0:
+            raise RuntimeError(
+                f"non-positive p_sum: the priorities of the {num_valid} sampleable items "
+                f"outside the excluded ones sum to {p_sum}"
+            )
+        if not p_min > 0:
+            raise RuntimeError(
+                f"non-positive p_min: the smallest priority of the {num_valid} sampled items is {p_min}"
+            )
+        return torchrl_masses(batch_size, p_sum, generator)
+
+    if isinstance(exclude, torch.Tensor):
+        exclude = exclude.detach().cpu().numpy()
+    relative_to = p_min if p_min > 0 else None
+    index, priority = sum_tree.sample_prioritized_zeroed(num_valid, exclude, masses, relative_to=relative_to)
     return torch.from_numpy(index), torch.from_numpy(priority).pow_(-beta)
 
 

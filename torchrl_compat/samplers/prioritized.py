@@ -31,6 +31,7 @@ from .._sampler_priorities import (
     check_update,
     draw_with_kernel,
     draw_with_torch,
+    draw_zeroed_with_kernel,
     EpsOperand,
     generator_kept_on_failure,
     largest_leaf,
@@ -38,7 +39,6 @@ from .._sampler_priorities import (
     ravel_rows,
     stored_values,
     torchrl_masses,
-    torchrl_uniforms,
 )
 from .._sampler_storage import storage_device
 from .._sampler_trees import (
@@ -448,14 +448,20 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             if storage.ndim > 1:
                 index = unravel_index(index, storage.shape)
             return index, {"priority_weight": weight}
-        p_sum, p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
-        if exclude is None:
-            index, weight = self._draw(num_valid, p_sum, p_min, batch_size)
+        if exclude is not None and is_replay_tree(self._sum_tree):
+            # torchrl's draw on its trees with the excluded leaves zeroed, read in place.
+            index, weight = draw_zeroed_with_kernel(
+                self._sum_tree, self._min_tree, num_valid, self._beta, batch_size, exclude, self._rng
+            )
         else:
-            # With excluded leaves the draw can still find nothing to land on, once the
-            # random numbers are taken: it gives them back then, as a refused call should.
-            with generator_kept_on_failure(self._rng):
-                index, weight = self._draw(num_valid, p_sum, p_min, batch_size, exclude)
+            p_sum, p_min = check_sampleable(self._sum_tree, self._min_tree, num_valid)
+            if exclude is None:
+                index, weight = self._draw(num_valid, p_sum, p_min, batch_size)
+            else:
+                # With excluded leaves the draw can still find nothing to land on, once the
+                # random numbers are taken: it gives them back then, as a refused call should.
+                with generator_kept_on_failure(self._rng):
+                    index, weight = self._draw(num_valid, p_sum, p_min, batch_size, exclude)
         if storage.ndim > 1:
             index = unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
@@ -463,16 +469,10 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
     def _draw(self, num_valid: int, p_sum: float, p_min: float, batch_size: int, exclude=None):
         """``(index, weight)`` of ``batch_size`` draws, with the trees' own machinery."""
         if is_replay_tree(self._sum_tree):
-            if exclude is None:
-                # torchrl's masses, to the bit: numpy's global RNG without a generator.
-                mass = torchrl_masses(batch_size, p_sum, self._rng)
-                return draw_with_kernel(self._sum_tree, num_valid, p_min, self._beta, mass=mass)
-            # The same stream; the kernel scales each draw by the sum of the allowed leaves
-            # (torchrl zeroes the excluded leaves in the tree and sums again).
-            uniform = torchrl_uniforms(batch_size, self._rng)
-            return draw_with_kernel(
-                self._sum_tree, num_valid, p_min, self._beta, uniform=uniform, exclude=exclude
-            )
+            # torchrl's masses, to the bit: numpy's global RNG without a generator. (Draws
+            # with excluded leaves take draw_zeroed_with_kernel.)
+            mass = torchrl_masses(batch_size, p_sum, self._rng)
+            return draw_with_kernel(self._sum_tree, num_valid, p_min, self._beta, mass=mass)
         uniform = _rand(batch_size, self._device, self._rng)
         return draw_with_torch(self._sum_tree, num_valid, p_min, self._beta, uniform, exclude)
 

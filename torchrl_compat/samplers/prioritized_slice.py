@@ -69,15 +69,20 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
         max_priority_within_buffer (bool, optional): if ``True``, the max-priority
             is tracked within the buffer. Defaults to ``False``.
 
-    .. note:: torchrl zeroes the sum-tree leaves that cannot start a slice while it
-        samples, then restores them, which races with a concurrent :meth:`update_priority`
-        (and, when the draw fails, leaves them zeroed), and needs an ``[M, N, ndim]`` tensor
-        to find each slice's stop. Here the trees are never modified while sampling: on
-        CPU, ``replay``'s kernel excludes those leaves itself
-        (``sample_prioritized_excluding``: no pass over, nor copy of, the leaves); on an
-        accelerator they are zeroed in a masked copy of the priorities. The stops are found
-        by binary search. A draw that fails gives the random numbers it took back to the
-        generator, as torchrl's (which fails before drawing) leaves it.
+    .. note:: torchrl writes zeros at the sum-tree leaves that cannot start a slice, draws,
+        then writes them back, which races with a concurrent :meth:`update_priority` (and,
+        when the draw fails, leaves them zeroed), and needs an ``[M, N, ndim]`` tensor to find
+        each slice's stop. Here the trees are never written while sampling. On CPU,
+        ``replay``'s ``sample_prioritized_zeroed`` reads the zeroed tree in place: the
+        entries of the excluded leaves' ancestors are computed once, as a write of zeros
+        would store them, and read in place of the tree's, so the sum of the allowed
+        priorities, the masses (numpy's global RNG without a generator, else
+        ``torch.rand`` with it, as torchrl draws them), the leaves they land on and the
+        weights (relative to the smallest priority of all the leaves, excluded ones
+        included, as torchrl leaves its min tree as it is) are torchrl's bit for bit. On an
+        accelerator the leaves are zeroed in a masked copy of the priorities. The stops are
+        found by binary search. A draw with no allowed positive priority raises "non-positive
+        p_sum" before it takes any random number, as torchrl's does.
 
     .. note:: On an accelerator, :meth:`update_priority` and the default priorities of new
         items go through :class:`PrioritizedSampler`'s device path (no host
@@ -101,7 +106,18 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
           the trajectory's own stop bounds the slice (torchrl picks the next stop of any
           trajectory, too far);
         - an empty (or emptied) storage raises ``RuntimeError: Cannot sample from an empty
-          storage.``, as the other samplers do (torchrl fails with an ``IndexError``).
+          storage.``, as the other samplers do (torchrl fails with an ``IndexError``);
+        - with ``cache_values=True``, a call whose slice length differs from the first
+          call's (``num_slices`` and another batch size): torchrl keeps the positions it
+          excluded for the first length, so its slices then run past trajectory ends (or
+          starts that fit are never drawn); here they are listed again for the new length
+          (the trajectory bounds stay cached), and the draws are those torchrl makes without
+          the cache;
+        - a mass of exactly 0 (a draw of probability 2**-53, or 2**-24 with a generator)
+          when the first leaf cannot start a slice or has no priority: torchrl steps left
+          from leaf 0, fails with "Failed to find a suitable index" and leaves the excluded
+          leaves zeroed; here the draw lands on the first leaf on the right that can start
+          a slice.
 
     Examples:
         >>> import torch
@@ -202,7 +218,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
 
     def _padded_indices(self, shapes, arange) -> torch.Tensor:
         """A left-padded table: row ``g`` ends with the ``shapes[g]`` next values of ``arange``,
-        after ``-1`` padding. One masked assignment, where torchrl loops over the rows."""
+        after ``-1`` padding. One masked assignment, where torchrl loops over the rows.
+        ``shapes`` may be a column (``[G, 1]``), as torchrl passes the lengths."""
+        shapes = shapes.reshape(-1)
         max_len = int(shapes.max())
         pad = torch.full((shapes.shape[0], max_len), -1, dtype=arange.dtype, device=arange.device)
         columns = torch.arange(max_len, device=shapes.device)
