@@ -23,8 +23,7 @@ static inline double FN(node_sum)(const SCALAR *e) {
 #if defined(RP_HAVE_VECTORS)
     rp_v2d d[8];
     for (int k = 0; k < 8; k++) {
-        d[k][0] = (double)e[2 * k];
-        d[k][1] = (double)e[2 * k + 1];
+        d[k] = (rp_v2d){(double)e[2 * k], (double)e[2 * k + 1]};
     }
     const rp_v2d s = ((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7]));
     return s[0] + s[1];
