@@ -15,7 +15,6 @@ not load it runs on ``install_segment_trees()``, as a user there must.
 """
 import os
 import sys
-import tempfile
 
 import pytest
 import torch
@@ -71,8 +70,9 @@ def test_first_write(benchmark, lib, buffer, capacity):
     held = []
 
     def setup():
-        # The previous round's buffer is dropped here, outside the timed call, so neither side
-        # pays for freeing (or unlinking the memmap files of) a buffer inside it.
+        # The previous round's buffer is dropped here, outside the timed call. (Buffers hold
+        # reference cycles: the collector may still free one inside a timed call, of either
+        # side; collecting here each round would take longer than the whole benchmark.)
         held.clear()
         rb = BUFFERS[buffer](lib, capacity)
         held.append(rb)
