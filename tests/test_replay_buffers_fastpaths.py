@@ -225,8 +225,8 @@ def test_writes_copy_rows_as_torchrl_stores_them(name, monkeypatch):
         assert len(ours) == len(ref)
         assert_same(ours._storage._storage[: len(ref)], ref._storage._storage[: len(ref)])
         assert_same(ours._storage._storage[: len(ref)], numpy_copies._storage._storage[: len(ref)])
-    # the first write initialises the storage through set(); the others were copied
-    assert calls[0::2] == [True] * 5 and calls[1::2] == [False] * 5
+    # every write copied in one call, the first one too (it creates the storage first)
+    assert calls[0::2] == [True] * 6 and calls[1::2] == [False] * 6
 
 
 def test_overridden_update_priority_is_called():

@@ -305,7 +305,9 @@ def test_write_rows_broadcasts_and_refuses_as_set():
 def test_write_rows_declines_what_it_does_not_handle():
     first = make_td(6)
     storage = OS.LazyTensorStorage(6)
-    assert not write_rows(storage, 0, torch.arange(3), make_td(3))  # not initialized
+    # a storage not initialized yet is created from the batch (tests/test_storages_first_write.py)
+    assert write_rows(storage, 0, torch.arange(3), make_td(3)) and storage.initialized
+    assert not write_rows(OS.LazyTensorStorage(6, ndim=2), 0, torch.arange(3), make_td(3))
     storage.set(torch.arange(6), first)
     before = storage[:].clone()
     declined = [

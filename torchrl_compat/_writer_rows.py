@@ -12,7 +12,10 @@ its storage tensor are contiguous CPU tensors of one dtype and row shape (the co
 CPU leaves are written through cached numpy views of the storage's tensors, which copy rows
 into a large array in about half the time torch's ``copy_`` takes.
 
-Only the plain case takes this path: one of our initialized 1-D tensor storages whose
+A lazy storage not initialized yet is created from the batch and filled by its
+``_first_write`` (see :mod:`~torchrl_compat._storage_first_write`), when it takes the batch.
+
+Only the plain case takes this path: one of our 1-D tensor storages whose
 ``set`` is not overridden, and a batch (a tensor, or a :class:`~tensordict.TensorDict`
 of tensors with the storage's keys at every level) whose leaves have the dtype and
 device of the stored ones; ``copy_`` into the row slice then broadcasts, and raises, as
@@ -65,13 +68,10 @@ def write_rows(
         ``True`` once written; ``False``, having written nothing, when the storage or the
         data is not of the kind handled here.
     """
-    if (
-        type(storage).set is not _PLAIN_SET
-        or not storage.initialized
-        or storage.ndim != 1
-        or is_compiling()
-    ):
+    if type(storage).set is not _PLAIN_SET or storage.ndim != 1 or is_compiling():
         return False
+    if not storage.initialized:
+        return _first_write(storage, start, index, data, extra)
     dest = storage._storage
     if type(dest) is TensorDict and type(data) is TensorDict:
         pairs = []
@@ -107,6 +107,24 @@ def write_rows(
                 _copy(leaf, 0, rest, value[first:])
     except BaseException:
         storage._note_rows_written(index, numel, complete=False)
+        raise
+    storage._note_rows_written(index, numel, first_row=start)
+    return True
+
+
+def _first_write(storage, start: int, index: torch.Tensor, data, extra: dict | None) -> bool:
+    """The write into a lazy storage not initialized yet: created from the batch and filled
+    by the storage itself (see :mod:`~torchrl_compat._storage_first_write`)."""
+    first_write = getattr(storage, "_first_write", None)
+    numel = index.shape[0]
+    if first_write is None or not 0 <= start < storage.max_size or numel > storage.max_size:
+        return False
+    try:
+        if not first_write(data, extra, start, numel):
+            return False
+    except BaseException:
+        if storage.initialized:
+            storage._note_rows_written(index, numel, complete=False)
         raise
     storage._note_rows_written(index, numel, first_row=start)
     return True

@@ -1,6 +1,7 @@
 """Storages of Python lists: :class:`ListStorage`, :class:`LazyStackStorage` and :class:`CompressedListStorage`."""
 from __future__ import annotations
 
+import multiprocessing as mp
 import sys
 import warnings
 from collections import OrderedDict
@@ -71,6 +72,10 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
         super().__init__(max_size, compilable=compilable)
         self._storage = []
         self.device = device
+        if not self._compilable:
+            # made now rather than at the first write (a shared Value takes a semaphore): a
+            # storage forked before its first write then shares the revision too
+            self.__dict__["_mutation_revision_value"] = mp.Value("q", 0)
 
     def _to_device(self, data: Any) -> Any:
         """Utility method to move data to the device."""
