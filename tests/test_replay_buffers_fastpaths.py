@@ -11,6 +11,7 @@ sampler runs here on ``replay``'s trees, so that only the buffers' and samplers'
 """
 from __future__ import annotations
 
+import sys
 import warnings
 
 import numpy as np
@@ -30,8 +31,11 @@ CAPACITY = 40
 
 @pytest.fixture(autouse=True)
 def torchrl_trees(monkeypatch):
-    for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
-        monkeypatch.setattr(TS, name, getattr(replay, name))
+    # torchrl 0.14 looks its trees up in the module that defines its PrioritizedSampler
+    modules = {TS, sys.modules[TD.PrioritizedSampler.__module__]}
+    for module in modules:
+        for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
+            monkeypatch.setattr(module, name, getattr(replay, name))
 
 
 def _general(buffer):
