@@ -11,7 +11,6 @@ sampler runs here on ``replay``'s trees, so that only the buffers' and samplers'
 """
 from __future__ import annotations
 
-import sys
 import warnings
 
 import numpy as np
@@ -31,11 +30,12 @@ CAPACITY = 40
 
 @pytest.fixture(autouse=True)
 def torchrl_trees(monkeypatch):
-    # torchrl 0.14 looks its trees up in the module that defines its PrioritizedSampler
-    modules = {TS, sys.modules[TD.PrioritizedSampler.__module__]}
-    for module in modules:
-        for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
-            monkeypatch.setattr(module, name, getattr(replay, name))
+    # torchrl 0.14 looks its trees up in the module defining its PrioritizedSampler (whose
+    # __module__ names the package): patch that module's namespace too
+    defining = TD.PrioritizedSampler._init.__globals__
+    for name in ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64"):
+        monkeypatch.setattr(TS, name, getattr(replay, name))
+        monkeypatch.setitem(defining, name, getattr(replay, name))
 
 
 def _general(buffer):
