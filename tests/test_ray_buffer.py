@@ -6,7 +6,6 @@ One local cluster (``ray.init(num_cpus=2)``) serves the whole module.
 import functools
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -16,6 +15,8 @@ import torch
 from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
+
+from ray_support import local_cluster, prioritized, ROOT  # noqa: E402
 
 from torchrl_compat import (  # noqa: E402
     LazyTensorStorage,
@@ -30,25 +31,12 @@ from torchrl_compat import (  # noqa: E402
 from torchrl_compat import _ray_routing as routing  # noqa: E402
 from torchrl_compat.ray_buffer import ShardRestartedError  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    # the shard actors import this checkout: the workers inherit the driver's environment
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
-    started = not ray.is_initialized()
-    # ray.init replaces the driver's SIGTERM / SIGINT handlers, and ray.shutdown leaves its
-    # own: the storages' clean-up handlers of later tests (and their forked children) would
-    # never run. The module hands back the handlers it found.
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
+    with local_cluster():
+        yield
 
 
 def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
@@ -76,16 +64,6 @@ def skewed_priorities(sizes, seed=0):
         p = 10 ** rng.uniform(-6, 0, size) * rng.pareto(1.5, size).clip(1e-3, 1e3)
         parts.append(p * 10.0 ** (2 * k) / 10.0 ** (2 * (len(sizes) - 1)) * 1e6)
     return parts
-
-
-def prioritized(num_shards, capacity, **kwargs):
-    return RayReplayBuffer(
-        replay_buffer_cls=TensorDictReplayBuffer,
-        num_shards=num_shards,
-        storage=functools.partial(LazyTensorStorage, capacity),
-        sampler=functools.partial(PrioritizedSampler, capacity, alpha=1.0, beta=0.6, dtype=torch.float64),
-        **kwargs,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,6 @@ shard and rows; a sample after an update (or a write) seeing it.
 
 One local cluster (``ray.init(num_cpus=2)``) serves the whole module.
 """
-import functools
-import os
-import signal
 import time
 
 import numpy as np
@@ -16,47 +13,22 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from torchrl_compat import (  # noqa: E402
-    LazyTensorStorage,
-    PrioritizedSampler,
-    RayReplayBuffer,
-    TensorDictReplayBuffer,
-)
+from ray_support import local_cluster, prioritized  # noqa: E402
+
 from torchrl_compat._ray_writes import Reservations, describe_rows  # noqa: E402
 from torchrl_compat.ray_buffer import ShardRestartedError, ShardWriteError  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    # the shard actors and the writer actors import this checkout and this module
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, TESTS, os.environ.get("PYTHONPATH")]))
-    started = not ray.is_initialized()
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
+    with local_cluster():
+        yield
 
 
 def rows(n, start=0, width=1):
     obs = torch.arange(start, start + n, dtype=torch.float64).unsqueeze(-1).expand(n, width).contiguous()
     return TensorDict({"obs": obs}, [n])
-
-
-def prioritized(num_shards, capacity, **kwargs):
-    return RayReplayBuffer(
-        replay_buffer_cls=TensorDictReplayBuffer,
-        num_shards=num_shards,
-        storage=functools.partial(LazyTensorStorage, capacity),
-        sampler=functools.partial(PrioritizedSampler, capacity, alpha=1.0, beta=0.6, dtype=torch.float64),
-        **kwargs,
-    )
 
 
 def test_reservations_and_row_descriptions():

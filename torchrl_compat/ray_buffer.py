@@ -583,7 +583,8 @@ class RayReplayBuffer(ReplayBuffer):
     def _harvest_writes(self, at_least: int = 0) -> None:
         """Reads the replies of the writes in flight that have arrived (waiting for at least
         ``at_least`` of them, oldest first); raises :class:`ShardWriteError` (or
-        :class:`ShardRestartedError`) naming the shards and rows of those not stored."""
+        :class:`ShardRestartedError`) naming the shards and rows of those not stored: once
+        one failed, of all the writes in flight, waited for."""
         writes = self._writes
         if at_least >= len(writes):
             done, self._writes = list(writes), collections.deque()
@@ -598,6 +599,19 @@ class RayReplayBuffer(ReplayBuffer):
             ready = set(ready)
             done = [write for write in writes if write.ref in ready]
             self._writes = collections.deque(write for write in writes if write.ref not in ready)
+        failures = self._read_writes(done)
+        if failures and self._writes:
+            # one error for every write in flight: the others are waited for, so what it
+            # names does not depend on which replies happened to be in
+            rest, self._writes = list(self._writes), collections.deque()
+            failures += self._read_writes(rest)
+        if failures:
+            raise self._write_failure(failures)
+
+    def _read_writes(self, done) -> list:
+        """``(shard, index, reason)`` of the writes in ``done`` that stored nothing (waiting
+        for the replies not in yet); the rows of a write its shard refused go back to the
+        reservations."""
         failures = []
         for write in done:
             self._rows_ahead[write.shard] -= len(write.index)
@@ -612,8 +626,7 @@ class RayReplayBuffer(ReplayBuffer):
                 reason = err
             if reason is not None:
                 failures.append((write.shard, write.index, reason))
-        if failures:
-            raise self._write_failure(failures)
+        return failures
 
     def _write_failure(self, failures) -> Exception:
         lines = [f"shard {shard}: global indices {describe_rows(index)}: {_reason(reason)}"
