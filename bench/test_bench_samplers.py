@@ -127,6 +127,7 @@ def test_random_sample(benchmark, storage, own_storage, module, which):
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
 def test_without_replacement_first_batch(benchmark, storage, module):
+    # The same torch.randperm of 2^20 on both sides (ours draws torchrl's epochs): parity.
     benchmark.group = "SamplerWithoutReplacement first batch"
 
     def setup():
@@ -147,7 +148,8 @@ def test_without_replacement_steady(benchmark, storage, own_storage, module, whi
 
 @pytest.mark.parametrize("module", ALL_IMPLS)
 def test_without_replacement_epoch(benchmark, storage, module):
-    # Every batch of one epoch: torchrl pays its randperm up front, ours spreads the shuffle.
+    # Every batch of one epoch: both sides draw torchrl's torch.randperm up front; ours then
+    # hands batches out by moving a position (torchrl slices off the remainder each time).
     benchmark.group = "SamplerWithoutReplacement full epoch (4096 batches)"
 
     def setup():
