@@ -234,3 +234,8 @@ cdef class PermutationEpoch:
     cdef int _reserve(self, int64_t extra) except -1
     cdef int _to_dense(self) except -1
 
+
+
+cdef extern from "ckernels/rows.h" nogil:
+    int rp_take_rows(int64_t m, const char *const *src, char *const *dst, const int64_t *row_bytes,
+                     const int64_t *rows, const int64_t *index, int64_t n, int64_t *bad)

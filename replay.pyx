@@ -2747,3 +2747,89 @@ def copy_rows(destinations, sources, start, numel):
             if n > first_rows:
                 memcpy(<char *>dst_at[k], <const char *>src_at[k] + first_rows * row_bytes, (n - first_rows) * row_bytes)
     return True
+
+
+# =====================================================================================
+# Row gathers
+# =====================================================================================
+cimport numpy as cnp
+
+cnp.import_array()
+
+cdef enum:
+    _MAX_TAKE_LEAVES = 64
+
+
+def take_rows(arrays, rows):
+    """The given ``rows`` of every array, in one pass: ``[a.take(rows, axis=0) for a in
+    arrays]``, what a sampled batch reads from each leaf of a storage.
+
+    The rows a sample picks are scattered over a large storage, so the copy waits on memory:
+    here every leaf's rows are copied with the next rows prefetched, and all leaves in one
+    call without the GIL, which numpy's ``take`` (one call a leaf) does not do.
+
+    Args:
+        arrays (sequence of np.ndarray): the leaves, C-contiguous, at least 1-D, of any
+            number or boolean dtype in native byte order; rows along axis 0. At most 64.
+        rows (np.ndarray or torch.Tensor): the rows to read, integers, each in
+            ``[0, len(a))`` for every array ``a`` (no wrapping of negative rows).
+
+    Returns:
+        A list of new C-contiguous arrays, one a leaf: ``len(rows)`` rows, the leaf's row
+        shape and dtype.
+
+    Raises:
+        TypeError: for an array that is not a numpy array, of another dtype, or rows that
+            are not integers.
+        ValueError: for a non-contiguous, 0-d or over 32-d array, or more than 64 arrays.
+        IndexError: for a row outside an array's rows, naming it and its position.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> a, b = np.arange(10).reshape(5, 2), np.arange(5, dtype=np.float32)
+        >>> [x.tolist() for x in replay.take_rows([a, b], np.array([4, 0]))]
+        [[[8, 9], [0, 1]], [4.0, 0.0]]
+    """
+    cdef Py_ssize_t m = len(arrays), j
+    cdef const char *src_at[_MAX_TAKE_LEAVES]
+    cdef char *dst_at[_MAX_TAKE_LEAVES]
+    cdef int64_t bytes_of[_MAX_TAKE_LEAVES]
+    cdef int64_t rows_of[_MAX_TAKE_LEAVES]
+    cdef const int64_t[::1] idx
+    cdef int64_t n, bad = 0
+    cdef int rc, nd
+    cdef cnp.ndarray array, out
+    cdef cnp.npy_intp dims[32]
+    if m > _MAX_TAKE_LEAVES:
+        raise ValueError(f"take_rows takes at most {_MAX_TAKE_LEAVES} arrays, got {m}")
+    index = _as_index_array(rows, "rows")
+    idx = index
+    n = idx.shape[0]
+    outs = []
+    for j in range(m):
+        item = arrays[j]
+        if type(item) is not np.ndarray:
+            raise TypeError(f"take_rows reads numpy arrays, got {type(item).__name__} at position {j}")
+        array = <cnp.ndarray>item
+        nd = cnp.PyArray_NDIM(array)
+        if not (cnp.PyArray_ISNUMBER(array) or cnp.PyArray_ISBOOL(array)) or not cnp.PyArray_ISNOTSWAPPED(array):
+            raise TypeError(f"take_rows copies numbers and booleans in native byte order, "
+                            f"got dtype {item.dtype!r} at position {j}")
+        if nd < 1 or nd > 32 or not cnp.PyArray_IS_C_CONTIGUOUS(array):
+            raise ValueError(f"array {j} must be C-contiguous and 1-D to 32-D, got shape "
+                             f"{item.shape} with strides {item.strides}")
+        dims[0] = n
+        for k in range(1, nd):
+            dims[k] = cnp.PyArray_DIM(array, k)
+        out = cnp.PyArray_EMPTY(nd, dims, cnp.PyArray_TYPE(array), 0)
+        outs.append(out)
+        rows_of[j] = cnp.PyArray_DIM(array, 0)
+        bytes_of[j] = cnp.PyArray_NBYTES(array) // rows_of[j] if rows_of[j] else 0
+        src_at[j] = <const char *>cnp.PyArray_DATA(array)
+        dst_at[j] = <char *>cnp.PyArray_DATA(out)
+    with nogil:
+        rc = rp_take_rows(m, src_at, dst_at, bytes_of, rows_of, &idx[0] if n else NULL, n, &bad)
+    if rc == RP_ERR_INDEX:
+        limit = min(rows_of[j] for j in range(m))
+        raise IndexError(f"rows[{bad}] = {index[bad]} lies outside the arrays' rows [0, {limit})")
+    return outs

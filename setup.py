@@ -60,6 +60,7 @@ KERNEL_SOURCES = [
     "ckernels/slices.c",
     "ckernels/perm.c",
     "ckernels/prng.c",
+    "ckernels/rows.c",
 ]
 # Headers too: an edit to one of them (segtree_impl.h holds the tree kernels) rebuilds the
 # extension, which setuptools otherwise decides from the sources alone.
