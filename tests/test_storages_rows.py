@@ -14,7 +14,7 @@ from tensordict import TensorDict
 import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat.storages as ours
-from torchrl_compat.storages._rows import read_rows, write_rows
+from torchrl_compat.storages._rows import get_rows, set_rows
 
 CLASSES = ["LazyTensorStorage", "LazyMemmapStorage"]
 
@@ -139,21 +139,21 @@ def test_short_paths_refuse_what_they_do_not_handle():
     data = make_batch(torch.Generator().manual_seed(0), (8,))
     before = data.clone()
     index = torch.tensor([1, 2])
-    assert read_rows(data, index.to(torch.float32), _arrays()) is None
-    assert read_rows(data, index.view(2, 1), _arrays()) is None
-    assert read_rows(data, torch.tensor([8]), _arrays()) is None  # out of range: torch raises
+    assert get_rows(data, index.to(torch.float32), _arrays()) is None
+    assert get_rows(data, index.view(2, 1), _arrays()) is None
+    assert get_rows(data, torch.tensor([8]), _arrays()) is None  # out of range: torch raises
     batch = make_batch(torch.Generator().manual_seed(1), (2,))
-    assert not write_rows(data, torch.tensor([1, 8]), batch)  # out of range
-    assert not write_rows(data, torch.tensor([-1, 0]), batch)  # negative: left to torch
-    assert not write_rows(data, index, batch.apply(lambda x: x.double() if x.is_floating_point() else x))
-    assert not write_rows(data, index, make_batch(torch.Generator(), (2,), extra=True))
-    assert not write_rows(data, index, make_batch(torch.Generator(), (2,), missing=True))
-    assert not write_rows(data, index, make_batch(torch.Generator(), (3,)))
+    assert not set_rows(data, torch.tensor([1, 8]), batch)  # out of range
+    assert not set_rows(data, torch.tensor([-1, 0]), batch)  # negative: left to torch
+    assert not set_rows(data, index, batch.apply(lambda x: x.double() if x.is_floating_point() else x))
+    assert not set_rows(data, index, make_batch(torch.Generator(), (2,), extra=True))
+    assert not set_rows(data, index, make_batch(torch.Generator(), (2,), missing=True))
+    assert not set_rows(data, index, make_batch(torch.Generator(), (3,)))
     needs_grad = batch.clone()
     needs_grad.set("obs", needs_grad["obs"].requires_grad_())
-    assert not write_rows(data, index, needs_grad)
+    assert not set_rows(data, index, needs_grad)
     assert_same(data, before)
-    assert write_rows(data, index, batch)
+    assert set_rows(data, index, batch)
     assert_same(data[index], batch)
 
 
@@ -161,3 +161,26 @@ def _arrays():
     from torchrl_compat.storages._rows import LeafArrays
 
     return LeafArrays()
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_plain_tensordict_is_what_new_unsafe_builds(device):
+    from torchrl_compat._tensordict_build import _CONSTANTS, plain_tensordict
+
+    # the installed tensordict builds its tensordicts the way plain_tensordict reproduces
+    assert _CONSTANTS is not None
+    device = None if device is None else torch.device(device)
+    inner = TensorDict._new_unsafe({"c": torch.arange(3)}, batch_size=torch.Size([3]), device=device)
+    values = {"a": torch.randn(3, 2), "b": inner}
+    ours = plain_tensordict(dict(values), torch.Size([3]), device)
+    reference = TensorDict._new_unsafe(dict(values), batch_size=torch.Size([3]), device=device, nested=False)
+    assert type(ours) is TensorDict
+    assert ours.__dict__.keys() == reference.__dict__.keys()
+    assert ours.device == reference.device and ours.batch_size == reference.batch_size
+    assert ours.names == reference.names and not ours.is_locked
+    assert list(ours.keys(True, True)) == list(reference.keys(True, True))
+    assert (ours == reference).all()
+    # a working tensordict: set, index, lock, clone
+    ours["d"] = torch.ones(3)
+    assert ours[1]["a"].shape == (2,)
+    assert ours.clone().lock_().is_locked

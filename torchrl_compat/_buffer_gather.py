@@ -131,11 +131,16 @@ def gather_rows(
         if info is not None:
             info = info_tree(info, index.shape[0], data.device)  # None: the buffer sets them
         return gather_tensordict(data, Rows(index, arrays, numpy_index), info)
-    if info is None and type(data) in LEAF_TYPES and data.device == index.device:
-        if index.device.type == "cpu":
+    if info is None and type(data) in LEAF_TYPES:
+        # is_cpu reads a flag, where comparing devices builds two objects
+        if index.is_cpu:
+            if not data.is_cpu:
+                return None
             array = array_of(data, arrays)
             if array is not None:
                 rows = index.numpy() if numpy_index is None else numpy_index
                 return torch.from_numpy(array.take(rows, axis=0))
+        elif data.device != index.device:
+            return None
         return torch.index_select(data, 0, index)
     return None

@@ -12,10 +12,13 @@ generic path, which keeps torchrl's results and errors.
 from __future__ import annotations
 
 import numpy as np
+import replay
 import torch
 from tensordict import MemoryMappedTensor, TensorDict
 
-__all__ = ["array_of", "gather_tensordict", "LEAF_TYPES", "LeafArrays", "read_rows", "Rows", "write_rows"]
+from torchrl_compat._tensordict_build import plain_tensordict
+
+__all__ = ["array_of", "gather_tensordict", "get_rows", "LEAF_TYPES", "LeafArrays", "Rows", "set_rows"]
 
 LEAF_TYPES = (torch.Tensor, MemoryMappedTensor)
 
@@ -52,7 +55,7 @@ def _cpu_rows(index) -> np.ndarray | None:
     return index.numpy()
 
 
-def read_rows(data, index, arrays: LeafArrays):
+def get_rows(data, index, arrays: LeafArrays):
     """``data[index]`` for a 1-D CPU index tensor, or ``None`` when not handled here.
 
     ``data`` is a storage's whole tensordict or tensor (not sliced to its filled part):
@@ -78,7 +81,7 @@ def read_rows(data, index, arrays: LeafArrays):
     return None
 
 
-def write_rows(data, index, value) -> bool:
+def set_rows(data, index, value) -> bool:
     """Writes ``value`` at the rows ``index`` of ``data`` as ``data[index] = value`` does
     (one ``index_put_`` per leaf, the op that assignment runs), and says whether it did;
     ``False`` (nothing written) unless ``data`` and ``value`` are plain CPU tensordicts with
@@ -141,29 +144,54 @@ def _pair_leaves(store: TensorDict, value: TensorDict, numel: int, pairs: list) 
 
 
 class Rows:
-    """The sampled rows, and how to gather them from one leaf."""
+    """The sampled rows, and how to gather them from the leaves of one batch.
 
-    __slots__ = ("index", "numpy_index", "arrays")
+    CPU leaves that numpy can view are gathered together, in one ``replay.take_rows`` call
+    once the batch's structure is known (:meth:`put` then :meth:`flush`); other leaves are
+    gathered as they are met."""
+
+    __slots__ = ("index", "numpy_index", "arrays", "batch_size", "_pending")
 
     def __init__(self, index: torch.Tensor, arrays: dict, numpy_index=None):
         self.index = index
+        self.batch_size = torch.Size([index.shape[0]])
         if numpy_index is None and index.is_cpu:
             numpy_index = index.numpy()
         self.numpy_index = numpy_index
         self.arrays = arrays
+        self._pending = []
 
-    def take(self, leaf: torch.Tensor) -> torch.Tensor | None:
-        """``leaf[index]`` as a new tensor, or ``None`` when ``leaf`` is on another device."""
+    def put(self, leaf: torch.Tensor, out: dict, key: str) -> bool:
+        """Sets ``out[key]`` to ``leaf[index]`` (a new tensor), now or at :meth:`flush`;
+        ``False`` when ``leaf`` is on another device than the index."""
         if self.numpy_index is not None:
             # a CPU index (is_cpu reads a flag, where comparing devices builds two objects)
             if not leaf.is_cpu:
-                return None
+                return False
             array = array_of(leaf, self.arrays)
             if array is not None:
-                return torch.from_numpy(array.take(self.numpy_index, axis=0))
+                out[key] = None  # holds the key's place until the flush
+                self._pending.append((array, out, key))
+                return True
         elif leaf.device != self.index.device:
-            return None
-        return torch.index_select(leaf, 0, self.index)
+            return False
+        out[key] = torch.index_select(leaf, 0, self.index)
+        return True
+
+    def flush(self) -> None:
+        """Gathers the leaves :meth:`put` left for later, all in one pass."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        arrays = [entry[0] for entry in pending]
+        try:
+            gathered = replay.take_rows(arrays, self.numpy_index)
+        except (IndexError, TypeError, ValueError):
+            # negative rows (numpy wraps them as torch does), strided views: one leaf at a time
+            gathered = [array.take(self.numpy_index, axis=0) for array in arrays]
+        for (_, out, key), value in zip(pending, gathered):
+            out[key] = torch.from_numpy(value)
 
 
 # Dtypes a CPU tensor shares with numpy (``Tensor.numpy()`` refuses the others).
@@ -194,13 +222,39 @@ def array_of(leaf: torch.Tensor, arrays: dict):
 _MAX_ARRAYS = 256
 
 
+class _Level:
+    """A level of the gathered batch, made a tensordict once its leaves are all in."""
+
+    __slots__ = ("out", "batch_size", "device")
+
+    def __init__(self, out: dict, batch_size: torch.Size, device):
+        self.out, self.batch_size, self.device = out, batch_size, device
+
+    def build(self) -> TensorDict:
+        out = self.out
+        for key, value in out.items():
+            if type(value) is _Level:
+                out[key] = value.build()
+        return plain_tensordict(out, self.batch_size, self.device)
+
+
 def gather_tensordict(data: TensorDict, rows: Rows, info: dict | None):
     """The rows of ``data``, with the entries of the ``info`` tree set as ``TensorDict.set``
     would: in place of a stored entry of the same key, else after the stored ones."""
+    level = _gather_level(data, rows, info)
+    if level is None:
+        return None
+    rows.flush()
+    return level.build()
+
+
+def _gather_level(data: TensorDict, rows: Rows, info: dict | None) -> _Level | None:
     if data._td_dim_names is not None:
         return None
     device = data.device
-    if device is not None and device != rows.index.device:
+    if device is not None and (
+        device.type != "cpu" if rows.numpy_index is not None else device != rows.index.device
+    ):
         return None
     out = {}
     for key, leaf in data._tensordict.items():
@@ -210,25 +264,27 @@ def gather_tensordict(data: TensorDict, rows: Rows, info: dict | None):
             continue
         leaf_type = type(leaf)
         if leaf_type is TensorDict:
-            value = gather_tensordict(leaf, rows, extra)
+            value = _gather_level(leaf, rows, extra)
+            if value is None:
+                return None
+            out[key] = value
         elif extra is None and leaf_type in LEAF_TYPES:
-            value = rows.take(leaf)
+            if not rows.put(leaf, out, key):
+                return None
         else:
             return None  # a nested info key under a tensor, or a leaf of another kind
-        if value is None:
-            return None
-        out[key] = value
-    batch_size = torch.Size([rows.index.shape[0]]) + data._batch_size[1:]
+    stored_size = data._batch_size
+    batch_size = rows.batch_size if len(stored_size) == 1 else rows.batch_size + stored_size[1:]
     if info is not None:
         for key, value in info.items():
             if key not in out:
                 # set() makes a missing level (the slice samplers' "next") as an empty
                 # tensordict of the batch's size and device, then fills it in order
                 out[key] = _new_level(value, batch_size, device) if type(value) is dict else value
-    return TensorDict._new_unsafe(out, batch_size=batch_size, device=device, nested=False)
+    return _Level(out, batch_size, device)
 
 
 def _new_level(tree: dict, batch_size: torch.Size, device) -> TensorDict:
     """The tensordict ``set`` creates for a missing nested key, holding the ``tree``'s entries."""
     out = {key: _new_level(value, batch_size, device) if type(value) is dict else value for key, value in tree.items()}
-    return TensorDict._new_unsafe(out, batch_size=batch_size, device=device, nested=False)
+    return plain_tensordict(out, batch_size, device)

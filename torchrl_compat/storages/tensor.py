@@ -46,7 +46,7 @@ from torchrl_compat.utils import (
     INT_CLASSES,
     tree_iter,
 )
-from ._rows import LeafArrays, read_rows, write_rows
+from ._rows import get_rows, LeafArrays, set_rows
 from .base import Storage, _rewrites_items, _uniform_indices
 from .utils import _device_of, _flip_list, _leading_dim, _shape_of
 
@@ -630,7 +630,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
                 storage_keys = self._storage_keys
                 if storage_keys is not None:
                     data = data.select(*storage_keys, strict=False)
-                if is_compiling() or not write_rows(self._storage, cursor, data):
+                if is_compiling() or not set_rows(self._storage, cursor, data):
                     try:
                         self._storage[cursor] = data
                     except RuntimeError as e:
@@ -778,7 +778,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             else:
                 index = mapped
         if _storage is self._storage and type(index) is torch.Tensor and not is_compiling():
-            rows = read_rows(_storage, index, self._leaf_arrays())
+            rows = get_rows(_storage, index, self._leaf_arrays())
             if rows is not None:
                 return rows
         if is_tc or isinstance(_storage, torch.Tensor):
