@@ -106,6 +106,7 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         self._cursor = cursor
         self._write_count += 1
         try:
+            self._before_write(data, index)
             self._storage.set(index, data)
         except BaseException:
             self._undo_move(index, cursor, 1)
@@ -189,8 +190,9 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
             self._cursor = start
         self._write_count -= numel
 
-    def _before_write(self, data, index: torch.Tensor) -> None:
-        """What the batch receives before it is written (nothing here)."""
+    def _before_write(self, data, index) -> None:
+        """What the item (``index`` an int) or batch (a tensor) receives before it is
+        written (nothing here)."""
 
     # ----------------------------------------------------------- persistence
     def dumps(self, path):
@@ -373,24 +375,6 @@ class TensorDictRoundRobinWriter(RoundRobinWriter, *torchrl_twin("writers", "Ten
         >>> data["index"]
         tensor([0, 1, 2])
     """
-
-    def add(self, data: Any) -> int | torch.Tensor:
-        check_batch_fits(self._storage, data, None)
-        index = self._cursor
-        capacity = self._storage._max_size_along_dim0(single_data=data)
-        cursor = (index + 1) % capacity
-        self._cursor = cursor
-        self._write_count += 1
-        try:
-            self._before_write(data, index)
-            self._storage.set(index, data)
-        except BaseException:
-            self._undo_move(index, cursor, 1)
-            raise
-        self._bump_generation(index, data)
-        index = self._replicate_index(index)
-        _mark_updated(self._storage, index)
-        return index
 
     def extend(self, data: Sequence) -> torch.Tensor:
         # torchrl does not refuse an empty batch here (unlike RoundRobinWriter)
