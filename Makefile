@@ -75,7 +75,8 @@ DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 $(PYTHON) setup.py -q build_ext --force \
 	--build-temp build/debug-temp --build-lib $(DEBUG_DIR)
 DEBUG_TESTS = REPLAY_EXTENSION_DIR=$(DEBUG_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	tests/test_segtree.py tests/test_segtree_exclude.py tests/test_segtree_zeroed.py tests/test_segtree_fill.py \
-	tests/test_copy_rows.py tests/test_take_rows.py tests/test_slices.py tests/test_perm.py tests/test_samplers_trees.py
+	tests/test_copy_rows.py tests/test_take_rows.py tests/test_transpose.py tests/test_slices.py \
+	tests/test_perm.py tests/test_samplers_trees.py
 test-debug: $(ENV_READY)
 	$(DEBUG_BUILD)
 	$(DEBUG_TESTS)

@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Replay-buffer kernels: segment trees, trajectory slice starts and permutations.
+"""Replay-buffer kernels: segment trees, trajectory slice starts, permutations, row copies,
+and the columns a list storage's batch is gathered from.
 
 ``replay`` is built against numpy only: torch is imported lazily and met only at the Python
 edge, where CPU tensors become zero-copy numpy views and results go back as tensors on the
@@ -2833,3 +2834,181 @@ def take_rows(arrays, rows):
         limit = min(rows_of[j] for j in range(m))
         raise IndexError(f"rows[{bad}] = {index[bad]} lies outside the arrays' rows [0, {limit})")
     return outs
+
+
+# =====================================================================================
+# Columns of Python objects
+# =====================================================================================
+# A batch stacked from a list of items (a list storage's TensorDicts) first reads the same
+# attribute or dict entry of every item: one C loop here, where a Python pass over a few
+# hundred items costs as much as the stack itself.
+from cpython.dict cimport PyDict_CheckExact, PyDict_GetItemWithError, PyDict_Next, PyDict_Size
+from cpython.list cimport PyList_GET_ITEM, PyList_New, PyList_SET_ITEM
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_GET_ITEM, PyTuple_GET_SIZE
+
+
+cdef tuple _object_row(object objects, str func, str what):
+    """``objects`` (a list or tuple) as a tuple of its own: the loops below hold borrowed
+    references, and what they call (``__getattr__``, ``__eq__``) could resize the caller's list."""
+    if not isinstance(objects, (list, tuple)):
+        raise TypeError(f"{func} takes a list or tuple of {what}, got {type(objects).__name__}")
+    return tuple(objects)
+
+
+cdef inline void _put(list column, Py_ssize_t i, object value):
+    """Sets slot ``i`` of a fresh list (``PyList_SET_ITEM`` steals the reference it is given)."""
+    Py_INCREF(value)
+    PyList_SET_ITEM(column, i, value)
+
+
+def common_type(objects):
+    """The exact type every object of ``objects`` has, or ``None`` where two differ (a subclass
+    counts as another type) or there are no objects.
+
+    Args:
+        objects (list or tuple): the objects.
+
+    Raises:
+        TypeError: for ``objects`` neither a list nor a tuple.
+
+    Examples:
+        >>> import replay
+        >>> replay.common_type([1, 2, 3])
+        <class 'int'>
+        >>> replay.common_type([1, True]) is None
+        True
+    """
+    cdef Py_ssize_t n, i
+    if not isinstance(objects, (list, tuple)):
+        raise TypeError(f"common_type takes a list or tuple of objects, got {type(objects).__name__}")
+    n = len(objects)
+    if n == 0:
+        return None
+    # Read in place, each item fetched with its bounds checked: type() runs no Python code,
+    # but a list subclass's __getitem__ could.
+    kind = type(objects[0])
+    for i in range(1, n):
+        if type(objects[i]) is not kind:
+            return None
+    return kind
+
+
+def gather_attribute(objects, str name, same=()):
+    """The ``name`` attribute of every object of ``objects``, in their order, provided each
+    object has the first one's value for each attribute named in ``same``; else ``None``.
+
+    Values are the same when they are one object or compare equal (``==``). An object that
+    lacks an attribute raises the ``AttributeError`` ``getattr`` raises.
+
+    Args:
+        objects (list or tuple): the objects.
+        name (str): the attribute gathered.
+        same (tuple or list of str, optional): attributes every object must share with the
+            first. Defaults to ``()``.
+
+    Returns:
+        a list as long as ``objects``, or ``None``.
+
+    Raises:
+        TypeError: for ``objects`` neither a list nor a tuple, or attribute names that are not
+            strings.
+
+    Examples:
+        >>> import replay
+        >>> from types import SimpleNamespace as NS
+        >>> items = [NS(x=1, unit="m"), NS(x=2, unit="m")]
+        >>> replay.gather_attribute(items, "x", same=("unit",))
+        [1, 2]
+        >>> replay.gather_attribute([*items, NS(x=3, unit="s")], "x", same=("unit",)) is None
+        True
+    """
+    cdef tuple row = _object_row(objects, "gather_attribute", "objects")
+    cdef tuple shared = _object_row(same, "gather_attribute", "attribute names (same)")
+    cdef Py_ssize_t n = PyTuple_GET_SIZE(row), m = PyTuple_GET_SIZE(shared), i, j
+    cdef list gathered = PyList_New(n)
+    for j in range(m):
+        if not isinstance(<object>PyTuple_GET_ITEM(shared, j), str):
+            raise TypeError(f"gather_attribute takes attribute names (str) in same, got "
+                            f"{type(<object>PyTuple_GET_ITEM(shared, j)).__name__} at position {j}")
+    if n == 0:
+        return gathered
+    first = <object>PyTuple_GET_ITEM(row, 0)
+    expected = tuple([getattr(first, <str>PyTuple_GET_ITEM(shared, j)) for j in range(m)])
+    _put(gathered, 0, getattr(first, name))
+    for i in range(1, n):
+        obj = <object>PyTuple_GET_ITEM(row, i)
+        for j in range(m):
+            value = getattr(obj, <str>PyTuple_GET_ITEM(shared, j))
+            reference = <object>PyTuple_GET_ITEM(expected, j)
+            if value is not reference and not value == reference:
+                return None
+        _put(gathered, i, getattr(obj, name))
+    return gathered
+
+
+def transpose_dicts(dicts):
+    """The columns of a list of dicts that all have the same keys: one list per key of the
+    first dict, in that dict's order, holding each dict's value for that key; ``None`` where a
+    dict's keys are not the first one's (one more, one fewer, another one).
+
+    ``[list(column) for column in zip(*(d.values() for d in dicts))]`` where the keys come in
+    one order; a dict whose keys come in another order is read key by key, so its values still
+    land in the first dict's columns.
+
+    Args:
+        dicts (list or tuple of dict): the rows, each a ``dict`` (not a subclass: an
+            ``OrderedDict`` keeps an order of its own).
+
+    Returns:
+        a list of ``len(dicts[0])`` lists of ``len(dicts)`` values each (no columns for no
+        dicts), or ``None``.
+
+    Raises:
+        TypeError: for ``dicts`` neither a list nor a tuple, or a row that is not a ``dict``.
+
+    Examples:
+        >>> import replay
+        >>> replay.transpose_dicts([{"a": 1, "b": 2}, {"b": 4, "a": 3}])
+        [[1, 3], [2, 4]]
+        >>> replay.transpose_dicts([{"a": 1}, {"b": 2}]) is None
+        True
+    """
+    cdef tuple row = _object_row(dicts, "transpose_dicts", "dicts")
+    cdef Py_ssize_t n = PyTuple_GET_SIZE(row), n_keys, i, k, pos
+    cdef PyObject *key
+    cdef PyObject *value
+    cdef PyObject *found
+    cdef list columns
+    for i in range(n):
+        if not PyDict_CheckExact(<object>PyTuple_GET_ITEM(row, i)):
+            raise TypeError(f"transpose_dicts takes dicts, got "
+                            f"{type(<object>PyTuple_GET_ITEM(row, i)).__name__} at position {i}")
+    if n == 0:
+        return []
+    first = <object>PyTuple_GET_ITEM(row, 0)
+    keys = tuple(first)
+    n_keys = PyTuple_GET_SIZE(keys)
+    columns = [PyList_New(n) for k in range(n_keys)]
+    for i in range(n):
+        d = <object>PyTuple_GET_ITEM(row, i)
+        if PyDict_Size(d) != n_keys:
+            return None
+        pos = 0
+        k = 0
+        # The first dict's keys in its order, met as the very same objects: no hashing, no
+        # Python code run.
+        while k < n_keys and PyDict_Next(d, &pos, &key, &value):
+            if key != PyTuple_GET_ITEM(keys, k):
+                break
+            _put(<list>PyList_GET_ITEM(columns, k), i, <object>value)
+            k += 1
+        # Another order (or equal keys that are other objects): the remaining keys looked up.
+        while k < n_keys:
+            found = PyDict_GetItemWithError(d, <object>PyTuple_GET_ITEM(keys, k))
+            if found is NULL:
+                return None  # a key of the first dict missing here (errors raised above)
+            _put(<list>PyList_GET_ITEM(columns, k), i, <object>found)
+            k += 1
+    return columns

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
-from tensordict import LazyStackedTensorDict, NonTensorData, TensorDict
+from hypothesis import event, given, settings, strategies as st
+from tensordict import is_non_tensor, lazy_stack, LazyStackedTensorDict, NonTensorData, TensorDict
 
 import torchrl_compat
 from torchrl_compat.storages import _stack_anything
@@ -18,14 +18,32 @@ def _assert_same_batch(ours, reference):
     assert type(ours) is type(reference)
     assert ours.batch_size == reference.batch_size
     assert ours.device == reference.device
-    assert set(ours.keys(True, True)) == set(reference.keys(True, True))
+    assert list(ours.keys(True, True)) == list(reference.keys(True, True))  # in its order
     for key in reference.keys(True, True):
         a, b = ours.get(key), reference.get(key)
         assert type(a) is type(b), key
-        assert a.dtype == b.dtype and a.shape == b.shape, key
+        assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride(), key
         assert torch.equal(a, b), key
     for key in reference.keys(True):
         assert type(ours.get(key)) is type(reference.get(key)), key
+
+
+def _assert_same_tree(ours, reference):
+    """Two results of the general path (lazy stacks and non-tensor data included) alike."""
+    assert type(ours) is type(reference)
+    if isinstance(reference, torch.Tensor):
+        assert ours.dtype == reference.dtype and torch.equal(ours, reference)
+    elif is_non_tensor(reference):
+        assert ours.batch_size == reference.batch_size and ours.tolist() == reference.tolist()
+    elif isinstance(reference, LazyStackedTensorDict):
+        assert ours.stack_dim == reference.stack_dim and len(ours.tensordicts) == len(reference.tensordicts)
+        for a, b in zip(ours.tensordicts, reference.tensordicts):
+            _assert_same_tree(a, b)
+    else:
+        assert ours.batch_size == reference.batch_size and ours.device == reference.device
+        assert list(ours.keys()) == list(reference.keys())
+        for (_, a), (_, b) in zip(ours.items(), reference.items()):
+            _assert_same_tree(a, b)
 
 
 def _item(seed, batch_size=(), extra_key=False, dtype=torch.float32):
@@ -126,3 +144,241 @@ def test_list_storage_buffer_batches(sampler, capacity):
         if sampler != "RandomSampler":  # a tensor storage's batches carry its device
             results[0].clear_device_()
         _assert_same_batch(results[1], results[0])
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: tensordict keeps it as it is, so its stack is tensordict's."""
+
+
+def _reordered(td):
+    """``td`` with its keys (and its nested TensorDicts' keys) in reverse order."""
+    values = {key: _reordered(value) if type(value) is TensorDict else value
+              for key, value in reversed(list(td.items()))}
+    return TensorDict(values, td.batch_size, device=td.device)
+
+
+@pytest.mark.parametrize(
+    "odd_one, fast",
+    [
+        pytest.param(_reordered, True, id="keys in another order"),
+        pytest.param(lambda td: td.exclude("obs"), False, id="missing key"),
+        pytest.param(lambda td: td.exclude(("next", "deep", "r")), False, id="missing nested key"),
+        pytest.param(lambda td: td.set(("next", "more"), torch.zeros(1)), False, id="extra nested key"),
+        pytest.param(lambda td: td.set(("next", "deep", "r"), torch.zeros(2)), False, id="nested leaf shape"),
+        pytest.param(lambda td: td.set(("next", "deep"), TensorDict({"r": torch.zeros(2)}, [2])), False,
+                     id="nested batch size"),
+        pytest.param(lambda td: td.set(("next", "deep", "r"), torch.zeros(()).as_subclass(_Marked)), False,
+                     id="tensor subclass leaf"),
+        pytest.param(lambda td: td.set("obs", torch.nn.Parameter(td["obs"])), False, id="parameter leaf"),
+        pytest.param(lambda td: td.set(("next", "deep"), lazy_stack(
+            [TensorDict({"r": torch.zeros(())}, []), TensorDict({"r": torch.zeros(())}, [])])), False,
+            id="nested lazy stack"),
+        pytest.param(lambda td: td.set(("next", "done"), torch.ones(1, dtype=torch.int64)), True,
+                     id="nested dtype promoted"),
+    ],
+)
+@pytest.mark.parametrize("position", [0, 2])
+def test_each_difference_at_each_position(odd_one, fast, position):
+    """A key order the first item does not have is stacked in the first item's order (as
+    tensordict does); anything else that differs is tensordict's stack."""
+    items = [_item(i) for i in range(3)]
+    items[position] = odd_one(items[position].clone())
+    ours = stack_same_structure(items)
+    assert (ours is not None) == fast
+    try:
+        reference = _reference(items)
+    except Exception as error:
+        assert ours is None
+        with pytest.raises(type(error)):
+            _stack_anything(items)
+        return
+    if fast:
+        _assert_same_batch(ours, reference)
+    _assert_same_tree(_stack_anything(items), reference)
+
+
+@pytest.mark.parametrize("named", [[0], [1], [0, 1], [0, 1, 2]])
+def test_names_on_any_item(named):
+    """Names on some items: the batch (and its names) are tensordict's."""
+    items = [_item(i, batch_size=(2,)) for i in range(3)]
+    for position in named:
+        items[position].names = [f"t{position}"]
+    ours = stack_same_structure(items)
+    assert (ours is None) == (0 in named)
+    reference = _reference(items)
+    result = _stack_anything(items)
+    _assert_same_batch(result, reference)
+    assert result.names == reference.names
+
+
+def test_one_item_and_empty_tensordicts():
+    _assert_same_batch(stack_same_structure([_item(3)]), _reference([_item(3)]))
+    empty = [TensorDict({}, [2]) for _ in range(3)]
+    _assert_same_batch(stack_same_structure(empty), _reference(empty))
+    nested_empty = [TensorDict({"x": torch.zeros(2), "e": TensorDict({}, [2])}, [2]) for _ in range(3)]
+    ours = stack_same_structure(nested_empty)
+    _assert_same_batch(ours, _reference(nested_empty))
+    assert ours["e"].batch_size == _reference(nested_empty)["e"].batch_size
+
+
+def test_items_in_other_sequences():
+    """A tuple of items is stacked as a list is; other sequences go to tensordict's stack."""
+    items = [_item(i) for i in range(3)]
+    _assert_same_batch(stack_same_structure(tuple(items)), _reference(items))
+
+    class Items:
+        def __getitem__(self, index):
+            return items[index]
+
+        def __len__(self):
+            return len(items)
+
+    assert stack_same_structure(Items()) is None
+
+
+def test_entries_not_held_in_a_dict():
+    """A TensorDict whose entries sit in a dict subclass (tensordict keeps a plain dict)."""
+    class Entries(dict):
+        pass
+
+    items = [_item(i) for i in range(3)]
+    items[1]._tensordict = Entries(items[1]._tensordict)
+    assert stack_same_structure(items) is None
+    _assert_same_batch(_stack_anything(items), _reference(items))
+
+
+# Random structures: a spec is a list of (key, node) pairs, a node either
+# ("leaf", shape, dtype, kind) or ("td", extra batch dims, spec).
+_DTYPES = [torch.float32, torch.float64, torch.int64, torch.uint8, torch.bool]
+_KEYS = ["obs", "next", "r", "done", "pixels", "k5"]
+
+
+@st.composite
+def _specs(draw, depth=0):
+    keys = draw(st.lists(st.sampled_from(_KEYS), unique=True, min_size=1 if depth == 0 else 0,
+                         max_size=3 if depth < 2 else 2))
+    spec = []
+    for key in keys:
+        if depth < 2 and draw(st.booleans()):
+            spec.append((key, ("td", draw(st.sampled_from([(), (2,)])), draw(_specs(depth + 1)))))
+        else:
+            spec.append((key, ("leaf", draw(st.sampled_from([(), (1,), (3,), (2, 2)])),
+                               draw(st.sampled_from(_DTYPES)), "tensor")))
+    return spec
+
+
+def _build(spec, batch, gen):
+    values = {}
+    for key, node in spec:
+        if node[0] == "td":
+            values[key] = _build(node[2], (*batch, *node[1]), gen)
+            continue
+        _, shape, dtype, kind = node
+        value = (torch.rand((*batch, *shape), generator=gen) * 100).to(dtype)
+        if kind == "subclass":
+            value = value.as_subclass(_Marked)
+        elif kind == "text":
+            value = NonTensorData("x", batch_size=batch)
+        values[key] = value
+    return TensorDict(values, list(batch))
+
+
+def _paths(spec, prefix=()):
+    """Every (path, node) of a spec, nested TensorDicts included."""
+    for key, node in spec:
+        yield (*prefix, key), node
+        if node[0] == "td":
+            yield from _paths(node[2], (*prefix, key))
+
+
+def _mutated(spec, path, change):
+    """``spec`` with ``change(spec_at_level, index)`` applied at ``path``'s level (a new spec),
+    or ``None`` where the change does not apply there."""
+    out = list(spec)
+    keys = [key for key, _ in out]
+    if path[0] not in keys:
+        return change(out, len(out))
+    index = keys.index(path[0])
+    if len(path) > 1:
+        key, (tag, extra, inner) = out[index]
+        inner = _mutated(inner, path[1:], change)
+        if inner is None:
+            return None
+        out[index] = (key, (tag, extra, inner))
+        return out
+    return change(out, index)
+
+
+def _change(kind, draw):
+    """A spec change and whether our stack still takes the items (else: tensordict's stack)."""
+    def reorder(level, index):
+        return level[::-1]
+
+    def drop(level, index):
+        return level[:index] + level[index + 1:]
+
+    def add(level, index):
+        return [*level, ("added", ("leaf", (1,), torch.float32, "tensor"))]
+
+    def leaf(replace):
+        def change(level, index):
+            key, node = level[index]
+            if node[0] != "leaf":
+                return None
+            return [*level[:index], (key, replace(node)), *level[index + 1:]]
+        return change
+
+    other_dtype = draw(st.sampled_from(_DTYPES))
+    changes = {
+        "reorder": (reorder, True),
+        "drop": (drop, False),
+        "add": (add, False),
+        "leaf shape": (leaf(lambda n: ("leaf", (*n[1], 2), n[2], n[3])), False),
+        "leaf dtype": (leaf(lambda n: ("leaf", n[1], other_dtype, n[3])), True),
+        "tensor subclass": (leaf(lambda n: ("leaf", n[1], n[2], "subclass")), False),
+        "non-tensor": (leaf(lambda n: ("leaf", n[1], n[2], "text")), False),
+        "leaf to tensordict": (leaf(lambda n: ("td", (), [("r", n)])), False),
+    }
+    return changes[kind]
+
+
+@settings(max_examples=300)
+@given(
+    spec=_specs(),
+    batch=st.sampled_from([(), (2,)]),
+    count=st.integers(2, 6),
+    change=st.sampled_from(["none", "reorder", "drop", "add", "leaf shape", "leaf dtype", "tensor subclass",
+                            "non-tensor", "leaf to tensordict"]),
+    where=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_random_structures_match_tensordict_stack(spec, batch, count, change, where, data):
+    gen = torch.Generator().manual_seed(where)
+    specs = [spec] * count
+    apply, fast = _change(change, data.draw) if change != "none" else (None, True)
+    on_leaves = change not in ("reorder", "drop", "add")
+    paths = [path for path, node in _paths(spec) if node[0] == "leaf" or not on_leaves]
+    if change == "add":
+        paths.append(("added",))  # at the top level too (the level is the path's parent)
+    changed = _mutated(spec, paths[where % len(paths)], apply) if apply and paths else None
+    if count > 1 and changed is not None and changed != spec:
+        specs[where % count] = changed
+    else:
+        change, fast = "none", True  # nothing to change there
+    items = [_build(s, batch, gen) for s in specs]
+    ours = stack_same_structure(items)
+    event(f"{change}: {'stacked leaf by leaf' if ours is not None else 'general path'}")
+    if fast:
+        assert ours is not None
+    try:
+        reference = _reference(items)
+    except Exception as error:  # tensordict refuses the mix: so do we
+        assert ours is None
+        with pytest.raises(type(error)):
+            _stack_anything(items)
+        return
+    if ours is not None:
+        _assert_same_batch(ours, reference)
+    else:
+        assert change != "none"
+        _assert_same_tree(_stack_anything(items), reference)

@@ -16,18 +16,14 @@ path, so the batch is always the one tensordict would give.
 """
 from __future__ import annotations
 
-from operator import attrgetter, itemgetter
-
+import replay
 import torch
 from tensordict import TensorDict
 
 __all__ = ["stack_same_structure"]
 
-_PLAIN_TENSOR = {torch.Tensor}
-_PLAIN_TENSORDICT = {TensorDict}
-_BATCH_SIZE = attrgetter("_batch_size")
-_DEVICE = attrgetter("_device")
-_VALUES = attrgetter("_tensordict")
+# What every item of a level must share with the first (read by replay.gather_attribute).
+_SHARED = ("_batch_size", "_device")
 
 
 def stack_same_structure(items) -> TensorDict | None:
@@ -48,36 +44,36 @@ def stack_same_structure(items) -> TensorDict | None:
         return _stack_level(items)
     except RuntimeError:  # leaves whose shapes or devices do not stack
         return None
+    except TypeError:  # items not in a list or tuple, or entries not in a plain dict
+        return None
 
 
 def _stack_level(items) -> TensorDict | None:
-    # Every check and every gather is a map over the items, run in C: a Python loop over 256
-    # items would cost as much as tensordict's own stack.
+    # Every check and gather is one C loop over the items (replay's column helpers): Python
+    # passes over a few hundred items would cost as much as the stacks themselves.
+    if replay.common_type(items) is not TensorDict:
+        return None
     first = items[0]
-    if set(map(type, items)) != _PLAIN_TENSORDICT or first._has_names():
+    if first._has_names():  # tensordict's stack decides what becomes of names
         return None
-    if len(set(map(_BATCH_SIZE, items))) != 1 or len(set(map(_DEVICE, items))) != 1:
+    entries = replay.gather_attribute(items, "_tensordict", _SHARED)
+    if entries is None:  # another batch size or device
         return None
-    values = list(map(_VALUES, items))
-    keys = first._tensordict.keys()
-    if set(map(len, values)) != {len(keys)}:  # with every key of the first found below: same keys
+    columns = replay.transpose_dicts(entries)  # in the first item's key order
+    if columns is None:  # other keys
         return None
     stacked = {}
-    for key in keys:
-        try:
-            column = list(map(itemgetter(key), values))
-        except KeyError:
-            return None
-        kinds = set(map(type, column))
-        if kinds == _PLAIN_TENSOR:
+    for key, column in zip(first._tensordict, columns):
+        kind = replay.common_type(column)
+        if kind is torch.Tensor:
             stacked[key] = torch.stack(column)
-        elif kinds == _PLAIN_TENSORDICT:
+        elif kind is TensorDict:
             inner = _stack_level(column)
             if inner is None:
                 return None
             stacked[key] = inner
-        else:  # non-tensor data, tensorclasses, lazy stacks, mixed kinds...: general path
+        else:  # non-tensor data, tensor subclasses, tensorclasses, lazy stacks, mixed kinds...
             return None
     return TensorDict._new_unsafe(
-        stacked, batch_size=torch.Size([len(items), *first.batch_size]), device=first.device
+        stacked, batch_size=torch.Size([len(items), *first._batch_size]), device=first._device
     )
