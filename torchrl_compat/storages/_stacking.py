@@ -20,6 +20,8 @@ import replay
 import torch
 from tensordict import TensorDict
 
+from torchrl_compat._tensordict_build import plain_tensordict
+
 __all__ = ["stack_same_structure"]
 
 # What every item of a level must share with the first (read by replay.gather_attribute).
@@ -74,6 +76,4 @@ def _stack_level(items) -> TensorDict | None:
             stacked[key] = inner
         else:  # non-tensor data, tensor subclasses, tensorclasses, lazy stacks, mixed kinds...
             return None
-    return TensorDict._new_unsafe(
-        stacked, batch_size=torch.Size([len(items), *first._batch_size]), device=first._device
-    )
+    return plain_tensordict(stacked, torch.Size([len(items), *first._batch_size]), first._device)
