@@ -212,3 +212,40 @@ def test_prefetched_samples_see_an_update_after_prefetch_batches(num_shards):
                 assert same_shard.all()
     finally:
         rb.close()
+
+
+def test_chunks_held_while_a_shard_is_busy_go_as_one_write_and_keep_their_rows():
+    rb = prioritized(2, 4000, chunk_rows=10)
+    try:
+        sizes = []
+        submit = rb._submit_write
+
+        def counted(shard, packed, index, *args):
+            sizes.append(len(index))
+            return submit(shard, packed, index, *args)
+
+        rb._submit_write = counted
+        batch = rows(10)
+        written = []
+        for step in range(60):
+            batch["obs"].fill_(float(step))  # the caller reuses its tensors once extend returns
+            written.append(rb.extend(batch))
+        held = [sum(len(chunk.index) for chunk in chunks) for chunks in rb._held]
+        before = len(sizes)
+        rb.sync()
+        # what was held goes as one write a shard
+        assert sorted(sizes[before:]) == sorted(rows for rows in held if rows)
+        # a Ray round trip outlasts a client's extend: chunks met busy shards and went together
+        assert sum(sizes) == 600 and len(sizes) < 60 and max(sizes) > 10
+        index = torch.cat(written)
+        assert len(set(index.tolist())) == 600 and len(rb) == 600
+        for step, rows_of_step in enumerate(written):
+            assert (rb[rows_of_step]["obs"][:, 0] == float(step)).all()
+        # a sample right after writes still held sees them
+        rb.empty()
+        for step in range(5):
+            fresh = rb.extend(rows(10, start=100 * step))
+        assert set(rb.sample(64)["index"].tolist()) <= set(range(8000))
+        assert len(rb) == 50
+    finally:
+        rb.close()

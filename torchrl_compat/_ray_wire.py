@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["from_arguments", "num_rows", "pack", "rows", "scatter", "to_arguments", "unpack"]
+__all__ = ["concatenate", "copy", "from_arguments", "num_rows", "pack", "rows", "scatter", "to_arguments", "unpack"]
 
 TD, TENSOR, OBJECT = "td", "tensor", "object"
 # Ray passes an argument under 100 KiB inside the call itself and a larger one through its
@@ -56,6 +56,15 @@ def rows(packed: tuple, start: int, stop: int) -> tuple:
     if kind == OBJECT:
         return (kind, keys, arrays[start:stop], None)
     return (kind, keys, tuple(array[start:stop] for array in arrays), (stop - start, *batch_size[1:]))
+
+
+def copy(packed: tuple) -> tuple:
+    """A packed batch of tensors in arrays of its own (what the caller's tensors become
+    after the call does not change it)."""
+    kind, keys, arrays, batch_size = packed
+    if kind == OBJECT:
+        raise TypeError("copy() takes a batch of tensors, not one of Python objects")
+    return (kind, keys, tuple(np.array(array, copy=True) for array in arrays), batch_size)
 
 
 def to_arguments(packed: tuple) -> tuple:

@@ -47,6 +47,9 @@ DEFAULT_SHARD_OPTIONS = {"num_cpus": 0, "max_restarts": 4, "max_task_retries": 0
 # Writes a client keeps in flight before it waits for the oldest (so that a fast writer
 # cannot pile calls up in a shard's queue).
 MAX_WRITES_IN_FLIGHT = 16
+# Rows of a shard's chunks a client holds while its earlier writes to that shard are in flight,
+# to send them as one call (a call costs the shard far more than the rows it carries).
+MAX_HELD_ROWS = 8192
 
 
 def _import_ray():
@@ -111,6 +114,31 @@ class _Write:
     def __init__(self, shard, seq, ref, index, token, start):
         self.shard, self.seq, self.ref, self.index = shard, seq, ref, index
         self.token, self.start = token, start
+
+
+class _Held:
+    """A chunk written to reserved rows that the client has not sent yet: its rows (copied:
+    the caller may reuse its tensors once ``extend`` returns), global indices and range."""
+
+    __slots__ = ("packed", "index", "token", "start")
+
+    def __init__(self, packed, index, token, start):
+        self.packed, self.index, self.token, self.start = packed, index, token, start
+
+    def follows(self, other: "_Held") -> bool:
+        """Whether this chunk continues ``other`` (same reservation, next rows, same leaves):
+        the two then go as one write."""
+        mine, theirs = self.packed, other.packed
+        if (
+            self.token != other.token
+            or self.start != other.start + len(other.index)
+            or mine[0] == wire.OBJECT
+            or mine[0] != theirs[0]
+            or mine[1] != theirs[1]
+            or len(mine[2]) != len(theirs[2])
+        ):
+            return False
+        return all(a.dtype == b.dtype and a.shape[1:] == b.shape[1:] for a, b in zip(mine[2], theirs[2]))
 
 
 class _Pending:
@@ -193,11 +221,16 @@ class RayReplayBuffer(ReplayBuffer):
         write to a shard waits for one); the client writes each chunk at rows of its ranges,
         so :meth:`extend` returns the global indices at once and the call travels on without
         being waited for. Ranges are disjoint: clients in any number of processes get distinct
-        rows of a lap. A write that fails is reported by the client's next call
+        rows of a lap. While a shard has not answered a client's earlier writes, the client
+        holds its next chunks for that shard (copied) and sends them as one write (a call
+        costs a shard far more than the rows it carries) once those are answered (as seen by
+        its next :meth:`extend`), past 8,192 rows, or before any other call it makes. A
+        write that fails is reported by the client's next call
         (:class:`ShardWriteError` or :class:`ShardRestartedError`, naming the shard and the
         global indices of the rows not stored); a client's calls reach a shard in the order it
         makes them, so its reads, samples and priority updates come after its writes. A
-        writer process calls :meth:`sync` (or :meth:`close`) before it exits. What this
+        writer process calls :meth:`sync` (or :meth:`close`) before it exits or idles: the
+        chunks it holds go out with its next call. What this
         trades: rows reserved by one client and not yet written are passed over by the
         others' writes (a lap evicts in reservation order, not write order), and until the
         shards fill they count in ``len()`` and read as the storage's initial rows (a uniform
@@ -372,6 +405,8 @@ class RayReplayBuffer(ReplayBuffer):
         self._pending_updates = [[] for _ in range(n)]
         self._prefetch_queue = collections.deque()
         self._writes = collections.deque()  # _Write, oldest first
+        self._in_flight = [0] * n  # writes in flight, per shard
+        self._held = [[] for _ in range(n)]  # _Held chunks not sent yet, per shard
         self._rows_ahead = np.zeros(n, dtype=np.int64)  # rows in flight, per shard
         self._reservations = Reservations(n, self._reserve_rows)
         self._reserve_calls = [None] * n  # a reservation asked for ahead, per shard
@@ -511,7 +546,8 @@ class RayReplayBuffer(ReplayBuffer):
         most ``chunk_rows`` rows, each to the shard written the least so far.
 
         The indices come from the rows this client has reserved on each shard: the calls are
-        sent without waiting for them (see the class docstring), and a write that fails is
+        sent without waiting for them, or held to go with the next chunks while the shard
+        has not answered the last ones (see the class docstring), and a write that fails is
         reported by this client's next call.
 
         Returns:
@@ -522,8 +558,10 @@ class RayReplayBuffer(ReplayBuffer):
             ShardRestartedError: a shard restarted; its ``index`` holds the global indices of
                 the rows of earlier writes that were not stored.
         """
-        self._check_writes()
+        if self._writes:
+            self._harvest_writes()  # the chunks held for later stay held (see _send_held)
         if not self._reservable:
+            self._send_held()
             return self._extend_blocking(data)
         packed = wire.pack(data)
         num_rows = wire.num_rows(packed)
@@ -538,14 +576,51 @@ class RayReplayBuffer(ReplayBuffer):
             for token, first, count in self._reserved(shard, stop - start):
                 rows = (np.arange(first, first + count, dtype=np.int64) % capacity) + shard * self._stride
                 index[start:start + count] = rows
-                call = self._submit(shard, "write_at", token, first, max_priority,
-                                    *wire.to_arguments(wire.rows(packed, start, start + count)))
-                self._writes.append(_Write(shard, call[1], call[2], rows, token, first))
+                chunk = wire.rows(packed, start, start + count)
                 self._rows_ahead[shard] += count
                 start += count
+                if chunk[0] != wire.OBJECT and (self._in_flight[shard] or self._held[shard]):
+                    # the shard is busy with this client's writes: sent with the next chunks
+                    self._hold(shard, _Held(wire.copy(chunk), rows, token, first), max_priority)
+                else:
+                    self._send_held(shard, max_priority)
+                    self._submit_write(shard, chunk, rows, token, first, max_priority)
+            if self._held[shard] and not self._in_flight[shard]:
+                self._send_held(shard, max_priority)
         if len(self._writes) > MAX_WRITES_IN_FLIGHT:
             self._harvest_writes(at_least=len(self._writes) - MAX_WRITES_IN_FLIGHT)
         return torch.from_numpy(index)
+
+    def _submit_write(self, shard: int, packed, rows: np.ndarray, token, first: int, max_priority) -> None:
+        call = self._submit(shard, "write_at", token, first, max_priority, *wire.to_arguments(packed))
+        self._writes.append(_Write(shard, call[1], call[2], rows, token, first))
+        self._in_flight[shard] += 1
+
+    def _hold(self, shard: int, chunk: _Held, max_priority) -> None:
+        """Keeps ``chunk`` for one write with the chunks held before it; what cannot join
+        them (another range, other leaves) or passes ``MAX_HELD_ROWS`` sends them first."""
+        held = self._held[shard]
+        if held and (
+            not chunk.follows(held[-1]) or sum(len(h.index) for h in held) + len(chunk.index) > MAX_HELD_ROWS
+        ):
+            self._send_held(shard, max_priority)
+        self._held[shard].append(chunk)
+
+    def _send_held(self, shard: int | None = None, max_priority=None) -> None:
+        """Sends the chunks held for ``shard`` (every shard by default) as one write. Every
+        call other than :meth:`extend` sends them first, so that it reaches the shard after
+        them."""
+        shards = range(self._num_shards) if shard is None else (shard,)
+        for k in shards:
+            held = self._held[k]
+            if not held:
+                continue
+            self._held[k] = []
+            if max_priority is None and self._kind == "prioritized":
+                max_priority = self._totals.global_max_priority()
+            packed = held[0].packed if len(held) == 1 else wire.concatenate([h.packed for h in held])
+            rows = held[0].index if len(held) == 1 else np.concatenate([h.index for h in held])
+            self._submit_write(k, packed, rows, held[0].token, held[0].start, max_priority)
 
     def _reserved(self, shard: int, rows: int) -> list[tuple]:
         """``(token, start, count)`` runs of ``rows`` rows reserved on ``shard``; waits for a
@@ -571,12 +646,14 @@ class RayReplayBuffer(ReplayBuffer):
         self._reservations.add(shard, token, start)
 
     def _check_writes(self) -> None:
-        """Reads the replies of the writes that have arrived, without waiting; raises what
-        failed."""
+        """Sends the chunks held, reads the replies of the writes that have arrived, without
+        waiting; raises what failed."""
+        self._send_held()
         if self._writes:
             self._harvest_writes()
 
     def _wait_for_writes(self) -> None:
+        self._send_held()
         if self._writes:
             self._harvest_writes(at_least=len(self._writes))
 
@@ -615,6 +692,7 @@ class RayReplayBuffer(ReplayBuffer):
         failures = []
         for write in done:
             self._rows_ahead[write.shard] -= len(write.index)
+            self._in_flight[write.shard] -= 1
             try:
                 reason, totals = self._result(write.shard, write.seq, write.ref)
                 self._note(write.shard, write.seq, totals)
