@@ -249,3 +249,49 @@ def test_chunks_held_while_a_shard_is_busy_go_as_one_write_and_keep_their_rows()
         assert len(rb) == 50
     finally:
         rb.close()
+
+
+def test_transforms_run_on_the_client_as_in_one_buffer():
+    from torchrl_compat import LazyTensorStorage, PrioritizedSampler, TensorDictReplayBuffer
+    from torchrl_compat._buffer_transforms import Transform
+
+    class Shift(Transform):
+        """Written rows get obs + 1000; read rows get obs * 2."""
+
+        def _call(self, td):
+            td.set("obs", td.get("obs") * 2)
+            return td
+
+        forward = _call
+
+        def _inv_call(self, td):
+            td.set("obs", td.get("obs") + 1000)
+            return td
+
+    local = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(400),
+        sampler=PrioritizedSampler(400, alpha=1.0, beta=0.6, dtype=torch.float64),
+        transform=Shift(),
+    )
+    rb = prioritized(2, 400, chunk_rows=16, transform_factory=Shift)
+    try:
+        batch = rows(50)
+        index = rb.extend(batch)
+        local.extend(rows(50))
+        assert (batch["obs"][:, 0] == torch.arange(50, dtype=torch.float64)).all()  # caller's data kept
+        # stored through the inverse, read through the transform: what one buffer gives
+        expected = local[torch.arange(50)]["obs"]
+        assert (rb[index]["obs"] == expected).all()
+        assert (expected[:, 0] == (torch.arange(50, dtype=torch.float64) + 1000) * 2).all()
+        assert (rb[int(index[3])]["obs"] == expected[3]).all()
+        sample = rb.sample(64)
+        rows_of = {int(g): k for k, g in enumerate(index)}
+        positions = torch.tensor([rows_of[int(g)] for g in sample["index"]])
+        assert (sample["obs"] == expected[positions]).all()
+        assert "priority_weight" in sample.keys()
+        rb[index[:2]] = rows(2, start=7)
+        assert (rb[index[:2]]["obs"][:, 0] == torch.tensor([1007.0, 1008.0]) * 2).all()
+        with pytest.raises(TypeError, match="mutually exclusive"):
+            prioritized(1, 40, transform=Shift(), transform_factory=Shift)
+    finally:
+        rb.close()

@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_map
 
 from torchrl_compat._torchrl_lookup import torchrl_module
 
-__all__ = ["CallableTransform", "Compose", "InvertTransform", "Transform"]
+__all__ = ["CallableTransform", "Compose", "InvertTransform", "make_transform", "Transform"]
 
 
 def _shallow_clone(data):
@@ -156,3 +156,22 @@ def _classes():
 
 
 Compose, Transform, CallableTransform, InvertTransform = _classes()
+
+
+def make_transform(transform, transform_factory):
+    """A buffer's transform chain from its ``transform`` / ``transform_factory`` arguments:
+    a ``Compose`` (empty without either), in eval mode, as torchrl's buffers make it."""
+    if transform_factory is not None:
+        if transform is not None:
+            raise TypeError("transform and transform_factory cannot be used simultaneously")
+        transform = transform_factory()
+    if transform is None:
+        transform = Compose()
+    elif not isinstance(transform, Compose):
+        if not isinstance(transform, Transform) and callable(transform):
+            transform = CallableTransform(transform)
+        elif not isinstance(transform, Transform):
+            raise RuntimeError("transform must be either a Transform instance or a callable.")
+        transform = Compose(transform)
+    transform.eval()
+    return transform

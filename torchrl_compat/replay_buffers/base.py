@@ -479,20 +479,7 @@ class ReplayBuffer(*_TWIN):
         return RoundRobinWriter() if writer is None else _component(writer, Writer, "writers")
 
     def _maybe_make_transform(self, transform, transform_factory):
-        if transform_factory is not None:
-            if transform is not None:
-                raise TypeError("transform and transform_factory cannot be used simultaneously")
-            transform = transform_factory()
-        if transform is None:
-            transform = _transforms.Compose()
-        elif not isinstance(transform, _transforms.Compose):
-            if not isinstance(transform, _transforms.Transform) and callable(transform):
-                transform = _transforms.CallableTransform(transform)
-            elif not isinstance(transform, _transforms.Transform):
-                raise RuntimeError("transform must be either a Transform instance or a callable.")
-            transform = _transforms.Compose(transform)
-        transform.eval()
-        return transform
+        return _transforms.make_transform(transform, transform_factory)
 
     def share(self, shared: bool = True):
         self.shared = shared
