@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_map
 
 from torchrl_compat._torchrl_lookup import torchrl_module
 
-__all__ = ["CallableTransform", "Compose", "InvertTransform", "make_transform", "Transform"]
+__all__ = ["CallableTransform", "check_transform_arguments", "Compose", "InvertTransform", "make_transform", "Transform"]
 
 
 def _shallow_clone(data):
@@ -156,6 +156,15 @@ def _classes():
 
 
 Compose, Transform, CallableTransform, InvertTransform = _classes()
+
+
+def check_transform_arguments(transform, transform_factory) -> None:
+    """Refuses a buffer's ``transform`` given together with its ``transform_factory``."""
+    if transform is not None and transform_factory is not None:
+        raise TypeError(
+            f"transform and transform_factory are mutually exclusive. "
+            f"Got transform={transform} and transform_factory={transform_factory}."
+        )
 
 
 def make_transform(transform, transform_factory):

@@ -10,7 +10,6 @@ through Ray's object store (:mod:`._ray_wire`).
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import json
 import shutil
@@ -22,11 +21,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import is_tensor_collection, TensorDictBase
-from tensordict.nn.utils import _set_dispatch_td_nn_modules
+from tensordict import TensorDictBase
 
 from torchrl_compat import _ray_routing as routing, _ray_wire as wire
-from torchrl_compat._buffer_transforms import make_transform
+from torchrl_compat._buffer_transforms import check_transform_arguments, make_transform
 from torchrl_compat._ray_writes import Reservations, describe_rows
 from torchrl_compat._checkpoint_publish import publish_file
 from torchrl_compat.replay_buffers import ReplayBuffer
@@ -135,7 +133,6 @@ class _Held:
         if (
             self.token != other.token
             or self.start != other.start + len(other.index)
-            or mine[0] == wire.OBJECT
             or mine[0] != theirs[0]
             or mine[1] != theirs[1]
             or len(mine[2]) != len(theirs[2])
@@ -313,14 +310,11 @@ class RayReplayBuffer(ReplayBuffer):
             raise ValueError(f"num_shards must be a positive integer, got num_shards={num_shards!r}")
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ValueError(f"chunk_rows must be a positive integer, got chunk_rows={chunk_rows!r}")
-        if kwargs.get("transform") is not None and kwargs.get("transform_factory") is not None:
-            raise TypeError(
-                f"transform and transform_factory are mutually exclusive. Got "
-                f"transform={kwargs['transform']} and transform_factory={kwargs['transform_factory']}."
-            )
+        transform, transform_factory = kwargs.pop("transform", None), kwargs.pop("transform_factory", None)
+        check_transform_arguments(transform, transform_factory)
         # applied by the client (the inverse before a write is sent, the transform to each
         # batch received): what torchrl's actor does with them, without a round trip for them
-        self._transform = make_transform(kwargs.pop("transform", None), kwargs.pop("transform_factory", None))
+        self._transform = make_transform(transform, transform_factory)
         if replay_buffer_cls is None:
             replay_buffer_cls = ReplayBuffer
         if not ray.is_initialized():
@@ -567,9 +561,10 @@ class RayReplayBuffer(ReplayBuffer):
         """
         if self._writes:
             self._harvest_writes()  # the chunks held for later stay held (see _send_held)
-        data = self._inverse_transformed(data)
-        if data is None:
-            return torch.zeros((0,), dtype=torch.long)
+        if self._has_transforms():
+            data = self._apply_inverse_transform(data)
+            if data is None:
+                return torch.zeros((0,), dtype=torch.long)
         if not self._reservable:
             self._send_held()
             return self._extend_blocking(data)
@@ -600,21 +595,6 @@ class RayReplayBuffer(ReplayBuffer):
         if len(self._writes) > MAX_WRITES_IN_FLIGHT:
             self._harvest_writes(at_least=len(self._writes) - MAX_WRITES_IN_FLIGHT)
         return torch.from_numpy(index)
-
-    def _inverse_transformed(self, data):
-        """``data`` as the buffer's transform writes it (its inverse), as one buffer does."""
-        if not len(self._transform):
-            return data
-        with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
-            return self._transform.inv(data)
-
-    def _transformed(self, data):
-        """``data`` read from the shards as the buffer's transform gives it."""
-        if not len(self._transform):
-            return data
-        is_td = is_tensor_collection(data)
-        with data.unlock_() if is_td else contextlib.nullcontext(), _set_dispatch_td_nn_modules(is_td):
-            return self._transform(data)
 
     def _submit_write(self, shard: int, packed, rows: np.ndarray, token, first: int, max_priority) -> None:
         call = self._submit(shard, "write_at", token, first, max_priority, *wire.to_arguments(packed))
@@ -943,7 +923,8 @@ class RayReplayBuffer(ReplayBuffer):
                 index = index[order]
         info["index"] = torch.from_numpy(index)
         data = wire.unpack(packed)
-        data = self._transformed(data)  # before the info is set, as in one buffer
+        if self._has_transforms():  # before the info is set, as in one buffer
+            data = self._apply_transform(data)
         if self._is_tensordict and isinstance(data, TensorDictBase):
             for key, value in info.items():
                 data.set(key, value)
@@ -1031,11 +1012,13 @@ class RayReplayBuffer(ReplayBuffer):
         data = wire.unpack(packed)
         if self._is_tensordict and isinstance(data, TensorDictBase) and "index" in data.keys():
             data.set("index", torch.from_numpy(np.asarray(flat, dtype=np.int64).reshape(-1)))
-        return self._transformed(data[0] if scalar else data)
+        if scalar:
+            data = data[0]
+        return self._apply_transform(data) if self._has_transforms() else data
 
     def __setitem__(self, index, value) -> None:
         self._check_writes()
-        packed = wire.pack(self._inverse_transformed(value))
+        packed = wire.pack(self._apply_inverse_transform(value) if self._has_transforms() else value)
         _, calls = self._local_calls(np.asarray(index).reshape(-1), "set",
                                      lambda where: wire.to_arguments(_take_rows(packed, where)))
         self._finish([call for _, call in calls])

@@ -372,11 +372,7 @@ class ReplayBuffer(*_TWIN):
         self._init_generator = generator
         self._init_compilable = compilable
 
-        if transform is not None and transform_factory is not None:
-            raise TypeError(
-                f"transform and transform_factory are mutually exclusive. "
-                f"Got transform={transform} and transform_factory={transform_factory}."
-            )
+        _transforms.check_transform_arguments(transform, transform_factory)
         if delayed_init is None:
             delayed_init = transform_factory is not None
         self._delayed_init = delayed_init
@@ -898,8 +894,7 @@ class ReplayBuffer(*_TWIN):
                 "update_priority is not supported in this class. See :meth:`~torchrl.data.TensorDictReplayBuffer.extend` for more details."
             )
         if self._has_transforms():
-            with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
-                data = self._transform.inv(data)
+            data = self._apply_inverse_transform(data)
         if data is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._extend(data, update_priority=update_priority)
@@ -1026,6 +1021,11 @@ class ReplayBuffer(*_TWIN):
         is_td = is_tensor_collection(data)
         with data.unlock_() if is_td else contextlib.nullcontext(), _set_dispatch_td_nn_modules(is_td):
             return self._transform(data)
+
+    def _apply_inverse_transform(self, data):
+        """``data`` as the transform chain writes it (its inverse), as :meth:`extend` does."""
+        with _set_dispatch_td_nn_modules(is_tensor_collection(data)):
+            return self._transform.inv(data)
 
     @opaque_to_compile
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
