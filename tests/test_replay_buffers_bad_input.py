@@ -259,6 +259,45 @@ def test_oversized_extend_of_tensors():
     assert rb[:][:, 0].tolist() == [7.0, 8.0, 9.0, 10.0, 11.0]
 
 
+def test_oversized_extend_into_a_list_storage_appends_in_order():
+    # torchrl's own case: 5 rows into an empty ListStorage(3)
+    rb = O.ReplayBuffer(storage=O.ListStorage(3))
+    index = rb.extend(torch.arange(5))
+    assert index.tolist() == [0, 1, 2, 0, 1]
+    assert [int(x) for x in rb.storage._storage] == [3, 4, 2]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 12),
+    before=st.integers(0, 30),
+    n=st.integers(1, 40),
+    tensordict=st.booleans(),
+)
+def test_oversized_extend_into_a_list_storage_matches_torchrl(capacity, before, n, tensordict):
+    # a ListStorage appends item by item, so every item of the batch goes in, in order: the
+    # rows kept are the ones torchrl keeps, each whole
+    def batch(count, start):
+        if tensordict:
+            return transitions(count, start=start)
+        return torch.arange(start, start + count)
+
+    make = (lambda m: m.TensorDictReplayBuffer) if tensordict else (lambda m: m.ReplayBuffer)
+    ours, theirs = make(O)(storage=O.ListStorage(capacity)), make(TD)(storage=TD.ListStorage(capacity))
+    for rb in (ours, theirs):
+        if before:
+            rb.extend(batch(before, -before))
+    got, want = ours.extend(batch(n, 0)), theirs.extend(batch(n, 0))
+    assert torch.equal(got, want)
+    assert len(ours) == len(theirs) == min(capacity, before + n)
+    assert int(ours._writer._cursor) == int(theirs._writer._cursor)
+    for mine, reference in zip(ours.storage._storage, theirs.storage._storage, strict=True):
+        if tensordict:
+            assert int(mine["id"]) == int(reference["id"]) and torch.equal(mine["obs"], reference["obs"])
+        else:
+            assert int(mine) == int(reference)
+
+
 # -----------------------------------------------------------------------------
 # interleaved good and refused writes, compared with a model fed the good ones only
 # -----------------------------------------------------------------------------

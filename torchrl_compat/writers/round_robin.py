@@ -15,6 +15,7 @@ from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_checks import check_batch_fits
 from torchrl_compat._writer_rows import shallow_copy, write_rows
+from torchrl_compat.storages import TensorStorage
 from torchrl_compat.utils import _is_int, _str2dtype
 from . import _generations
 from .base import (
@@ -62,9 +63,10 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         that does not broadcast to the storage's rows) raises, naming the entry, before
         anything is written, and the cursor and write count stay where they were: torchrl's
         move on, so that its next batch lands past the storage's length and rows never
-        written become visible. Of a batch larger than the capacity, the last ``capacity``
-        items are written, each row whole (torchrl's indexed write to repeated rows keeps,
-        entry by entry, any of the items written there); the indices returned are torchrl's.
+        written become visible. Of a batch larger than the capacity, a tensor storage
+        receives the last ``capacity`` items, each row whole (torchrl's indexed write to
+        repeated rows keeps, entry by entry, any of the items written there); a list storage
+        receives every item in order, as in torchrl. The indices returned are torchrl's.
 
     Examples:
         >>> import torch
@@ -150,9 +152,12 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
     def _write_rows(self, data, numel: int, start: int, index: torch.Tensor, capacity: int, leave_data: bool) -> None:
         """Writes the batch at the rows ``index`` (from ``start`` on, wrapping at ``capacity``).
 
-        Of a batch larger than the capacity, only the last ``capacity`` items are written,
-        each row once: torchrl hands the storage all of them, and an indexed write to repeated
-        rows keeps, entry by entry, any one of the values written there (torn rows).
+        Of a batch larger than the capacity, a tensor storage gets only the last
+        ``capacity`` items, each row once: torchrl hands the storage all of them, and an
+        indexed write to repeated rows keeps, entry by entry, any one of the values written
+        there (torn rows). A list storage gets every item, as in torchrl: it appends or
+        replaces them one by one, in order, so each row ends whole, and only that order keeps
+        every append next to the list's end.
         """
         extra = None
         if leave_data:
@@ -160,7 +165,8 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
         else:
             self._before_write(data, index)  # the caller's batch receives every index
         full_index = None
-        if numel > capacity and (isinstance(data, torch.Tensor) or is_tensor_collection(data)):
+        oversized = numel > capacity and isinstance(self._storage, TensorStorage)
+        if oversized and (isinstance(data, torch.Tensor) or is_tensor_collection(data)):
             skipped = numel - capacity
             full_index = index
             data, index, start = data[skipped:], index[skipped:], (start + skipped) % capacity
