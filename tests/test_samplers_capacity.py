@@ -223,13 +223,19 @@ def test_smaller_sampler_is_reported_once(caplog):
 
     rb = ReplayBuffer(storage=ListStorage(100), sampler=ours.PrioritizedSampler(5, 0.7, 0.5), batch_size=4)
     rb.extend(torch.arange(5.0))
-    with caplog.at_level(logging.WARNING, logger="torchrl_compat"):
-        rb.sample()
-        assert not caplog.records  # not longer than the sampler yet
-        rb.extend(torch.arange(3.0))
-        for _ in range(3):
+    # torchrl's logger (which torchrl keeps from propagating to the root's handlers)
+    torchrl_logger = logging.getLogger("torchrl")
+    torchrl_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="torchrl"):
             rb.sample()
-    records = [r for r in caplog.records if r.name == "torchrl_compat"]
+            assert not caplog.records  # not longer than the sampler yet
+            rb.extend(torch.arange(3.0))
+            for _ in range(3):
+                rb.sample()
+    finally:
+        torchrl_logger.removeHandler(caplog.handler)
+    records = [r for r in caplog.records if r.name == "torchrl"]
     assert len(records) == 1
     message = records[0].getMessage()
     assert "PrioritizedSampler(max_capacity=5) samples a storage of 8 items" in message
