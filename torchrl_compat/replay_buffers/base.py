@@ -397,7 +397,8 @@ class ReplayBuffer(*_TWIN):
         if self._prefetch_cap:
             self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch_cap)
         if shared and prefetch:
-            raise ValueError("Cannot share prefetched replay buffers.")
+            fix = " Pass prefetch=0 or shared=False." if since("multiprocess_errors_name_fix") else ""
+            raise ValueError("Cannot share prefetched replay buffers." + fix)
         self.shared = shared
         self.share(self.shared)
         self._replay_lock = threading.RLock()
@@ -1122,8 +1123,15 @@ class ReplayBuffer(*_TWIN):
         if invert:
             transform = _transforms.InvertTransform(transform)
         transform.eval()
+        self._share_new_transform(transform)
         self._transform.append(transform)
         return self
+
+    def _share_new_transform(self, transform) -> None:
+        """A transform added to a shared buffer shares its state (or is refused) as those the
+        buffer had when it was shared (torchrl 0.14)."""
+        if self.shared and since("buffer_shared_transforms"):
+            self._share_transform_state(transform)
 
     @staticmethod
     def _as_transform(transform):
@@ -1149,6 +1157,7 @@ class ReplayBuffer(*_TWIN):
         transform.eval()
         if invert:
             transform = _transforms.InvertTransform(transform)
+        self._share_new_transform(transform)
         self._transform.insert(index, transform)
         return self
 
@@ -1590,7 +1599,8 @@ class ReplayBuffer(*_TWIN):
     def _validate_consuming_writer(self) -> None:
         if not self._is_consuming():
             return
-        if not _own_write_at(self._writer) and not isinstance(self._writer, RoundRobinWriter):
+        has_write_at = callable(getattr(self._writer, "write_at", None))
+        if not has_write_at or not (_own_write_at(self._writer) or isinstance(self._writer, RoundRobinWriter)):
             raise TypeError(
                 "ConsumingSampler requires a writer with a callable "
                 "write_at(index, data) method."
