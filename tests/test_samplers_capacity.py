@@ -133,19 +133,33 @@ def _golden():
         return json.load(file)
 
 
-def _assert_same(got, expected):
+def _assert_same(got, expected, *, exact=True):
+    """Draws and trees equal to the bit, or (``exact=False``, against the golden file, which
+    another machine wrote) to within 2 float32 ulps in the weights and leaves: torch's and
+    numpy's vectorised ``pow`` differ by an ulp between instruction sets (AVX-512 against
+    AVX2), for torchrl as for us. The indices drawn are always the same."""
+
+    def close(a, b):
+        if exact:
+            assert a == b
+        else:
+            np.testing.assert_array_max_ulp(np.float32(a), np.float32(b), maxulp=2)
+
     assert len(got["draws"]) == len(expected["draws"])
     for a, b in zip(got["draws"], expected["draws"]):
         assert a["index"] == b["index"]
-        assert a["weight"] == b["weight"]
-    assert got["state"] == expected["state"]
+        close(a["weight"], b["weight"])
+    got_state, expected_state = dict(got["state"]), dict(expected["state"])
+    for key in ("sum_leaves", "min_leaves"):
+        close(got_state.pop(key), expected_state.pop(key))
+    assert got_state == expected_state
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_ours_draw_what_torchrl_draws(name):
     import torchrl_compat.samplers as ours
 
-    _assert_same(run_scenario(name, ours), _golden()[name])
+    _assert_same(run_scenario(name, ours), _golden()[name], exact=False)
 
 
 def test_torchrl_on_replays_trees_draws_what_it_draws_on_its_own():
@@ -162,8 +176,12 @@ def test_torchrl_on_replays_trees_draws_what_it_draws_on_its_own():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     got, golden = json.loads(proc.stdout.strip().splitlines()[-1]), _golden()
+    import torchrl_compat.samplers as ours
+
     for name in SCENARIOS:
-        _assert_same(got[name], golden[name])
+        # on this machine, to the bit; against the golden file, to within its ulps
+        _assert_same(got[name], json.loads(json.dumps(run_scenario(name, ours))))
+        _assert_same(got[name], golden[name], exact=False)
 
 
 @pytest.mark.skipif(not os.path.exists(REFERENCE_PYTHON), reason="needs torch 2.9, where torchrl's trees load")
@@ -253,9 +271,10 @@ def test_torch_op_trees_follow_the_same_rules(use_cpu_kernels):
             "PrioritizedSliceSampler", (ours.PrioritizedSliceSampler,), {"_use_cpu_kernels": use_cpu_kernels}
         )
 
-    golden = _golden()
+    import torchrl_compat.samplers as kernels
+
     for name in SCENARIOS:
-        _assert_same(run_scenario(name, Accelerated), golden[name])
+        _assert_same(run_scenario(name, Accelerated), run_scenario(name, kernels))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

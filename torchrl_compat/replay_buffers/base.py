@@ -1599,8 +1599,11 @@ class ReplayBuffer(*_TWIN):
     def _validate_consuming_writer(self) -> None:
         if not self._is_consuming():
             return
-        has_write_at = callable(getattr(self._writer, "write_at", None))
-        if not has_write_at or not (_own_write_at(self._writer) or isinstance(self._writer, RoundRobinWriter)):
+        # a round-robin writer is written through without write_at (which ours lack before
+        # torchrl 0.14), unless a subclass took it away
+        write_at = getattr(self._writer, "write_at", _NO_WRITE_AT)
+        taken_away = write_at is not _NO_WRITE_AT and not callable(write_at)
+        if taken_away or not (_own_write_at(self._writer) or isinstance(self._writer, RoundRobinWriter)):
             raise TypeError(
                 "ConsumingSampler requires a writer with a callable "
                 "write_at(index, data) method."
@@ -2052,6 +2055,9 @@ _CONSUMING_SAMPLERS = _consuming_sampler_classes()
 
 # the storages a consuming buffer writes rows of (ours and torchrl's)
 _ROW_STORAGES = (*accepted_classes(ListStorage, "storages"), *accepted_classes(_storages.TensorStorage, "storages"))
+
+
+_NO_WRITE_AT = object()
 
 
 def _own_write_at(writer) -> bool:
