@@ -204,6 +204,8 @@ class TensorDictPrioritizedReplayBuffer(
                 return super().update_priority(index, priority)
             _sync.update_local(self, index, priority)
 
+        update_priority._replay_buffer_s_when_synced = True
+
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         if self.__dict__.get("_sync", True):
             return super().update_tensordict_priority(data)
