@@ -3,8 +3,9 @@
 Each is an int64 ``multiprocessing.Value``, so that writes made in forked or spawned processes
 are seen everywhere. The storage also keeps the Value's raw ctypes int64 and reads it without
 the lock on its hot paths: an aligned 64-bit load is atomic. Every read-modify-write takes the
-Value's lock. Compilable storages keep plain ints instead (torch.compile cannot trace a
-``multiprocessing.Value``) and are never shared.
+Value's lock. Compilable storages are never shared and keep 0-d int64 tensors instead,
+updated in place: torch.compile cannot trace a ``multiprocessing.Value``, and it would guard
+on a plain int's value and compile again each time it changed.
 """
 from __future__ import annotations
 
@@ -55,15 +56,16 @@ def _never_a_root_frame(function) -> None:
 
 
 def outside_graph(method):
-    """Runs a counter-updating ``method`` of a storage outside torch.compile's graph.
+    """Where a counter-updating ``method`` of a storage runs under torch.compile.
 
-    Shared counters cannot be traced at all, and tracing the plain ints of a compilable
-    storage makes torch.compile guard on their values and recompile at every write (torchrl
-    keeps its length reads out of the graph for the same reason). So a compilable storage
-    calls the dynamo-disabled method wherever dynamo may see the call, even where it runs
-    the calling frame eagerly; a shared one calls it only while being traced. Otherwise
-    (plain eager code, or inside a buffer call kept out of the graph) the method is called
-    directly: the disabled wrapper's frame switch costs a few microseconds.
+    A compilable storage's counters are tensors updated in place, which a graph traces
+    without guarding on their values: while its caller is traced, the method is traced into
+    the same graph (so that ``set`` compiles whole, ``fullgraph=True`` included, as
+    torchrl 0.14's). Where dynamo runs the caller eagerly (after a graph break), the method
+    runs dynamo-disabled rather than being compiled as a frame of its own. Shared counters
+    cannot be traced at all: a shared storage's method runs dynamo-disabled while traced.
+    Otherwise (plain eager code, or inside a buffer call kept out of the graph) the method is
+    called directly: the disabled wrapper's frame switch costs a few microseconds.
     """
     disabled = compile_disable()(method)
 

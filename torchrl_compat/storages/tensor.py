@@ -172,7 +172,8 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     # ---------------------------------------------------------------- length
     # The length lives in an int64 ``mp.Value`` (``_len_value``) so that writes made in
     # forked or spawned processes are seen here; ``_len_shared`` is its raw ctypes
-    # object, read without the lock on the hot path (see ``_storage_counters``).
+    # object, read without the lock on the hot path (see ``_storage_counters``). A
+    # compilable storage keeps a 0-d int64 tensor instead.
 
     def _make_shared_len(self, value: int = 0):
         shared = shared_counter(value)
@@ -276,8 +277,11 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     # Every write adds one to a counter shared like the length (``_writes_value``, an
     # int64 ``mp.Value``, so that writes made in other processes are seen) and is recorded
     # in a journal local to the process (``_storage_journal.WriteJournal``). A change that
-    # may touch any item (initialization, emptying, loading) records no cursor: readers
-    # behind it read everything again. ``_writes_since`` tells a reader what it missed.
+    # may touch any item (emptying, loading, a write that failed half-way) records no
+    # cursor: readers behind it read everything again. ``_writes_since`` tells a reader what
+    # it missed. The count is also the storage's ``_mutation_revision``: one step a write,
+    # as torchrl 0.14 counts (a first write's initialization is not a step of its own). A
+    # compilable storage counts in a 0-d tensor (see ``_storage_counters``).
 
     def _make_shared_writes(self, value: int = 0):
         # one lock (and one semaphore) for both shared counters
