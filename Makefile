@@ -69,9 +69,11 @@ test: build $(TORCHRL14_VENV)/.setup-done
 	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_REPORTS)
 
 # The kernel tests again, against a build with Cython's bounds / wrap-around checks on
-# (REPLAY_CYTHON_DEBUG=1), built aside so the in-place release build stays as it is.
+# (REPLAY_CYTHON_DEBUG=1) and every GCC-extension fallback of the kernels forced
+# (REPLAY_PORTABLE=1: the code MSVC builds for Windows wheels), built aside so the in-place
+# release build stays as it is. The release build runs the extensions' paths in the suite.
 DEBUG_DIR = build/debug-lib
-DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 $(PYTHON) setup.py -q build_ext --force \
+DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 REPLAY_PORTABLE=1 $(PYTHON) setup.py -q build_ext --force \
 	--build-temp build/debug-temp --build-lib $(DEBUG_DIR)
 DEBUG_TESTS = REPLAY_EXTENSION_DIR=$(DEBUG_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	tests/test_segtree.py tests/test_segtree_exclude.py tests/test_segtree_zeroed.py tests/test_segtree_fill.py \

@@ -35,6 +35,8 @@ if DEBUG_BUILD:
     import replay  # noqa: E402
 
     assert os.path.abspath(replay.__file__).startswith(os.path.abspath(DEBUG_BUILD)), replay.__file__
+    # ... with the kernels' plain C fallbacks, as MSVC builds them (REPLAY_PORTABLE=1)
+    assert not replay._py_gnu_extensions(), "the debug build must force the portable kernels"
 
 
 @pytest.fixture

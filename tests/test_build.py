@@ -37,13 +37,15 @@ def test_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
+# With -DRP_PORTABLE too: every GCC-extension fallback, the code MSVC builds.
+@pytest.mark.parametrize("flags", [[], ["-DRP_PORTABLE"]], ids=["extensions", "portable"])
 @pytest.mark.parametrize("source", sorted(glob.glob(os.path.join(ROOT, "ckernels", "*.c"))))
-def test_kernels_are_plain_c99(source, tmp_path):
+def test_kernels_are_plain_c99(source, flags, tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     result = subprocess.run(
-        [cc, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2", "-c", source,
+        [cc, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2", *flags, "-c", source,
          "-o", str(tmp_path / "k.o")],
         capture_output=True, text=True,
     )
