@@ -41,12 +41,12 @@ if DEBUG_BUILD:
 
 @pytest.fixture
 def installed_package():
-    """The package is installed in this interpreter (make setup: pip install -e .). Skipped
-    where it is not, except in CI, whose make test installs it."""
+    """The package is installed in this interpreter (make setup: pip install -e .; make
+    test-matrix: the wheel). Skipped where it is not, except in CI, whose make test installs it."""
     from importlib import metadata
 
     try:
-        return metadata.distribution("replay")
+        return metadata.distribution("replay-torchrl-compat")
     except metadata.PackageNotFoundError:
         if os.environ.get("CI"):
             raise AssertionError("the package is not installed, yet make test installs it") from None
