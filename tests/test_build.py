@@ -65,12 +65,19 @@ def _outside_the_clone(tmp_path, code, **env_update):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_installed_package_is_this_clone(installed_package, tmp_path):
-    code = "import replay, torchrl_compat, torchrl_compat_trees as t; print(replay.__file__); print(t.__file__)"
+def test_installed_package_is_the_one_tested(installed_package, tmp_path):
+    """From any directory the installed package is the code these tests import: this clone's
+    (make setup: pip install -e .), or the wheel's where the tests run against one (make
+    test-matrix, from a copy of the clone without its sources)."""
+    import torchrl_compat
+    import torchrl_compat_trees
+
+    code = "import replay, torchrl_compat, torchrl_compat_trees as t; print(replay.__file__, torchrl_compat.__file__, t.__file__)"
     proc = _outside_the_clone(tmp_path, code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    extension, trees = proc.stdout.split()
-    assert os.path.dirname(extension) == ROOT and os.path.dirname(trees) == ROOT
+    tested = [os.path.realpath(m.__file__) for m in (replay, torchrl_compat, torchrl_compat_trees)]
+    assert [os.path.realpath(path) for path in proc.stdout.split()] == tested
+    assert os.path.dirname(tested[0]) == os.path.dirname(tested[2])  # replay beside the hook module
 
 
 def test_installed_startup_hooks(installed_package, tmp_path):

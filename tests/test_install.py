@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ from install_support import (
     defining_module,
     import_holders,
     references,
+    site_dir_like_pip,
     snapshot,
 )
 from torchrl_compat._install import STAND_IN_MODULES
@@ -484,15 +484,10 @@ def test_install_after_importing_torchrl_and_reimporting_ours():
 
 @pytest.fixture(scope="module")
 def site_dir(tmp_path_factory):
-    """The pure-Python tree setup.py's build_py installs, start-up hook included."""
-    build = tmp_path_factory.mktemp("build_py")
-    proc = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    shutil.copy(replay.__file__, build)  # as `pip install .` puts it next to the .pth
-    return build
+    """What pip installs, start-up hook included."""
+    site = tmp_path_factory.mktemp("site")
+    site_dir_like_pip(site)
+    return site
 
 
 def _start_up(site_dir):

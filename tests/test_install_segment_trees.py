@@ -17,7 +17,6 @@ import math
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,7 @@ import torchrl_compat
 from torchrl_compat._releases import since
 import torchrl_compat_trees
 from torchrl_compat_trees import ENV_VAR, EXTENSION_NAME, TREE_NAMES
+from install_support import site_dir_like_pip
 from native_trees import torchrl_trees_load
 from torchrl_matrix_support import known_gaps  # noqa: F401 (autouse fixture: features of the installed torchrl ours lack)
 
@@ -621,16 +621,10 @@ class TestFreshInterpreter:
     @pytest.fixture(scope="class")
     @classmethod
     def site_dir(cls, tmp_path_factory):
-        """The pure-Python tree setup.py's build_py installs (torchrl_compat_trees.pth included)."""
-        build = tmp_path_factory.mktemp("build_py")
-        proc = subprocess.run(
-            [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        # The compiled extension, as `pip install .` puts it next to the .pth.
-        shutil.copy(replay.__file__, build)
-        return build
+        """What pip installs (torchrl_compat_trees.pth included)."""
+        site = tmp_path_factory.mktemp("site")
+        site_dir_like_pip(site)
+        return site
 
     def test_installed_pth_is_the_hook(self, site_dir):
         with open(os.path.join(ROOT, "torchrl_compat_trees.pth"), "rb") as file:
