@@ -28,7 +28,7 @@ LATEST_PYTHON = $(LATEST_VENV)/bin/python
 SETUP_INPUTS = requirements-test.txt pyproject.toml setup.py $(wildcard *.pth)
 TORCHRL_PIN = $(shell grep '^torchrl==' requirements-dev.txt)
 
-.PHONY: setup build test test-debug test-tensordict-latest demo bench clean
+.PHONY: setup build test test-debug test-tensordict-latest test-torchrl-suites demo bench clean
 
 # $(call make_venv,DIR): a virtual environment with pip in DIR, or one line saying what is missing.
 define make_venv
@@ -56,9 +56,10 @@ build: $(ENV_READY)
 	$(PYTHON) setup.py -q build_ext --inplace
 
 # The whole check, what CI runs: the suite (torchrl 0.11), the kernel tests against the debug
-# build, and the suite again against torchrl 0.14.1; then one line counting all three runs.
+# build, the suite again against torchrl 0.14.1, and torchrl's own suites under install() where
+# they are found; then one line counting every run.
 # (The run against the newest tensordict, make test-tensordict-latest, is left out of it: the
-# three runs already take about as long as CI allows.)
+# runs already take about as long as CI allows.)
 JUNIT_DIR = build/junit
 JUNIT_REPORTS = $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml $(JUNIT_DIR)/torchrl-0.14.xml
 test: build $(TORCHRL14_VENV)/.setup-done
@@ -66,7 +67,36 @@ test: build $(TORCHRL14_VENV)/.setup-done
 	-$(PYTHON) -m pytest tests -q --junitxml=$(JUNIT_DIR)/suite.xml
 	-$(DEBUG_BUILD) && $(DEBUG_TESTS) --junitxml=$(JUNIT_DIR)/debug-build.xml
 	-$(TORCHRL14_TESTS) --junitxml=$(JUNIT_DIR)/torchrl-0.14.xml
-	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_REPORTS)
+	$(TORCHRL_SUITE_RUNS)
+	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_REPORTS) $(TORCHRL_SUITE_REPORTS)
+
+# torchrl's own replay-buffer suites (test data, never copied into the project), each run in
+# the environment of its torchrl release with every torchrl replay class replaced by ours
+# (tests/torchrl_suite_plugin.py: install(), and the tests torchrl's own classes fail expected
+# to fail). Each run works on a fresh copy under build/, so nothing is written beside the
+# suites. 0.14's rb/test_rb_distributed.py needs Ray and torch RPC in that environment, and
+# is left out.
+TORCHRL_SUITES ?= ../shared/torchrl-suites
+SUITE_COPIES = build/torchrl-suites
+SUITE_ARGS = -q -p no:cacheprovider -p torchrl_suite_plugin -o addopts= -W ignore --timeout 120
+# $(call suite_run,PYTHON,FOLDER,TARGETS,REPORT,EXTRA): a fresh copy of FOLDER, then its tests
+suite_run = rm -rf $(SUITE_COPIES)/$(2) && mkdir -p $(SUITE_COPIES) && cp -r $(TORCHRL_SUITES)/$(2) $(SUITE_COPIES)/ \
+	&& $(call versions_line,$(1)) \
+	&& interpreter=$$($(1) -c "import sys; print(sys.executable)") \
+	&& cd $(SUITE_COPIES)/$(2) && PYTHONPATH=$(CURDIR)/tests $$interpreter -m pytest $(3) $(SUITE_ARGS) $(5) \
+		--junitxml=$(CURDIR)/$(4)
+ifneq ($(wildcard $(TORCHRL_SUITES)/torchrl-0.11.0/test_rb.py),)
+TORCHRL_SUITE_REPORTS = $(JUNIT_DIR)/torchrl-0.11.0-suite.xml $(JUNIT_DIR)/torchrl-0.14-suite.xml
+define TORCHRL_SUITE_RUNS
+-$(call suite_run,$(PYTHON),torchrl-0.11.0,test_rb.py,$(JUNIT_DIR)/torchrl-0.11.0-suite.xml)
+-$(call suite_run,$(TORCHRL14_VENV)/bin/python,torchrl-0.14,rb,$(JUNIT_DIR)/torchrl-0.14-suite.xml,--ignore=rb/test_rb_distributed.py)
+endef
+else
+TORCHRL_SUITE_RUNS = @echo "torchrl's own suites not found in $(TORCHRL_SUITES) (set TORCHRL_SUITES): not run"
+endif
+test-torchrl-suites: build $(TORCHRL14_VENV)/.setup-done
+	$(TORCHRL_SUITE_RUNS)
+	@$(PYTHON) -c "$$JUNIT_TOTAL" $(TORCHRL_SUITE_REPORTS)
 
 # The kernel tests again, against a build with Cython's bounds / wrap-around checks on
 # (REPLAY_CYTHON_DEBUG=1) and every GCC-extension fallback of the kernels forced
@@ -162,12 +192,12 @@ wheel: $(WHEEL_TOOLS)
 # downloads, kept in build/matrix-wheels): the repaired wheel in a fresh environment for each
 # torch from 2.9.1 to 2.15.0 with torchrl 0.11 / 0.14.1 (matrix/*.txt), each running our suite
 # (from a copy of the clone without its sources) and torchrl's own replay suite of that release
-# under install(); their counts go into the README's supported-versions table (matrix/run.py).
+# as make test runs it (TORCHRL_SUITES, SUITE_ARGS: tests/torchrl_suite_plugin.py); their
+# counts go into the README's supported-versions table (matrix/run.py).
 # make test-matrix-pythons: the same on Python 3.10, 3.12 and 3.13, each with a wheel that pip
 # builds for it from the sdist (in isolation, with only its build requirements), repaired.
-MATRIX_TORCHRL_SUITES ?= ../shared/torchrl-suites
 MATRIX_RUN = $(WHEEL_VENV)/bin/python matrix/run.py --wheelhouse $(WHEELHOUSE) \
-	--suites $(MATRIX_TORCHRL_SUITES) --readme README.md
+	--suites $(TORCHRL_SUITES) --suite-args="$(SUITE_ARGS)" --readme README.md
 test-matrix: wheel
 	$(MATRIX_RUN)
 

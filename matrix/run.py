@@ -9,13 +9,16 @@ and the test tools, then runs, from ``build/matrix/<cell>/``:
    ``torchrl_compat_trees.py``, built extensions), so every test, fresh interpreters included,
    imports the wheel;
 3. torchrl's own replay suite of the installed release (``../shared/torchrl-suites``, copied)
-   with ``torchrl_compat.install()`` in force before it imports torchrl.
+   as make test runs it: with ``tests/torchrl_suite_plugin.py`` (``torchrl_compat.install()``
+   before the suite imports torchrl, the tests torchrl's own classes fail expected to) and the
+   Makefile's ``SUITE_ARGS``.
 
 Each cell's counts go to ``build/matrix/results.json`` (kept across runs, so cells can be run
 one at a time) and, with ``--readme``, into the table between the ``test-matrix`` markers of
 the README. Downloads land in ``build/matrix-wheels`` and are reused.
 
-Usage: python matrix/run.py --wheelhouse DIR [--suites DIR] [--readme README.md] [--pythons] [CELL ...]
+Usage: python matrix/run.py --wheelhouse DIR --suite-args ARGS [--suites DIR] [--readme README.md]
+                            [--pythons] [--sdist SDIST] [CELL ...]
 """
 from __future__ import annotations
 
@@ -78,12 +81,11 @@ CELLS = {
     )
 }
 
-# torchrl's suites as their README runs them: (folder, arguments).
+# torchrl's suites as make test runs them: (folder, what to run), with --suite-args.
 SUITES = {
-    "0.11": ("torchrl-0.11.0", ["test_rb.py", "-o", "addopts="]),
+    "0.11": ("torchrl-0.11.0", ["test_rb.py"]),
     "0.14": ("torchrl-0.14", ["rb", "--ignore=rb/test_rb_distributed.py"]),
 }
-SUITE_ARGS = ["-q", "--timeout", "120", "-p", "no:cacheprovider", "-W", "ignore"]
 # What a cell holds: Python, torch, tensordict and torchrl, and whether torchrl's own compiled
 # trees load there.
 VERSIONS = """
@@ -95,8 +97,6 @@ except ImportError:
     trees = False
 print(sys.version.split()[0], torch.__version__, tensordict.__version__, torchrl.__version__, trees)
 """
-# The plugin that puts torchrl_compat's classes in torchrl's place before the suite imports it.
-INSTALL_PLUGIN = "import torchrl_compat\n\ntorchrl_compat.install()\n"
 
 
 def run(command, log, **kwargs) -> int:
@@ -153,15 +153,15 @@ def wheel_for(python: str, sdist: str, wheelhouse: str, log: str) -> None:
 
 
 def requirements(cell: Cell, directory: str) -> str:
-    """The cell's requirements file: its pins, requirements-test.txt's tools (less those the
-    cell pins itself), matrix/tools.txt."""
+    """The cell's requirements file: its pins and requirements-test.txt's tools (less those the
+    cell pins itself)."""
     with open(cell.pins) as file:
         pinned = {line.split("==")[0] + "==" for line in file if "==" in line and not line.startswith("#")}
     with open(os.path.join(ROOT, "requirements-test.txt")) as file:
         tools = [line for line in file if not line.startswith((*NOT_FROM_TEST_REQUIREMENTS, *pinned))]
     path = os.path.join(directory, "requirements.txt")
     with open(path, "w") as file:
-        file.write(f"-r {cell.pins}\n-r {os.path.join(MATRIX, 'tools.txt')}\n{''.join(tools)}")
+        file.write(f"-r {cell.pins}\n{''.join(tools)}")
     return path
 
 
@@ -180,7 +180,7 @@ def copy_of_the_clone(directory: str) -> str:
     return target
 
 
-def run_cell(cell: Cell, wheelhouse: str, suites: str, sdist: str | None) -> dict:
+def run_cell(cell: Cell, wheelhouse: str, suites: str, suite_args: list, sdist: str | None) -> dict:
     directory = os.path.join(WORK, cell.name)
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
@@ -212,13 +212,10 @@ def run_cell(cell: Cell, wheelhouse: str, suites: str, sdist: str | None) -> dic
     folder, arguments = SUITES[cell.torchrl]
     suite = os.path.join(directory, "suite")
     shutil.copytree(os.path.join(suites, folder), suite)
-    with open(os.path.join(directory, "matrix_install_plugin.py"), "w") as file:
-        file.write(INSTALL_PLUGIN)
     theirs = os.path.join(directory, "torchrl.xml")
-    env = dict(os.environ, PYTHONPATH=directory, RL_WARNINGS="0")
+    env = dict(os.environ, PYTHONPATH=os.path.join(clone, "tests"), RL_WARNINGS="0")  # the plugin
     started = time.monotonic()
-    run([python, "-m", "pytest", *arguments, *SUITE_ARGS, "-p", "matrix_install_plugin",
-         f"--junitxml={theirs}"], log, cwd=suite, env=env)
+    run([python, "-m", "pytest", *arguments, *suite_args, f"--junitxml={theirs}"], log, cwd=suite, env=env)
     result["torchrl_suite"] = dict(junit_counts(theirs), suite=folder, seconds=round(time.monotonic() - started))
     shutil.rmtree(venv)  # several GB with a CUDA torch; the downloads stay
     return result
@@ -258,6 +255,7 @@ def main() -> None:
     parser.add_argument("--pythons", action="store_true", help="default to the cells on other Pythons")
     parser.add_argument("--wheelhouse", required=True, help="the repaired wheels")
     parser.add_argument("--suites", default=os.path.join(ROOT, "..", "shared", "torchrl-suites"))
+    parser.add_argument("--suite-args", required=True, help="pytest's arguments for torchrl's suites (make's SUITE_ARGS)")
     parser.add_argument("--readme", help="the README whose table to rewrite")
     parser.add_argument("--sdist", help="build each cell's wheel from this sdist first (other Pythons)")
     args = parser.parse_args()
@@ -274,7 +272,7 @@ def main() -> None:
     for name in args.cells or [name for name, cell in CELLS.items() if cell.other_python == args.pythons]:
         print(f"test-matrix: {name} ...", flush=True)
         results[name] = run_cell(CELLS[name], os.path.abspath(args.wheelhouse), os.path.abspath(args.suites),
-                                 args.sdist and os.path.abspath(args.sdist))
+                                 args.suite_args.split(), args.sdist and os.path.abspath(args.sdist))
         with open(RESULTS, "w") as file:
             json.dump(results, file, indent=1)
         r = results[name]

@@ -51,3 +51,41 @@ def installed_package():
         if os.environ.get("CI"):
             raise AssertionError("the package is not installed, yet make test installs it") from None
         pytest.skip("the package is not installed in this interpreter (make setup installs it)")
+
+
+# --------------------------------------------------------------------------- CUDA runs
+# Every test that skips without a CUDA device carries a `skipif(..., reason="needs CUDA")` mark;
+# each of them also gets the marker `cuda`, so that `-m cuda` selects exactly those.
+# REPLAY_REQUIRE_CUDA=1 (bench/gpu_check.sh sets it on a GPU machine) turns a missing device
+# into an error: the run stops at once when torch sees no CUDA device, and a test skipped for
+# want of CUDA fails instead of passing as skipped.
+REQUIRE_CUDA = os.environ.get("REPLAY_REQUIRE_CUDA", "0") == "1"
+CUDA_SKIP_REASON = "needs CUDA"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (set on every test skipped without one)")
+    if REQUIRE_CUDA and not torch.cuda.is_available():
+        raise pytest.UsageError(
+            "REPLAY_REQUIRE_CUDA=1 says this run is on a GPU, but torch "
+            f"{torch.__version__} sees no CUDA device (torch.version.cuda={torch.version.cuda})"
+        )
+
+
+def _needs_cuda(item) -> bool:
+    return any(CUDA_SKIP_REASON in str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _needs_cuda(item):
+            item.add_marker(pytest.mark.cuda)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_CUDA and report.skipped and "CUDA" in str(report.longrepr):
+        report.outcome = "failed"
+        report.longrepr = f"skipped for want of CUDA on a GPU run (REPLAY_REQUIRE_CUDA=1): {report.longrepr}"

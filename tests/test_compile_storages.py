@@ -202,3 +202,35 @@ def test_our_buffer_compiled_matches_torchrl_eager_without_recompiles(buffer_cls
         if buffer_cls == "TensorDictReplayBuffer":
             assert torch.equal(got["index"], expected["index"])
     assert seen["total"] > 0 and dict(frames) == seen
+
+
+@pytest.mark.parametrize("first_write_compiled", [False, True])
+@pytest.mark.parametrize("kind", ["tensor", "tensordict"])
+def test_compilable_storage_set_traces_whole(first_write_compiled, kind):
+    """A compilable storage's ``set`` of tensors goes into one graph (fullgraph=True, as
+    torchrl 0.14's; the first write, which creates the storage, and tensordict's own
+    assignment break it), with its length, write count and last cursor kept as in eager
+    code, and no recompile once warm."""
+    storage = our_storages.LazyTensorStorage(100, compilable=True)
+    counter = CompileCounter()
+
+    def batch(start):
+        rows = torch.arange(start, start + 25).unsqueeze(-1)
+        return TensorDict({"a": rows}, [25]) if kind == "tensordict" else rows
+
+    if not first_write_compiled:
+        storage.set(torch.arange(25), batch(0))
+    write = torch.compile(
+        lambda cursor, value: storage.set(cursor, value), backend=counter, fullgraph=kind == "tensor" and not first_write_compiled
+    )
+    start = 25 if not first_write_compiled else 0
+    frames = []
+    for start in range(start, 100, 25):
+        write(torch.arange(start, start + 25), batch(start))
+        frames.append(counter.frame_count)
+    assert len(storage) == 100 and storage._is_full
+    assert storage._mutation_revision == 4
+    assert storage._last_cursor_index == 99
+    stored = storage[:]["a"] if kind == "tensordict" else storage[:]
+    assert torch.equal(stored.squeeze(-1), torch.arange(100))
+    assert frames[-1] == frames[1], frames  # nothing compiled after the first two writes

@@ -140,6 +140,7 @@ def test_iteration_stops_when_all_consumed():
         ({"sampler": "SamplerWithoutReplacement"}, ValueError, "only supports the default RandomSampler"),
         ({"sampler": "ConsumingSampler"}, ValueError, "conflicts with the provided"),
         ({"storage": "ndim2"}, ValueError, "only supports 1-dimensional storages"),
+        ({"writer": "without write_at"}, TypeError, "requires a writer with a callable"),
     ],
 )
 def test_consuming_errors_match_torchrl(kwargs, error, match):
@@ -153,6 +154,9 @@ def test_consuming_errors_match_torchrl(kwargs, error, match):
             parts["sampler"] = getattr(ns, kwargs["sampler"])()
         if kwargs.get("storage") == "ndim2":
             parts["storage"] = ns.LazyTensorStorage(8, ndim=2)
+        if "writer" in kwargs:
+            # a round-robin writer whose write_at a subclass took away
+            parts["writer"] = type("WriterWithoutWriteAt", (ns.RoundRobinWriter,), {"write_at": None})()
         with pytest.raises(error, match=match):
             ns.ReplayBuffer(**parts)
     for ns in (O, T):

@@ -348,3 +348,149 @@ def test_unsynchronized_prioritized_sample_units_as_torchrl(cls, generations):
     torch.testing.assert_close(our_leaves, their_leaves)
     if cls == "TensorDictPrioritizedReplayBuffer":
         assert not torch.equal(our_leaves[:30], torch.ones(30))
+
+
+def _revision_steps(ns, storage):
+    """The mutation revision after each write path of a buffer, as ``ns`` (``O`` or torchrl's
+    ``T``) counts them: one step a write, the first (which initializes the storage) included."""
+    rb = ns.TensorDictReplayBuffer(storage=storage, batch_size=2)
+    steps = [storage._mutation_revision]
+
+    def step(call):
+        call()
+        steps.append(storage._mutation_revision)
+
+    step(lambda: rb.extend(TensorDict({"obs": torch.arange(4)}, [4])))
+    step(lambda: rb.extend(TensorDict({"obs": torch.arange(3)}, [3])))
+    step(lambda: rb.add(TensorDict({"obs": torch.tensor(7)}, [])))
+    step(lambda: rb.__setitem__(0, TensorDict({"obs": torch.tensor(10)}, [])))
+    if since("buffer_in_place_writes") and not isinstance(storage, ns.ListStorage):
+        # (on a tensordict storage only: a list has no set_at_)
+        step(lambda: rb.set_at_("obs", torch.tensor([11]), torch.tensor([1])))
+        step(lambda: rb.set_("obs", torch.arange(len(rb)) + 20))
+        step(lambda: rb.update_(TensorDict({"obs": torch.arange(len(rb)) + 30}, [len(rb)])))
+    step(lambda: rb.sample())  # a read: no step
+    state = rb.state_dict()
+    step(lambda: rb.load_state_dict(state))
+    step(lambda: rb.empty())
+    return steps
+
+
+@pytest.mark.parametrize("make", [
+    lambda ns: ns.LazyTensorStorage(8),
+    lambda ns: ns.LazyTensorStorage(8, compilable=True),
+    lambda ns: ns.LazyMemmapStorage(8),
+    lambda ns: ns.ListStorage(8),
+], ids=["lazy", "compilable", "memmap", "list"])
+def test_mutation_revision_one_step_per_buffer_write(make):
+    storage = make(O)
+    steps = _revision_steps(O, storage)
+    # extend (4 rows), extend (3), add, [] =, (set_at_, set_, update_,) sample,
+    # load_state_dict, empty: one step each but the sample, which reads; a list storage, which
+    # torchrl writes item by item, one step per item of an extend
+    rows = (4, 3) if isinstance(storage, O.ListStorage) else (1, 1)
+    expected = [*rows] + [1] * (len(steps) - 6) + [0, 1, 1]
+    assert [b - a for a, b in zip(steps, steps[1:])] == expected, steps
+    if since("storage_mutation_revision"):
+        assert steps == _revision_steps(T, make(T))
+
+
+def _transform_classes():
+    from torchrl_compat._buffer_transforms import Transform
+
+    class SharedState(Transform):
+        """A transform with write state it can put in shared memory."""
+
+        def __init__(self):
+            super().__init__()
+            self.shared = False
+
+        def share_memory_(self):
+            self.shared = True
+            return self
+
+        def forward(self, data):
+            return data
+
+    class Unshareable(Transform):
+        requires_shared_write_state = True
+
+        def forward(self, data):
+            return data
+
+    return SharedState, Unshareable
+
+
+@pytest.mark.parametrize("add", ["append", "insert"])
+@pytest.mark.parametrize("invert", [False, True])
+def test_transform_added_to_a_shared_buffer_is_shared(add, invert):
+    SharedState, Unshareable = _transform_classes()
+
+    def added(rb, transform):
+        if add == "append":
+            return rb.append_transform(transform, invert=invert)
+        return rb.insert_transform(0, transform, invert=invert)
+
+    # as in torchrl, an inverted transform is shared through its wrapper, which has no state
+    # of its own to share, so neither shared nor refused
+    shares = since("buffer_shared_transforms") and not invert
+    transform = SharedState()
+    added(O.ReplayBuffer(storage=O.ListStorage(10), shared=True), transform)
+    assert transform.shared == shares
+    # an unshared buffer leaves it alone
+    transform = SharedState()
+    added(O.ReplayBuffer(storage=O.ListStorage(10)), transform)
+    assert not transform.shared
+
+    rb = O.ReplayBuffer(storage=O.ListStorage(10), shared=True)
+    if shares:
+        with pytest.raises(RuntimeError, match="Unshareable keeps replay-buffer write state"):
+            added(rb, Unshareable())
+        assert len(rb._transform) == 0  # refused, not added
+    else:
+        added(rb, Unshareable())
+        assert len(rb._transform) == 1
+
+
+def test_refusals_to_share_say_what_to_do_as_torchrl():
+    # torchrl 0.13 on names the fix in both messages; ours follows the installed release
+    def messages(ns):
+        with pytest.raises(ValueError) as prefetch:
+            ns.TensorDictReplayBuffer(storage=ns.LazyTensorStorage(10), batch_size=2, prefetch=1, shared=True)
+        # (not constructed: torchrl's compiled trees may not load on this torch)
+        sampler = ns.PrioritizedSampler.__new__(ns.PrioritizedSampler)
+        import multiprocessing.context as context
+
+        # what pickling for a spawned child sees
+        spawning = context._tls.__dict__.get("spawning_popen")
+        context.set_spawning_popen(object())
+        try:
+            with pytest.raises(RuntimeError) as shared:
+                sampler.__getstate__()
+        finally:
+            context.set_spawning_popen(spawning)
+        return str(prefetch.value), str(shared.value).replace(type(sampler).__module__, "")
+
+    ours = messages(O)
+    assert ours[0].startswith("Cannot share prefetched replay buffers.")
+    assert ("prefetch=0 or shared=False" in ours[0]) == since("multiprocess_errors_name_fix")
+    assert ("sync=False" in ours[1]) == since("multiprocess_errors_name_fix")
+    theirs = messages(T)
+    assert ours[0] == theirs[0]
+    # (the class path differs: torchrl_compat's against torchrl's)
+    assert ours[1].split("cannot be shared")[1] == theirs[1].split("cannot be shared")[1]
+
+
+@pytest.mark.parametrize("name", ["ReplayBuffer", "TensorDictReplayBuffer", "PrioritizedReplayBuffer", "TensorDictPrioritizedReplayBuffer"])
+def test_update_priority_is_defined_where_torchrl_defines_it(name):
+    # a call missing its priority names the class whose method it is, as torchrl's error does
+    # (the prioritized buffers have their own from torchrl 0.13 on)
+    def defining_class(ns):
+        return next(cls.__name__ for cls in getattr(ns, name).__mro__ if "update_priority" in vars(cls))
+
+    ours = defining_class(O)
+    assert ours == defining_class(T)
+    assert ours == (name if since("prioritized_device_argument") and "Prioritized" in name else "ReplayBuffer")
+    rb = getattr(O, name)(**({"alpha": 0.7, "beta": 0.5} if "Prioritized" in name else {}))
+    with pytest.raises(TypeError, match=rf"^{ours}\.update_priority\(\) missing 1 required positional argument: 'priority'"):
+        rb.update_priority(torch.arange(2))

@@ -242,8 +242,10 @@ def test_device_arguments_follow_the_release():
         torchrl_compat.PrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=torchrl_compat.LazyTensorStorage(8, ndim=2), sync=False)
 
 
-def test_sync_false_matches_torchrl():
-    """sync=False: a uniform buffer sampler, a learner sampler that catches up with writes."""
+@pytest.mark.parametrize("update", ["update_tensordict_priority", "update_priority"])
+def test_sync_false_matches_torchrl(update):
+    """sync=False: a uniform buffer sampler, a learner sampler that catches up with writes and
+    takes the priorities, whichever method gives them."""
     if not since("prioritized_device_argument"):
         pytest.skip("torchrl 0.13+")
     buffers = [
@@ -262,7 +264,10 @@ def test_sync_false_matches_torchrl():
         assert torch.equal(ref["priority_weight"], mine["priority_weight"])
         for rb, sample in zip(buffers, (ref, mine)):
             sample.set("td_error", sample["obs"] + 1)
-            rb.update_tensordict_priority(sample)
+            if update == "update_priority":
+                rb.update_priority(sample["index"], sample["td_error"])
+            else:
+                rb.update_tensordict_priority(sample)
     np.testing.assert_array_equal(
         buffers[1].prioritized_sampler._sum_tree[np.arange(30)], buffers[0].prioritized_sampler._sum_tree[np.arange(30)]
     )

@@ -997,3 +997,42 @@ def test_slices_read_from_ends_match_torchrl_and_the_general_path(monkeypatch, n
         assert fast == 0  # N-D storages are read whole
     else:
         assert 0 < fast < len(taken)  # both paths taken along the way
+
+
+@pytest.mark.parametrize("signal", ["trajectory", "end"])
+def test_subclass_end_to_start_stop_is_used(signal):
+    # a subclass overriding the conversion from end flags to bounds sees every call that
+    # torchrl's sampler makes of it, directly and when sampling from a storage
+    import torchrl_compat as O
+
+    def subclass(base):
+        calls = []
+
+        class Recording(base):
+            def _end_to_start_stop(self, end, length):
+                calls.append((end.clone(), length))
+                return super()._end_to_start_stop(end, length)
+
+        return Recording, calls
+
+    episode = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3])
+    done = torch.zeros(8, dtype=torch.bool)
+    done[[1, 4, 6]] = True
+    seen = {}
+    for name, lib, storage_lib in (("ours", ours, O), ("torchrl", trl, trl)):
+        cls, calls = subclass(lib.SliceSampler)
+        key = {"traj_key": "episode"} if signal == "trajectory" else {"end_key": "done"}
+        sampler = cls(num_slices=2, **key)
+        signal_kwargs = {"trajectory": episode} if signal == "trajectory" else {"end": done}
+        direct = sampler._find_start_stop_traj(**signal_kwargs, at_capacity=False)
+        storage = (O.LazyTensorStorage if name == "ours" else LazyTensorStorage)(8)
+        storage.set(range(8), TensorDict({"episode": episode, "done": done}, [8]))
+        torch.manual_seed(0)
+        index, _ = sampler.sample(storage, 4)
+        seen[name] = (calls, [t.tolist() for t in direct], index)
+    (our_calls, our_direct, our_index), (their_calls, their_direct, their_index) = seen["ours"], seen["torchrl"]
+    assert len(our_calls) == len(their_calls) >= 2
+    for (ours_end, ours_len), (theirs_end, theirs_len) in zip(our_calls, their_calls):
+        assert torch.equal(ours_end, theirs_end) and ours_len == theirs_len
+    assert our_direct == their_direct
+    assert all(torch.equal(a, b) for a, b in zip(our_index, their_index))

@@ -109,6 +109,42 @@ def test_parent_writes_are_seen_by_child(tmp_path, ctx):
     assert get(queue) == 7
 
 
+def _child_write_at(storage, cursor, queue):
+    storage.set(cursor, make_td(len(cursor)))
+    queue.put((storage._mutation_revision, storage._last_cursor_index))
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+@pytest.mark.parametrize("cls_name", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_child_writes_move_the_parent_revision_and_last_cursor(tmp_path, ctx, cls_name):
+    # what a reader in the parent derived from the items (a slice sampler's trajectory ends)
+    # must see that a child wrote, and where it wrote last
+    storage = _initialized(cls_name, tmp_path)
+    revision = storage._mutation_revision
+    assert storage._last_cursor_index == 1
+    context = mp.get_context(ctx)
+    queue = context.Queue()
+    process = context.Process(target=_child_write_at, args=(storage, torch.tensor([5, 6, 3]), queue))
+    process.start()
+    assert join(process) == 0
+    assert get(queue) == (revision + 1, 3)
+    assert storage._mutation_revision == revision + 1
+    assert storage._last_cursor_index == 3
+    storage.set(range(7, 9), make_td(2))
+    assert (storage._mutation_revision, storage._last_cursor_index) == (revision + 2, 8)
+
+
+def test_last_cursor_not_shared_through_plain_pickle():
+    import pickle
+
+    storage = ours.LazyTensorStorage(16)
+    storage.set(range(3), make_td(3))
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy._last_cursor_index == 2
+    copy.set([9], make_td(1))
+    assert (copy._last_cursor_index, storage._last_cursor_index) == (9, 2)
+
+
 def test_length_not_shared_through_plain_pickle():
     # Outside a spawning context (plain pickle, e.g. a copy), the copy gets its own length.
     import pickle

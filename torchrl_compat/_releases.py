@@ -99,6 +99,9 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # a shared_init LazyTensorStorage sets its device to the CPU (its memory maps') once
     # initialized, warning when another was asked for
     "storage_shared_init_cpu": (0, 14),
+    # a lazy stack (LazyStackedTensorDict) is written into a tensordict storage as it is,
+    # without a dense copy first: ``update_at_`` at an index, ``_stack_onto_`` at a slice
+    "storage_lazy_stack_direct_write": (0, 12),
     # ---- replay buffers
     # ``set_at_``, ``set_`` and ``update_`` write into the stored tensordict in place
     "buffer_in_place_writes": (0, 12),
@@ -115,6 +118,9 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     # the prefetch queue is kept full after each sample and saved by state_dict, dumps and
     # pickling (``_prefetch_state``, ``prefetch.pkl``)
     "buffer_prefetch_state": (0, 14),
+    # the refusals to share a prioritized sampler or a prefetching buffer between processes
+    # say what to do instead (sync=False; prefetch=0 or shared=False)
+    "multiprocess_errors_name_fix": (0, 13),
     # transforms of a shared buffer share their state (``share_memory_``)
     "buffer_shared_transforms": (0, 14),
     # ReplayBufferEnsemble: p="sampleable", routing_key, end_streams, stats

@@ -153,6 +153,6 @@ def draw_nonblocking(
     end = sum_tree.capacity if num_valid >= sum_tree.size else num_valid
     p_min = min_tree._range_reduce(0, end)
     code = torch.where(p_min > 0, 0, _ZERO_MINIMUM).double()
-    status = torch.stack([code, code.new_tensor(float(min(num_valid, end))), p_min.double()])
+    status = torch.stack([code, torch.full_like(code, float(min(num_valid, end))), p_min.double()])
     sum_tree._checks.record(status, sum_tree._deferred_error)
     return index, torch.pow(priority / p_min, -beta)

@@ -25,7 +25,8 @@ from torchrl_compat._torchrl_lookup import torchrl_module
 
 __all__ = ["InitDirectoryCleanup", "register", "registry", "remove_tree"]
 
-logger = logging.getLogger("torchrl_compat")
+# torchrl's logger: a user who configures logging.getLogger("torchrl") configures ours too
+logger = logging.getLogger("torchrl")
 
 
 def _torchrl_registry():

@@ -43,6 +43,17 @@ def restore_counter(state: dict, context_key: str, value_key: str, raw_key: str,
         state[raw_key] = shared.get_obj()
 
 
+def _never_a_root_frame(function) -> None:
+    """Tells dynamo not to compile ``function`` as a frame of its own (where its caller runs
+    eagerly, so that the wrapper's own dispatch applies) while still inlining it into the
+    graphs of the compiled functions that call it."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - older torch: compiled as its own frame
+        return
+    skip_code(function.__code__)
+
+
 def outside_graph(method):
     """Runs a counter-updating ``method`` of a storage outside torch.compile's graph.
 
@@ -58,8 +69,15 @@ def outside_graph(method):
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        if is_compiling() or (self._compilable and dynamo_active()):
+        if self._compilable:
+            if is_compiling():
+                # traced into the graph, as torchrl's compilable storages are
+                return method(self, *args, **kwargs)
+            if dynamo_active():
+                return disabled(self, *args, **kwargs)
+        elif is_compiling():
             return disabled(self, *args, **kwargs)
         return method(self, *args, **kwargs)
 
+    _never_a_root_frame(wrapper)
     return wrapper

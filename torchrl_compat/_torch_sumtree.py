@@ -692,7 +692,9 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
         index, priority, total, reachable = self._draw(uniform, num_valid)
         sampleable = min(num_valid, self._capacity)
         code = torch.where(reachable > 0, 0, _NOTHING_TO_DRAW).double()
-        status = torch.stack([code, code.new_tensor(float(sampleable)), reachable.double()])
+        # full_like, not new_tensor: a fill on the device rather than a copy from host memory,
+        # which a CUDA graph could not replay (see _cuda_graphs)
+        status = torch.stack([code, torch.full_like(code, float(sampleable)), reachable.double()])
         self._checks.record(status, self._deferred_error)
         return index, priority, total
 

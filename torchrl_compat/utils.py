@@ -811,18 +811,24 @@ def _check_trajectory_signal(trajectory, end, cursor, at_capacity) -> None:
             raise RuntimeError("cursor must not be an empty range.")
 
 
+def _checked_trajectory_signal(trajectory, end, cursor, at_capacity):
+    """``(trajectory, end, cursor)`` checked and read as torchrl 0.14 reads them: a single
+    filled step is one trajectory (torchrl 0.11 found none there), a tensor cursor flat."""
+    _check_trajectory_signal(trajectory, end, cursor, at_capacity)
+    if trajectory is not None and trajectory.shape[0] == 1 and not at_capacity:
+        end, trajectory = torch.ones_like(trajectory, dtype=torch.bool), None
+    if isinstance(cursor, torch.Tensor):
+        cursor = cursor.reshape(-1)
+    return trajectory, end, cursor
+
+
 def _trajectory_bounds(*, trajectory=None, end=None, at_capacity, cursor=None, on_cpu=True):
     """``(start, stop, lengths)`` with torchrl 0.14's semantics, computed where the signal
     lives: ``replay``'s C pass on CPU (``on_cpu``), torch ops elsewhere."""
     import replay
     from . import _torch_slices
 
-    _check_trajectory_signal(trajectory, end, cursor, at_capacity)
-    if trajectory is not None and trajectory.shape[0] == 1 and not at_capacity:
-        # A single filled step is one trajectory (torchrl 0.11 found none there).
-        end, trajectory = torch.ones_like(trajectory, dtype=torch.bool), None
-    if isinstance(cursor, torch.Tensor):
-        cursor = cursor.reshape(-1)
+    trajectory, end, cursor = _checked_trajectory_signal(trajectory, end, cursor, at_capacity)
     signal = trajectory if trajectory is not None else end
     if on_cpu and signal.device.type == "cpu":
         return replay.find_start_stop_traj(

@@ -397,7 +397,8 @@ class ReplayBuffer(*_TWIN):
         if self._prefetch_cap:
             self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch_cap)
         if shared and prefetch:
-            raise ValueError("Cannot share prefetched replay buffers.")
+            fix = " Pass prefetch=0 or shared=False." if since("multiprocess_errors_name_fix") else ""
+            raise ValueError("Cannot share prefetched replay buffers." + fix)
         self.shared = shared
         self.share(self.shared)
         self._replay_lock = threading.RLock()
@@ -1122,8 +1123,15 @@ class ReplayBuffer(*_TWIN):
         if invert:
             transform = _transforms.InvertTransform(transform)
         transform.eval()
+        self._share_new_transform(transform)
         self._transform.append(transform)
         return self
+
+    def _share_new_transform(self, transform) -> None:
+        """A transform added to a shared buffer shares its state (or is refused) as those the
+        buffer had when it was shared (torchrl 0.14)."""
+        if self.shared and since("buffer_shared_transforms"):
+            self._share_transform_state(transform)
 
     @staticmethod
     def _as_transform(transform):
@@ -1149,6 +1157,7 @@ class ReplayBuffer(*_TWIN):
         transform.eval()
         if invert:
             transform = _transforms.InvertTransform(transform)
+        self._share_new_transform(transform)
         self._transform.insert(index, transform)
         return self
 
@@ -1590,7 +1599,11 @@ class ReplayBuffer(*_TWIN):
     def _validate_consuming_writer(self) -> None:
         if not self._is_consuming():
             return
-        if not _own_write_at(self._writer) and not isinstance(self._writer, RoundRobinWriter):
+        # a round-robin writer is written through without write_at (which ours lack before
+        # torchrl 0.14), unless a subclass took it away
+        write_at = getattr(self._writer, "write_at", _NO_WRITE_AT)
+        taken_away = write_at is not _NO_WRITE_AT and not callable(write_at)
+        if taken_away or not (_own_write_at(self._writer) or isinstance(self._writer, RoundRobinWriter)):
             raise TypeError(
                 "ConsumingSampler requires a writer with a callable "
                 "write_at(index, data) method."
@@ -2042,6 +2055,9 @@ _CONSUMING_SAMPLERS = _consuming_sampler_classes()
 
 # the storages a consuming buffer writes rows of (ours and torchrl's)
 _ROW_STORAGES = (*accepted_classes(ListStorage, "storages"), *accepted_classes(_storages.TensorStorage, "storages"))
+
+
+_NO_WRITE_AT = object()
 
 
 def _own_write_at(writer) -> bool:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torchrl_compat._releases import keywords_since
+from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.storages import ListStorage
@@ -155,10 +155,12 @@ class PrioritizedReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Pri
             return super()._sample(batch_size)
         return _sync.sample_local(self, batch_size)
 
-    def update_priority(self, index, priority) -> None:
-        if self.__dict__.get("_sync", True):
-            return super().update_priority(index, priority)
-        _sync.update_local(self, index, priority)
+    if since("prioritized_device_argument"):
+        # (from torchrl 0.13, with sync=False: before, ReplayBuffer's, as its errors say)
+        def update_priority(self, index, priority) -> None:
+            if self.__dict__.get("_sync", True):
+                return super().update_priority(index, priority)
+            _sync.update_local(self, index, priority)
 
     def empty(self, empty_write_count: bool = True):
         super().empty(empty_write_count=empty_write_count)

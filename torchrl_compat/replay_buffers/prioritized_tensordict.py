@@ -10,7 +10,7 @@ from tensordict import is_tensor_collection, TensorDictBase
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 
 from torchrl_compat._compile import opaque_to_compile
-from torchrl_compat._releases import keywords_since
+from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.utils import _reduce
@@ -195,6 +195,16 @@ class TensorDictPrioritizedReplayBuffer(
                 "processes. Call update_tensordict_priority from the learner process instead."
             )
         return super().extend(tensordicts, update_priority=False)
+
+    if since("prioritized_device_argument"):
+        # (from torchrl 0.13, as PrioritizedReplayBuffer's) with sync=False, into the
+        # learner's prioritized sampler, not the writers' uniform one
+        def update_priority(self, index, priority) -> None:
+            if self.__dict__.get("_sync", True):
+                return super().update_priority(index, priority)
+            _sync.update_local(self, index, priority)
+
+        update_priority._replay_buffer_s_when_synced = True
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         if self.__dict__.get("_sync", True):

@@ -263,8 +263,12 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
             type(key) is not str
             or not isinstance(sampler, PrioritizedSampler)
             or self._storage.ndim != 1
-            # overrides are called, as the general path calls them
-            or cls.update_priority is not ReplayBuffer.update_priority
+            # overrides are called, as the general path calls them (but for those that are
+            # ReplayBuffer's while the buffer is synced, as the prioritized buffers' own)
+            or not (
+                cls.update_priority is ReplayBuffer.update_priority
+                or getattr(cls.update_priority, "_replay_buffer_s_when_synced", False)
+            )
             or cls._get_priority_vector is not TensorDictReplayBuffer._get_priority_vector
         ):
             return False

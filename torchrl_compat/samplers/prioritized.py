@@ -282,8 +282,13 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
 
     def __getstate__(self):
         if get_spawning_popen() is not None:
+            fix = (
+                " Use TensorDictPrioritizedReplayBuffer(sync=False) instead: the writer process "
+                "gets a uniform sampler and the learner keeps a local prioritized sampler."
+            )
             raise RuntimeError(
                 f"Samplers of type {type(self)} cannot be shared between processes."
+                + (fix if since("multiprocess_errors_name_fix") else "")
             )
         return super().__getstate__()
 

@@ -19,7 +19,7 @@ from .._torchrl_lookup import torchrl_twin
 from .._fragmented_runs import fragmented_runs
 from .._trajectory_ends import TrajectoryEnds
 from ..storages import Storage, logger
-from ..utils import _auto_device, _trajectory_bounds
+from ..utils import _auto_device, _checked_trajectory_signal, _trajectory_bounds
 from ._common import (
     _CPU,
     _EMPTY_STORAGE_ERROR,
@@ -468,7 +468,13 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 trajectory = trajectory.to(self._gpu_device)
             else:
                 end = end.to(self._gpu_device)
-        if since("find_start_stop_traj_public"):
+        if type(self)._end_to_start_stop is not SliceSampler._end_to_start_stop:
+            # a subclass's conversion from end flags to bounds is used, as in torchrl
+            if since("find_start_stop_traj_public"):
+                trajectory, end, cursor = _checked_trajectory_signal(trajectory, end, cursor, at_capacity)
+            flags = _torch_slices.end_flags(trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor)
+            start_idx, stop_idx, lengths = self._end_to_start_stop(end=flags, length=flags.shape[0])
+        elif since("find_start_stop_traj_public"):
             start_idx, stop_idx, lengths = _trajectory_bounds(
                 trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor,
                 on_cpu=self._use_cpu_kernels,
@@ -702,12 +708,21 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         written) instead of a read of the whole signal. ``None`` for storages that do not
         journal their writes (torchrl's own, N-D ones...) or a missing key: the caller then
         reads the whole signal, which also raises its errors."""
-        if not self._use_cpu_kernels or not TrajectoryEnds.supports(storage):
+        if not self._use_cpu_kernels or not TrajectoryEnds.supports(storage) or self._bounds_overridden():
             return None
         try:
             return self._tracker(key, from_ids).bounds(storage)
         except KeyError:
             return None
+
+    def _bounds_overridden(self) -> bool:
+        """Whether a subclass computes trajectory bounds its own way (``_find_start_stop_traj``
+        or ``_end_to_start_stop``): its methods then see every read, as in torchrl."""
+        cls = type(self)
+        return (
+            cls._find_start_stop_traj is not SliceSampler._find_start_stop_traj
+            or cls._end_to_start_stop is not SliceSampler._end_to_start_stop
+        )
 
     def _tracker(self, key, from_ids: bool) -> TrajectoryEnds:
         """The :class:`._trajectory_ends.TrajectoryEnds` following ``key`` (one per key)."""

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from torchrl_compat._releases import since
-from torchrl_compat._storage_counters import compile_disable
+from torchrl_compat._storage_counters import compile_disable, is_compiling
 from torchrl_compat._storage_journal import ALL_ITEMS
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import StorageCheckpointerBase
@@ -29,6 +29,26 @@ def _rewrites_items(method):
             return method(self, *args, **kwargs)
         finally:
             self._note_write(ALL_ITEMS)
+
+    return wrapper
+
+
+def _initializes_items(method):
+    """Records a failed call to ``method`` (an initialization) as a change of every item.
+
+    A storage initialized by its first write counts that write once, as torchrl 0.14 does
+    (one ``_mutation_revision`` step a write): before the call it held no item, and the
+    write that follows journals the rows it fills. Only a call that stops part-way leaves
+    what a reader cannot follow.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self._note_write(ALL_ITEMS)
+            raise
 
     return wrapper
 
@@ -165,32 +185,45 @@ class Storage(*torchrl_twin("storages", "Storage")):
             return 0
         return revision if isinstance(revision, int) else revision.value
 
-    def _bump_mutation_revision(self) -> None:
-        """Marks the stored items as changed."""
+    def _bump_mutation_revision(self, steps: int = 1) -> None:
+        """Marks the stored items as changed (``steps``: the revision's steps, one per change
+        torchrl counts)."""
         revision = self.__dict__.get("_mutation_revision_value")
         if self._compilable:
-            self.__dict__["_mutation_revision_value"] = (revision or 0) + 1
+            self.__dict__["_mutation_revision_value"] = (revision or 0) + steps
             return
         if revision is None:
             revision = self.__dict__["_mutation_revision_value"] = mp.Value("q", 0)
         with revision.get_lock():
-            revision.value += 1
+            revision.value += steps
 
     @property
     def _last_cursor_index(self) -> int | None:
         """The last time coordinate written (``None`` before the first write)."""
+        shared = self.__dict__.get("_last_cursor_shared")
+        if shared is not None:
+            # written in whichever process wrote last
+            coordinate = shared.value
+            return None if coordinate < 0 else coordinate
         cursor = getattr(self, "_last_cursor", None)
         taken = self.__dict__.get("_last_cursor_time")
         if taken is not None and taken[0] is cursor:
             coordinate = taken[1]
         else:
             coordinate = _time_coordinate(cursor, self.max_size)
-        return int(coordinate) if isinstance(coordinate, torch.Tensor) else coordinate
+        if isinstance(coordinate, torch.Tensor) and not is_compiling():
+            # (the tensor itself while compiling, as torchrl's compilable storages)
+            return int(coordinate)
+        return coordinate
 
     def _set_last_cursor(self, cursor: Any) -> None:
         self._last_cursor = cursor
         # read at the write, as torchrl 0.14 does: the caller may reuse its index object
-        self._last_cursor_time = (cursor, _time_coordinate(cursor, self.max_size))
+        coordinate = _time_coordinate(cursor, self.max_size)
+        self._last_cursor_time = (cursor, coordinate)
+        shared = self.__dict__.get("_last_cursor_shared")
+        if shared is not None:
+            shared.value = -1 if coordinate is None else int(coordinate)
 
     def __getitem__(self, item):
         return self.get(item)
@@ -302,10 +335,10 @@ def _time_coordinate(cursor, max_size: int) -> int | None:
         cursor = cursor.detach().reshape(-1)
         if not cursor.numel():
             return None
-        if cursor.device.type == "cpu":
+        if cursor.device.type == "cpu" and not is_compiling():
             return int(cursor.numpy()[-1])  # read from memory: no torch op to wait for
         # a device cursor is copied on its device and read only when asked for: a write
-        # never waits for the device
+        # never waits for the device (nor a compiled one leaves its graph)
         return cursor[-1].clone()
     if isinstance(cursor, slice):
         cursor = range(*cursor.indices(max_size))

@@ -124,13 +124,16 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
         *,
         set_cursor: bool = True,
     ):
+        steps = 1
         try:
-            self._set(cursor, data, set_cursor=set_cursor)
+            steps = self._set(cursor, data, set_cursor=set_cursor)
         finally:
             # also after a failure part-way: readers must look again
-            self._bump_mutation_revision()
+            self._bump_mutation_revision(steps)
 
-    def _set(self, cursor, data, *, set_cursor: bool = True) -> None:
+    def _set(self, cursor, data, *, set_cursor: bool = True) -> int:
+        """Writes ``data`` at ``cursor``; returns the mutation revision's steps: one per item
+        of an index, one for an int or a slice (torchrl sets an index item by item)."""
         if isinstance(cursor, INT_CLASSES):
             length = len(self._storage)
             if cursor > length:
@@ -148,13 +151,12 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
             if cursor < -length:
                 raise index_error(cursor, None, length)
             self._set_item(cursor, self._to_device(data))
-            return
+            return 1
         if _is_int(cursor):  # 0-d tensor or array
-            self._set(int(cursor), data, set_cursor=set_cursor)
-            return
+            return self._set(int(cursor), data, set_cursor=set_cursor)
         if isinstance(cursor, slice):
             self._set_slice(cursor, self._to_device(data))
-            return
+            return 1
         if not isinstance(data, self._ITERABLE_DATA) and not isinstance(
             data, tensordict.base._ACCEPTED_CLASSES
         ):
@@ -177,6 +179,7 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
         self._check_cursors(cursors)
         for _cursor, _data in zip(cursors, data):
             self._set_item(_cursor, self._to_device(_data))
+        return len(cursors)
 
     def _set_item(self, cursor: int, data: Any) -> None:
         """Set a single item in the storage."""

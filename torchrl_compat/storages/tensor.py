@@ -14,7 +14,7 @@ from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
-from tensordict import is_tensor_collection, TensorDict, TensorDictBase
+from tensordict import is_tensor_collection, LazyStackedTensorDict, TensorDict, TensorDictBase
 from tensordict.base import _NESTED_TENSORS_AS_LISTS
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_map
@@ -36,7 +36,7 @@ from torchrl_compat._storage_counters import (
 )
 from torchrl_compat._storage_index import filled_index
 from torchrl_compat._releases import since
-from torchrl_compat._storage_journal import ALL_ITEMS, RowRun, WriteJournal
+from torchrl_compat._storage_journal import ALL_ITEMS, JOURNAL_LENGTH, RowRun, WriteJournal
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import TensorStorageCheckpointer
 from torchrl_compat.utils import (
@@ -47,11 +47,12 @@ from torchrl_compat.utils import (
     tree_iter,
 )
 from ._rows import get_rows, LeafArrays, set_rows
-from .base import Storage, _rewrites_items, _uniform_indices
+from .base import Storage, _initializes_items, _rewrites_items, _uniform_indices
 from .utils import _device_of, _flip_list, _leading_dim, _shape_of
 
 
-logger = logging.getLogger("torchrl_compat")
+# torchrl's logger: a user who configures logging.getLogger("torchrl") configures ours too
+logger = logging.getLogger("torchrl")
 
 
 # The module-level names torchrl 0.11 has here, for code that reaches them.
@@ -155,6 +156,9 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         super().__init__(max_size, compilable=compilable)
         self.initialized = storage is not None
         self._len = max_size if self.initialized else 0
+        if compilable:
+            # made now: a compiled write that made it would be compiled again once it exists
+            self._compilable_writes()
         if device != "auto":
             self.device = _make_ordinal_device(torch.device(device))
         elif storage is not None:
@@ -177,6 +181,18 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         if self.__dict__.get("_writes_value") is None:
             # with the length, so that a storage forked before its first write shares both
             self._make_shared_writes()
+        if self.__dict__.get("_last_cursor_value") is None:
+            self._make_shared_last_cursor()
+        return shared
+
+    def _make_shared_last_cursor(self, value: int | None = None):
+        """The last time coordinate written (``_last_cursor_index``), shared like the length
+        (-1: none yet)."""
+        if value is None:
+            value = self._last_cursor_index
+        shared = shared_counter(-1 if value is None else value, beside=self.__dict__.get("_len_value"))
+        self.__dict__["_last_cursor_value"] = shared
+        self.__dict__["_last_cursor_shared"] = shared.get_obj()
         return shared
 
     @property
@@ -186,17 +202,28 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         if shared is not None:
             return shared.value
         if self._compilable:
-            value = d.get("_len_value")
-            if value is None:
-                value = d["_len_value"] = 0
-            return value
+            length = self._compilable_len()
+            return length if is_compiling() else int(length)
         return self._make_shared_len().get_obj().value
+
+    def _compilable_len(self) -> torch.Tensor:
+        """The length of a compilable storage: a 0-d int64 tensor updated in place, so that
+        a compiled write neither guards on it nor recompiles when it changes (an int would
+        be specialized, at least once per compiled frame). Made if missing."""
+        length = getattr(self, "_len_value", None)
+        if not isinstance(length, torch.Tensor):
+            length = self._len_value = torch.tensor(length or 0, dtype=torch.int64)
+        return length
 
     @_len.setter
     @outside_graph
     def _len(self, value):
         if self._compilable:
-            self.__dict__["_len_value"] = value
+            length = self._compilable_len()
+            if isinstance(value, torch.Tensor):
+                length.copy_(value)
+            else:
+                length.fill_(value)
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
@@ -209,7 +236,8 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         length's lock, so that concurrent writers in several processes don't lose each
         other's updates."""
         if self._compilable:
-            self._len = update(self._len)
+            length = self._compilable_len()
+            length.copy_(update(length))
             return
         shared = self.__dict__.get("_len_value")
         if shared is None:
@@ -221,7 +249,10 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     @outside_graph
     def _add_len(self, numel: int) -> None:
         max_size = self.max_size
-        self._update_len(lambda length: min(length + numel, max_size))
+        if self._compilable:
+            self._update_len(lambda length: (length + numel).clamp_max(max_size))
+        else:
+            self._update_len(lambda length: min(length + numel, max_size))
 
     @outside_graph
     def _round_len_to_rows(self, row: int) -> None:
@@ -270,7 +301,21 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         journal = self.__dict__.get("_journal")
         if journal is None:
             journal = self.__dict__["_journal"] = WriteJournal(self.max_size)
+            if self._compilable:
+                self._compiled_writes = []
         return journal
+
+    def _journal_compiled_writes(self, count: int) -> None:
+        """Journals the writes of a compilable storage made in compiled graphs since the last
+        eager one: the latest of them, whose write count reached ``count``."""
+        pending = self.__dict__.get("_compiled_writes")
+        if not pending:
+            return
+        journal = self.__dict__["_journal"]
+        first = count - len(pending) + 1
+        for offset, cursor in enumerate(pending):
+            journal.append(first + offset, cursor)
+        pending.clear()
 
     @outside_graph
     def _note_write(self, cursor) -> None:
@@ -281,8 +326,24 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         """
         d = self.__dict__
         if self._compilable:
-            # never shared (compilable storages refuse it): a plain int, as the length
-            count = d["_writes_value"] = d.get("_writes_value", 0) + 1
+            # never shared (compilable storages refuse it): a 0-d tensor counted in place,
+            # which torch.compile neither guards on nor recompiles for (as torchrl's
+            # compilable revision)
+            counter = self._compilable_writes()
+            counter.add_(1)
+            journal = getattr(self, "_journal", None)
+            if journal is None or not journal.followed:
+                return
+            if is_compiling():
+                # a graph cannot read its count: the cursor waits in a list (an append
+                # torch.compile replays after the graph) until the next eager call
+                pending = self._compiled_writes
+                if len(pending) >= JOURNAL_LENGTH:
+                    pending.pop(0)  # older than any reader could use: it leaves a gap
+                pending.append(cursor if cursor is ALL_ITEMS or not isinstance(cursor, torch.Tensor) else cursor.clone())
+                return
+            count = int(counter)
+            self._journal_compiled_writes(count - 1)
         else:
             raw = d.get("_writes_shared")
             if raw is None:
@@ -323,19 +384,36 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         journal = self._write_journal()
         journal.follow()
         # an aligned int64 load, atomic as the length's
-        now = d.get("_writes_value", 0) if raw is None else raw.value
+        if raw is None:
+            now = int(self._compilable_writes())
+            self._journal_compiled_writes(now)
+        else:
+            now = raw.value
         if count is None:
             return now, None
         return now, journal.since(count, now)
 
+    def _compilable_writes(self) -> torch.Tensor:
+        """The write count of a compilable storage: a 0-d int64 tensor, made if missing."""
+        counter = getattr(self, "_writes_value", None)
+        if counter is None:
+            counter = self._writes_value = torch.zeros((), dtype=torch.int64)
+        elif not isinstance(counter, torch.Tensor):  # pickled before counters were tensors
+            counter = self._writes_value = torch.tensor(counter, dtype=torch.int64)
+        return counter
+
     # The mutation revision is the shared write count: every write and every change that
     # may touch any item counts already (see ``_note_write``), at no extra cost.
     @property
-    def _mutation_revision(self) -> int:
+    def _mutation_revision(self) -> int | torch.Tensor:
         raw = self.__dict__.get("_writes_shared")
         if raw is not None:
             return raw.value
-        return self.__dict__.get("_writes_value", 0) if self._compilable else self._writes_raw().value
+        if self._compilable:
+            # the tensor itself while compiling, as torchrl's
+            counter = self._compilable_writes()
+            return counter if is_compiling() else int(counter)
+        return self._writes_raw().value
 
     def _bump_mutation_revision(self) -> None:
         self._note_write(ALL_ITEMS)
@@ -463,8 +541,10 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         state = super().__getstate__()
         state.pop("_len_shared", None)
         state.pop("_writes_shared", None)
+        state.pop("_last_cursor_shared", None)
         # the journal lists this process's writes: a copy starts without any
         state.pop("_journal", None)
+        state.pop("_compiled_writes", None)
         state.pop("_last_run", None)
         state.pop("_leaf_array_views", None)  # views of this process's memory
         if get_spawning_popen() is None:
@@ -475,6 +555,9 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             writes = self._writes_since(None)[0]
             state.pop("_writes_value", None)
             state["writes__context"] = writes
+            if state.pop("_last_cursor_value", None) is not None:
+                last = self._last_cursor_index
+                state["last_cursor_index__context"] = -1 if last is None else last
         elif not self.initialized:
             if not getattr(self, "shared_init", False):
                 raise RuntimeError(
@@ -514,6 +597,17 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             state, "writes__context", "_writes_value", "_writes_shared",
             beside=state.get("_len_value"),
         )
+        if state["_compilable"]:
+            state.pop("last_cursor_index__context", None)
+            if "_len_value" in state:
+                state["_len_value"] = torch.tensor(int(state["_len_value"]), dtype=torch.int64)
+            if "_writes_value" in state:
+                state["_writes_value"] = torch.tensor(int(state["_writes_value"]), dtype=torch.int64)
+        else:
+            restore_counter(
+                state, "last_cursor_index__context", "_last_cursor_value", "_last_cursor_shared",
+                beside=state.get("_len_value"),
+            )
         self.__dict__.update(state)
 
     # ------------------------------------------------------------ state dict
@@ -589,6 +683,18 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
 
         tree_map(set_tensor, data, storage)
 
+    def _set_tensordict(self, cursor, data) -> None:
+        if isinstance(data, LazyStackedTensorDict) and since("storage_lazy_stack_direct_write"):
+            # each stacked tensordict goes straight into the stored rows, no dense copy first
+            if isinstance(cursor, slice):
+                self._storage[cursor]._stack_onto_(list(data.unbind(data.stack_dim)), dim=data.stack_dim)
+            else:
+                self._storage.update_at_(data, cursor)
+            return
+        self._storage[cursor] = data
+
+    # (where dynamo runs ``set`` eagerly, the length is not compiled as a frame of its own)
+    @outside_graph
     def _get_new_len(self, data, cursor):
         ndim = self.ndim - _is_int(cursor)
         numel = _shape_of(data)[:ndim].numel()
@@ -632,7 +738,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
                     data = data.select(*storage_keys, strict=False)
                 if is_compiling() or not set_rows(self._storage, cursor, data):
                     try:
-                        self._storage[cursor] = data
+                        self._set_tensordict(cursor, data)
                     except RuntimeError as e:
                         if "locked" in str(e).lower():
                             self._raise_informative_lock_error(data, e)
@@ -1050,7 +1156,7 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
 
         return max_size_along_dim0
 
-    @_rewrites_items
+    @_initializes_items
     def _init_standard(
         self,
         data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
@@ -1077,7 +1183,9 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
             )
         self._storage = out
         self.initialized = True
-        if hasattr(out, "shape"):
+        # (not from a compiled graph: a log call breaks it, inside the write's try block,
+        # where torch.compile gives up on the whole frame)
+        if hasattr(out, "shape") and not is_compiling():
             logger.info(f"Initialized LazyTensorStorage with {out.shape} shape")
 
     def _first_write(self, data, extra: dict | None, start: int, numel: int) -> bool:
@@ -1123,13 +1231,11 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
     def _first_write_into(self, out, name: str, pairs: list, start: int, numel: int) -> None:
         self._storage = out
         self.initialized = True
-        try:
-            logger.info(f"Initialized {name} with {out.shape} shape")
-            write_leaf_rows(pairs, start, numel)
-        finally:
-            self._note_write(ALL_ITEMS)
+        logger.info(f"Initialized {name} with {out.shape} shape")
+        # the caller books the write (one revision step), or a failed one
+        write_leaf_rows(pairs, start, numel)
 
-    @_rewrites_items
+    @_initializes_items
     def _init_coordinator(
         self,
         data: TensorDictBase | torch.Tensor | PyTree,  # noqa: F821
@@ -1150,7 +1256,7 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
         if since("storage_shared_init_cpu"):
             self._reconcile_shared_init_device()
 
-    @_rewrites_items
+    @_initializes_items
     def _wait_for_init(self) -> None:
         # wait till the coordinator has initialized the memmap
         self._init_event.wait()
@@ -1336,7 +1442,7 @@ class LazyMemmapStorage(LazyTensorStorage, *torchrl_twin("storages", "LazyMemmap
     def _init_coordinator(self, data: TensorDictBase | torch.Tensor | Any) -> None:
         return self._init_standard(data)
 
-    @_rewrites_items
+    @_initializes_items
     def _init_standard(self, data: TensorDictBase | torch.Tensor) -> None:
         if self.device == "auto":
             self.device = _device_of(data)

@@ -184,10 +184,10 @@ class RoundRobinWriter(Writer, *torchrl_twin("writers", "RoundRobinWriter")):
                 data = shallow_copy(data)
                 self._before_write(data, index)
             self._storage.set(index, data)
-        if full_index is not None and hasattr(self._storage, "_last_cursor"):
+        if full_index is not None and hasattr(self._storage, "_set_last_cursor"):
             # the cursor torchrl's storage records: every index of the batch
             self._storage.__dict__.pop("_last_run", None)
-            self._storage._last_cursor = full_index
+            self._storage._set_last_cursor(full_index)
 
     def _undo_move(self, start: int, cursor: int, numel: int) -> None:
         """Puts the cursor and write count back after a write that failed (unless another
