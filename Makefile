@@ -99,9 +99,11 @@ test-torchrl-suites: build $(TORCHRL14_VENV)/.setup-done
 	@$(PYTHON) -c "$$JUNIT_TOTAL" $(TORCHRL_SUITE_REPORTS)
 
 # The kernel tests again, against a build with Cython's bounds / wrap-around checks on
-# (REPLAY_CYTHON_DEBUG=1), built aside so the in-place release build stays as it is.
+# (REPLAY_CYTHON_DEBUG=1) and every GCC-extension fallback of the kernels forced
+# (REPLAY_PORTABLE=1: the code MSVC builds for Windows wheels), built aside so the in-place
+# release build stays as it is. The release build runs the extensions' paths in the suite.
 DEBUG_DIR = build/debug-lib
-DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 $(PYTHON) setup.py -q build_ext --force \
+DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 REPLAY_PORTABLE=1 $(PYTHON) setup.py -q build_ext --force \
 	--build-temp build/debug-temp --build-lib $(DEBUG_DIR)
 DEBUG_TESTS = REPLAY_EXTENSION_DIR=$(DEBUG_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	tests/test_segtree.py tests/test_segtree_exclude.py tests/test_segtree_zeroed.py tests/test_segtree_fill.py \
@@ -148,6 +150,73 @@ test-tensordict-latest: build $(LATEST_VENV)/.setup-done
 
 demo: build
 	$(PYTHON) demo.py
+
+# ---------------------------------------------------------------------------------------------
+# Wheels (none of this is part of make test): the packaging tools in an environment of their
+# own, made from requirements-wheel.txt.
+.PHONY: wheel check-kernels-cross test-matrix test-matrix-pythons
+WHEEL_VENV = build/venv-wheel
+WHEEL_TOOLS = $(WHEEL_VENV)/.setup-done
+DIST_DIR = build/dist
+WHEELHOUSE = build/wheelhouse
+SMOKE_VENV = build/venv-smoke
+
+$(WHEEL_TOOLS): requirements-wheel.txt
+	$(call make_venv,$(WHEEL_VENV))
+	$(WHEEL_VENV)/bin/python -m pip install $(PIP_FLAGS) -r requirements-wheel.txt
+	@touch $@
+
+# A Python built with a run path (pyenv's) links extensions with it: the wheel would look for
+# libraries in this machine's Python first (manylinux images, where cibuildwheel builds, have
+# none). $$(python -c "$(LDSHARED_NO_RPATH)"): that Python's link command without it
+# (matrix/run.py does the same for the other Pythons' wheels).
+LDSHARED_NO_RPATH = import re, sysconfig; print(re.sub(r'\s*-Wl,-rpath,\S+', '', sysconfig.get_config_var('LDSHARED') or ''))
+
+# python -m build makes the sdist, then the wheel from the unpacked sdist in an isolated
+# environment holding only [build-system]'s requirements; auditwheel gives the Linux wheel the
+# manylinux tag of the oldest glibc its symbols need, and strips its debug symbols. Then a
+# fresh environment installs that wheel and its requirements (torch as pinned for the tests)
+# with nothing built (--only-binary :all:) and runs tests/wheel_smoke.py outside the clone.
+wheel: $(WHEEL_TOOLS)
+	rm -rf $(DIST_DIR) $(WHEELHOUSE) $(SMOKE_VENV)
+	LDSHARED="$$($(WHEEL_VENV)/bin/python -c "$(LDSHARED_NO_RPATH)")" \
+		$(WHEEL_VENV)/bin/python -m build --quiet --outdir $(DIST_DIR) .
+	PATH=$(CURDIR)/$(WHEEL_VENV)/bin:$$PATH auditwheel repair --strip --wheel-dir $(WHEELHOUSE) $(DIST_DIR)/*.whl
+	$(WHEEL_VENV)/bin/auditwheel show $(WHEELHOUSE)/*.whl
+	$(WHEEL_VENV)/bin/python -m twine check --strict $(DIST_DIR)/*.tar.gz $(WHEELHOUSE)/*.whl
+	$(call make_venv,$(SMOKE_VENV))
+	$(SMOKE_VENV)/bin/python -m pip install $(PIP_FLAGS) --only-binary :all: -c requirements-test.txt $(WHEELHOUSE)/*.whl
+	cd $(SMOKE_VENV) && bin/python $(CURDIR)/tests/wheel_smoke.py
+
+# make test-matrix (not part of make test nor CI: its torch releases are several GB of
+# downloads, kept in build/matrix-wheels): the repaired wheel in a fresh environment for each
+# torch from 2.9.1 to 2.15.0 with torchrl 0.11 / 0.14.1 (matrix/*.txt), each running our suite
+# (from a copy of the clone without its sources) and torchrl's own replay suite of that release
+# as make test runs it (TORCHRL_SUITES, SUITE_ARGS: tests/torchrl_suite_plugin.py); their
+# counts go into the README's supported-versions table (matrix/run.py).
+# make test-matrix-pythons: the same on Python 3.10, 3.12 and 3.13, each with a wheel that pip
+# builds for it from the sdist (in isolation, with only its build requirements), repaired.
+MATRIX_RUN = $(WHEEL_VENV)/bin/python matrix/run.py --wheelhouse $(WHEELHOUSE) \
+	--suites $(TORCHRL_SUITES) --suite-args="$(SUITE_ARGS)" --readme README.md
+test-matrix: wheel
+	$(MATRIX_RUN)
+
+test-matrix-pythons: wheel
+	$(MATRIX_RUN) --pythons --sdist $(DIST_DIR)/*.tar.gz
+
+# The kernels cross-compiled with zig cc (PyPI's ziglang) for x86_64 and aarch64 Linux, macOS
+# and Windows, each with GCC's extensions and with every fallback forced (-DRP_PORTABLE, what
+# MSVC builds), warnings as errors.
+ZIG_TARGETS = x86_64-linux-gnu aarch64-linux-gnu x86_64-macos aarch64-macos x86_64-windows-gnu aarch64-windows-gnu
+CROSS_DIR = build/cross
+check-kernels-cross: $(WHEEL_TOOLS)
+	@mkdir -p $(CROSS_DIR)
+	@for target in $(ZIG_TARGETS); do for flags in "" -DRP_PORTABLE; do \
+		for source in $(wildcard ckernels/*.c); do \
+			$(WHEEL_VENV)/bin/python -m ziglang cc -target $$target -std=c99 -pedantic -Wall -Wextra \
+				-Werror -O2 $$flags -c $$source -o $(CROSS_DIR)/kernel.o || exit 1; \
+		done; echo "kernels for $$target $${flags:-(GCC extensions)}: no warning"; \
+	done; done
 
 bench: build
 	$(PYTHON) -m pytest bench -q --benchmark-columns=min,median,mean,rounds --benchmark-group-by=group

@@ -16,6 +16,7 @@ cdef extern from "ckernels/rp_common.h" nogil:
         RP_ERR_VALUE
         RP_ERR_EMPTY
         RP_ERR_TOTAL
+        RP_GNU_EXTENSIONS
 
 cdef extern from "ckernels/prng.h" nogil:
     ctypedef struct rp_prng_state:

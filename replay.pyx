@@ -2362,15 +2362,23 @@ def _py_shuffle(values, seed, bucket_bits=-1, bucket_capacity=-1):
     return _bucketed_shuffle(&state, n, ptr, bucket_bits, bucket_capacity)
 
 
-def _py_prng_u64(seed, count):
-    """Test hook: the first ``count`` xoshiro256** outputs after seeding with ``seed``."""
+def _py_gnu_extensions():
+    """Test hook: whether the kernels were built with GCC's extensions (False under MSVC or
+    ``-DRP_PORTABLE``, where every fallback is compiled)."""
+    return bool(RP_GNU_EXTENSIONS)
+
+
+def _py_prng_u64(seed, count, bound=0):
+    """Test hook: the first ``count`` xoshiro256** outputs after seeding with ``seed``, or with
+    ``bound`` (1 to 2^64 - 1) the first ``count`` bounded draws in ``[0, bound)``."""
     cdef rp_prng_state state
     cdef int64_t i, m = count
+    cdef uint64_t b = bound
     out = np.empty(m, dtype=np.uint64)
     cdef uint64_t[::1] view = out
     rp_prng_seed(&state, <uint64_t>(seed & _UINT64_MASK))
     for i in range(m):
-        view[i] = rp_prng_next_u64(&state)
+        view[i] = rp_prng_bounded_u64(&state, b) if b else rp_prng_next_u64(&state)
     return out
 
 

@@ -4,7 +4,7 @@ The extension is compiled against numpy only. It never includes a torch header n
 against libtorch / libc10, so one build serves every torch release.
 
 ``REPLAY_CYTHON_DEBUG=1`` turns Cython's bounds, wrap-around and initialisation checks back
-on for a debug test run.
+on for a debug test run; ``REPLAY_PORTABLE=1`` builds the kernels without GCC's extensions.
 """
 import os
 import sys
@@ -23,6 +23,7 @@ if int(setuptools.__version__.split(".")[0]) < MIN_SETUPTOOLS:
 import numpy as np  # noqa: E402
 from Cython.Build import cythonize  # noqa: E402
 from setuptools import Extension, setup  # noqa: E402
+from setuptools.command.build_ext import build_ext  # noqa: E402
 from setuptools.command.build_py import build_py  # noqa: E402
 
 # Start-up hooks: site-packages/*.pth files run at interpreter start. Each one is opt-in,
@@ -69,6 +70,11 @@ KERNEL_HEADERS = sorted(
 )
 
 DEBUG = os.environ.get("REPLAY_CYTHON_DEBUG", "0") == "1"
+# RP_PORTABLE builds the kernels as a compiler without GCC's extensions would (MSVC, the
+# compiler of Windows wheels): no vector types, lane shuffles, prefetch hints, ctz or 128-bit
+# products (see ckernels/rp_common.h). make test's debug build sets it, so the fallbacks are
+# tested.
+PORTABLE = os.environ.get("REPLAY_PORTABLE", "0") == "1"
 
 DIRECTIVES = {
     "language_level": 3,
@@ -82,8 +88,24 @@ DIRECTIVES = {
     "show_performance_hints": not DEBUG,
 }
 
-# -O3 without -march=native: the binary must run on any x86-64 / aarch64 CPU.
-COMPILE_ARGS = ["-O0", "-g"] if DEBUG else ["-O3"]
+# -O3 without -march=native: the binary must run on any x86-64 / aarch64 CPU. MSVC (Windows
+# wheels) takes its own spelling, and /std:c11: without it MSVC defines no __STDC_VERSION__ and
+# rp_common.h refuses to compile.
+COMPILE_ARGS = {
+    "unix": ["-O0", "-g"] if DEBUG else ["-O3"],
+    "msvc": ["/Od", "/Zi", "/std:c11"] if DEBUG else ["/O2", "/std:c11"],
+}
+
+
+class BuildExtForCompiler(build_ext):
+    """Gives each extension the arguments of the compiler that builds it."""
+
+    def build_extensions(self):
+        args = COMPILE_ARGS.get(self.compiler.compiler_type, COMPILE_ARGS["unix"])
+        for extension in self.extensions:
+            extension.extra_compile_args = [*args, *extension.extra_compile_args]
+        super().build_extensions()
+
 
 extensions = [
     Extension(
@@ -91,13 +113,15 @@ extensions = [
         sources=["replay.pyx", *KERNEL_SOURCES],
         depends=["replay.pxd", *KERNEL_HEADERS],
         include_dirs=[np.get_include(), "ckernels"],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        extra_compile_args=COMPILE_ARGS,
+        define_macros=[
+            ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+            *([("RP_PORTABLE", "1")] if PORTABLE else []),
+        ],
     )
 ]
 
 setup(
-    cmdclass={"build_py": BuildPyWithStartupHooks},
+    cmdclass={"build_py": BuildPyWithStartupHooks, "build_ext": BuildExtForCompiler},
     # The debug build generates its C aside, so it never stands in for the release one.
     # quiet: no "Cythonizing ..." status lines; compile errors are still printed.
     ext_modules=cythonize(

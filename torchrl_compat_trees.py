@@ -289,6 +289,29 @@ def install_segment_trees(*, replace: bool = False, strict: bool = False) -> boo
     return _is_stand_in(module)
 
 
+def own_trees():
+    """torchrl's own compiled extension, where it loaded and stands as ``torchrl._torchrl``
+    (torch 2.9 with torchrl 0.11, torch 2.15 with torchrl 0.14.1); else ``None``."""
+    module = sys.modules.get(EXTENSION_NAME)
+    return None if module is None or _is_stand_in(module) else module
+
+
+def restore_own_trees(own) -> None:
+    """Undoes ``install_segment_trees(replace=True)``: ``own`` (what :func:`own_trees` returned
+    before) is ``torchrl._torchrl`` again, every torchrl global holding one of ``replay``'s
+    trees holds torchrl's own, and torchrl's extension is no longer replaced on import."""
+    import replay
+
+    finder = _installed_finder()
+    if finder is not None:
+        finder.replace = False
+    sys.modules[EXTENSION_NAME] = own
+    torchrl = sys.modules.get("torchrl")
+    if torchrl is not None:
+        torchrl._torchrl = own
+    _patch_torchrl_modules(own, tuple(getattr(replay, name) for name in TREE_NAMES))
+
+
 # =============================================================================
 # Import watcher: torchrl_compat.install() before and after torchrl's modules load
 # =============================================================================

@@ -47,30 +47,35 @@ static inline double rp_prng_next_double(rp_prng_state *st) {
     return (double)(rp_prng_next_u64(st) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* Uniform integer in [0, bound) without modulo bias (Lemire). Precondition: bound >= 1. */
-static inline uint64_t rp_prng_bounded_u64(rp_prng_state *st, uint64_t bound) {
-#if defined(__SIZEOF_INT128__)
-    uint64_t x = rp_prng_next_u64(st);
-    __uint128_t m = (__uint128_t)x * bound;
-    uint64_t low = (uint64_t)m;
-    if (RP_UNLIKELY(low < bound)) {
-        const uint64_t threshold = (0 - bound) % bound;
-        while (low < threshold) {
-            x = rp_prng_next_u64(st);
-            m = (__uint128_t)x * bound;
-            low = (uint64_t)m;
-        }
-    }
+/* The 128-bit product x * y as its high and low 64 bits (*low). O(1). GCC and clang have a
+ * 128-bit type; the fallback (MSVC, -DRP_PORTABLE) adds the four 32-bit partial products,
+ * giving the same bits, so every build draws the same numbers from the same seed. */
+static inline uint64_t rp_mul_u64_high(uint64_t x, uint64_t y, uint64_t *low) {
+#if RP_GNU_EXTENSIONS && defined(__SIZEOF_INT128__)
+    const __uint128_t m = (__uint128_t)x * y;
+    *low = (uint64_t)m;
     return (uint64_t)(m >> 64);
 #else
-    /* Portable fallback: rejection sampling on the largest multiple of bound. */
-    const uint64_t limit = UINT64_MAX - (UINT64_MAX % bound);
-    uint64_t x;
-    do {
-        x = rp_prng_next_u64(st);
-    } while (x >= limit);
-    return x % bound;
+    const uint64_t x_lo = x & 0xFFFFFFFFu, x_hi = x >> 32;
+    const uint64_t y_lo = y & 0xFFFFFFFFu, y_hi = y >> 32;
+    const uint64_t lo_lo = x_lo * y_lo, hi_lo = x_hi * y_lo;
+    const uint64_t lo_hi = x_lo * y_hi, hi_hi = x_hi * y_hi;
+    /* at most (2^32 - 1)^2 + 2 (2^32 - 1) = 2^64 - 1: the middle column cannot overflow */
+    const uint64_t middle = (lo_lo >> 32) + (hi_lo & 0xFFFFFFFFu) + lo_hi;
+    *low = (middle << 32) | (lo_lo & 0xFFFFFFFFu);
+    return hi_hi + (hi_lo >> 32) + (middle >> 32);
 #endif
+}
+
+/* Uniform integer in [0, bound) without modulo bias (Lemire). Precondition: bound >= 1. */
+static inline uint64_t rp_prng_bounded_u64(rp_prng_state *st, uint64_t bound) {
+    uint64_t low;
+    uint64_t high = rp_mul_u64_high(rp_prng_next_u64(st), bound, &low);
+    if (RP_UNLIKELY(low < bound)) {
+        const uint64_t threshold = (0 - bound) % bound;
+        while (low < threshold) high = rp_mul_u64_high(rp_prng_next_u64(st), bound, &low);
+    }
+    return high;
 }
 
 /* Seed the state from 64 bits by expanding them with SplitMix64 (never all-zero). O(1). */

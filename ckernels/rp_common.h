@@ -26,14 +26,27 @@ enum {
     RP_ERR_TOTAL = -4  /* a write that would leave a sum tree's total infinite */
 };
 
-#if defined(__GNUC__) || defined(__clang__)
+/* RP_GNU_EXTENSIONS (1 or 0): the kernels may use GCC's (and clang's) extensions: vector types
+ * and lane shuffles (segtree.c), prefetch and branch hints (below), ctz (slices.c) and 128-bit
+ * products (prng.h). Each has a plain C99 fallback, which MSVC, the compiler of Windows wheels,
+ * builds. -DRP_PORTABLE forces every fallback on any compiler (setup.py: REPLAY_PORTABLE=1), so
+ * that the code MSVC builds is tested: make test's debug build sets it (replay.pxd exposes the
+ * value to the tests). */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(RP_PORTABLE)
+#define RP_GNU_EXTENSIONS 1
+#else
+#define RP_GNU_EXTENSIONS 0
+#endif
+
+#if RP_GNU_EXTENSIONS
 #define RP_PREFETCH(p) __builtin_prefetch((p), 0, 1)
 #define RP_PREFETCH_W(p) __builtin_prefetch((p), 1, 1)
 #define RP_LIKELY(x) __builtin_expect(!!(x), 1)
 #define RP_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
-#define RP_PREFETCH(p) ((void)0)
-#define RP_PREFETCH_W(p) ((void)0)
+/* (void)(p): the address still counts as used, as without it -Wextra says it is not */
+#define RP_PREFETCH(p) ((void)(p))
+#define RP_PREFETCH_W(p) ((void)(p))
 #define RP_LIKELY(x) (x)
 #define RP_UNLIKELY(x) (x)
 #endif

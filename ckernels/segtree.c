@@ -63,8 +63,8 @@ int rp_segtree_index_runs(const int64_t *index, int64_t n, int64_t max_runs, int
 }
 
 /* 16-byte vectors for the descent's compares (see count_below in segtree_impl.h); other
- * compilers take the scalar loop. */
-#if defined(__GNUC__) || defined(__clang__)
+ * compilers (and -DRP_PORTABLE) take the scalar loop. */
+#if RP_GNU_EXTENSIONS
 typedef float rp_v4f __attribute__((vector_size(16)));
 typedef int32_t rp_v4i __attribute__((vector_size(16)));
 typedef double rp_v2d __attribute__((vector_size(16)));

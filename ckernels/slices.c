@@ -52,7 +52,7 @@ static inline uint8_t block_nonzero(const uint8_t *restrict p) {
  * memcpy, which is then cleared. Precondition: *word != 0. Finding it without a branch per
  * byte matters: ends sit at random places, so per-byte tests mispredict. */
 static inline int64_t pop_nonzero_byte(uint64_t *word) {
-#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#if RP_GNU_EXTENSIONS && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     const int k = __builtin_ctzll(*word) >> 3;
     *word &= ~((uint64_t)0xFF << (8 * k));
     return k;

@@ -35,16 +35,18 @@ if DEBUG_BUILD:
     import replay  # noqa: E402
 
     assert os.path.abspath(replay.__file__).startswith(os.path.abspath(DEBUG_BUILD)), replay.__file__
+    # ... with the kernels' plain C fallbacks, as MSVC builds them (REPLAY_PORTABLE=1)
+    assert not replay._py_gnu_extensions(), "the debug build must force the portable kernels"
 
 
 @pytest.fixture
 def installed_package():
-    """The package is installed in this interpreter (make setup: pip install -e .). Skipped
-    where it is not, except in CI, whose make test installs it."""
+    """The package is installed in this interpreter (make setup: pip install -e .; make
+    test-matrix: the wheel). Skipped where it is not, except in CI, whose make test installs it."""
     from importlib import metadata
 
     try:
-        return metadata.distribution("replay")
+        return metadata.distribution("replay-torchrl-compat")
     except metadata.PackageNotFoundError:
         if os.environ.get("CI"):
             raise AssertionError("the package is not installed, yet make test installs it") from None

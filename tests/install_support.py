@@ -10,11 +10,18 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import os
 import pkgutil
+import shutil
+import subprocess
 import sys
 import types
 
+import replay
 import torchrl_compat
+import torchrl_compat_trees
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # torchrl modules that hold torchrl's classes by name, or subclass them, or bind them as
 # default values or in module-level dicts (found by scanning torchrl 0.11 and 0.14.1), those
@@ -140,3 +147,24 @@ def snapshot() -> dict:
             elif isinstance(value, dict) and not key.startswith("__"):
                 state[(name, key, "items")] = tuple((id(k), id(v)) for k, v in list(value.items()))
     return state
+
+
+def site_dir_like_pip(target) -> None:
+    """Lays out in ``target`` what ``pip install`` puts in site-packages: ``torchrl_compat/``,
+    ``torchrl_compat_trees.py``, the ``torchrl_compat_trees.pth`` start-up hook and ``replay``'s
+    extension. From this clone, by setup.py's build_py; where the tests run against an
+    installed wheel (make test-matrix: a copy of the clone without its sources), from where
+    the wheel put them."""
+    installed = os.path.dirname(os.path.realpath(torchrl_compat_trees.__file__))
+    if installed == os.path.realpath(ROOT):
+        proc = subprocess.run(
+            [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(target)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    else:
+        shutil.copytree(os.path.dirname(torchrl_compat.__file__), os.path.join(target, "torchrl_compat"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("torchrl_compat_trees.py", "torchrl_compat_trees.pth"):
+            shutil.copy(os.path.join(installed, name), target)
+    shutil.copy(replay.__file__, target)  # as pip puts it next to the .pth

@@ -37,13 +37,15 @@ def test_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
+# With -DRP_PORTABLE too: every GCC-extension fallback, the code MSVC builds.
+@pytest.mark.parametrize("flags", [[], ["-DRP_PORTABLE"]], ids=["extensions", "portable"])
 @pytest.mark.parametrize("source", sorted(glob.glob(os.path.join(ROOT, "ckernels", "*.c"))))
-def test_kernels_are_plain_c99(source, tmp_path):
+def test_kernels_are_plain_c99(source, flags, tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
     result = subprocess.run(
-        [cc, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2", "-c", source,
+        [cc, "-std=c99", "-pedantic", "-Wall", "-Wextra", "-Werror", "-O2", *flags, "-c", source,
          "-o", str(tmp_path / "k.o")],
         capture_output=True, text=True,
     )
@@ -63,12 +65,19 @@ def _outside_the_clone(tmp_path, code, **env_update):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_installed_package_is_this_clone(installed_package, tmp_path):
-    code = "import replay, torchrl_compat, torchrl_compat_trees as t; print(replay.__file__); print(t.__file__)"
+def test_installed_package_is_the_one_tested(installed_package, tmp_path):
+    """From any directory the installed package is the code these tests import: this clone's
+    (make setup: pip install -e .), or the wheel's where the tests run against one (make
+    test-matrix, from a copy of the clone without its sources)."""
+    import torchrl_compat
+    import torchrl_compat_trees
+
+    code = "import replay, torchrl_compat, torchrl_compat_trees as t; print(replay.__file__, torchrl_compat.__file__, t.__file__)"
     proc = _outside_the_clone(tmp_path, code)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    extension, trees = proc.stdout.split()
-    assert os.path.dirname(extension) == ROOT and os.path.dirname(trees) == ROOT
+    tested = [os.path.realpath(m.__file__) for m in (replay, torchrl_compat, torchrl_compat_trees)]
+    assert [os.path.realpath(path) for path in proc.stdout.split()] == tested
+    assert os.path.dirname(tested[0]) == os.path.dirname(tested[2])  # replay beside the hook module
 
 
 def test_installed_startup_hooks(installed_package, tmp_path):
@@ -85,11 +94,15 @@ def test_installed_startup_hooks(installed_package, tmp_path):
         with open(os.path.join(ROOT, hook), "rb") as source, open(os.path.join(site_packages, hook), "rb") as installed:
             assert installed.read() == source.read(), hook
     pytest.importorskip("torchrl")
-    # each variable set at start-up: replay's trees in torchrl, then the whole install()
+    from native_trees import torchrl_trees_load
+
+    # each variable set at start-up: replay's trees in torchrl (where torchrl's own fail to
+    # load; where they load, 1 keeps them), then the whole install()
+    trees = "torchrl._torchrl" if torchrl_trees_load() else "replay"
     checks = [
         ("TORCHRL_COMPAT_INSTALL_TREES", "import sys; assert 'torchrl_compat_trees' in sys.modules\n"
          "from torchrl.data import PrioritizedSampler\n"
-         "print(type(PrioritizedSampler(10, 0.7, 0.9)._sum_tree).__module__)\n", "replay"),
+         "print(type(PrioritizedSampler(10, 0.7, 0.9)._sum_tree).__module__)\n", trees),
         ("TORCHRL_COMPAT_INSTALL", "import torchrl.data, torchrl_compat\n"
          "assert torchrl.data.ReplayBuffer is torchrl_compat.ReplayBuffer\n"
          "print(type(torchrl.data.ReplayBuffer().storage).__module__)\n", "torchrl_compat.storages"),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ from install_support import (
     defining_module,
     import_holders,
     references,
+    site_dir_like_pip,
     snapshot,
 )
 from torchrl_compat._install import STAND_IN_MODULES
@@ -91,9 +91,58 @@ def test_every_torchrl_module_exposes_ours(installed):
     assert sys.modules["torchrl.trainers.helpers.replay_buffer"].LazyMemmapStorage is torchrl_compat.LazyMemmapStorage
     # Nowhere in torchrl is one of torchrl's replaced classes left.
     assert references({id(c): c for c in installed.values()}) == []
-    # The segment trees, as install_segment_trees() puts them.
+    # The segment trees: ours, even where torchrl's own load (install() replaces them).
     assert module_of("PrioritizedSampler").SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
     assert rbs.samplers.SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
+    assert sys.modules[torchrl_compat_trees.EXTENSION_NAME].SumSegmentTreeFp64 is replay.SumSegmentTreeFp64
+
+
+def _tree_globals() -> dict:
+    """Every torchrl module global named like a tree: ``{(module name, name): value}``."""
+    return {
+        (module_name, key): vars(module)[key]
+        for module_name, module in list(sys.modules.items())
+        if module is not None and module_name.startswith("torchrl.")
+        for key in torchrl_compat_trees.TREE_NAMES
+        if key in vars(module)
+    }
+
+
+def test_torchrls_own_trees_are_replaced_then_given_back():
+    """Where torchrl's own compiled trees load (torch 2.9 with torchrl 0.11, torch 2.15 with
+    0.14.1; faked here on the CI torch, where they do not), install() puts replay's in their
+    place everywhere, as where they fail to load, and uninstall() gives torchrl's back."""
+    import_holders()
+    extension = torchrl_compat_trees.EXTENSION_NAME
+    samplers = sys.modules["torchrl.data.replay_buffers.samplers"]
+    globals_before, extension_before, meta_path = _tree_globals(), sys.modules.get(extension), list(sys.meta_path)
+    own = torchrl_compat_trees.own_trees()
+    try:
+        if own is None:
+            own = types.ModuleType(extension)
+            for name in torchrl_compat_trees.TREE_NAMES:
+                setattr(own, name, type(name, (), {}))
+                setattr(samplers, name, getattr(own, name))
+            sys.modules[extension] = torchrl._torchrl = own
+        torchrl_compat.install()
+        for name in torchrl_compat_trees.TREE_NAMES:
+            assert getattr(samplers, name) is getattr(sys.modules[extension], name) is getattr(replay, name)
+        assert torchrl._torchrl is sys.modules[extension] is not own
+        torchrl_compat.uninstall()
+        assert torchrl._torchrl is sys.modules[extension] is own
+        for name in torchrl_compat_trees.TREE_NAMES:
+            assert getattr(samplers, name) is getattr(own, name)
+        assert torchrl_compat_trees.install_segment_trees() is False  # torchrl's own are kept
+    finally:
+        torchrl_compat.uninstall()
+        sys.meta_path[:] = meta_path
+        if extension_before is None:
+            sys.modules.pop(extension, None)
+            vars(torchrl).pop("_torchrl", None)
+        else:
+            sys.modules[extension] = torchrl._torchrl = extension_before
+        for (module_name, key), value in globals_before.items():
+            setattr(sys.modules[module_name], key, value)
 
 
 def test_subclasses_defined_before_install_are_rebased(installed):
@@ -435,15 +484,10 @@ def test_install_after_importing_torchrl_and_reimporting_ours():
 
 @pytest.fixture(scope="module")
 def site_dir(tmp_path_factory):
-    """The pure-Python tree setup.py's build_py installs, start-up hook included."""
-    build = tmp_path_factory.mktemp("build_py")
-    proc = subprocess.run(
-        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    shutil.copy(replay.__file__, build)  # as `pip install .` puts it next to the .pth
-    return build
+    """What pip installs, start-up hook included."""
+    site = tmp_path_factory.mktemp("site")
+    site_dir_like_pip(site)
+    return site
 
 
 def _start_up(site_dir):

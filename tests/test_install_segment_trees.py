@@ -1,7 +1,9 @@
 """torchrl 0.11's own prioritized samplers and buffers running on replay's trees.
 
 On the CI torch (2.13) torchrl's compiled trees do not load, so everything torchrl does
-here after ``install_segment_trees()`` goes through ``replay``'s trees. The in-process
+here after ``install_segment_trees()`` goes through ``replay``'s trees; where they load (torch
+2.9 with torchrl 0.11, torch 2.15 with torchrl 0.14.1: make test-matrix), the fixture asks for
+``replace=True``. The in-process
 tests share one installation (the ``installed`` fixture) and undo it afterwards; the
 before-import, torchrl-missing and start-up hook tests run in fresh interpreters.
 """
@@ -15,7 +17,6 @@ import math
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,8 @@ import torchrl_compat
 from torchrl_compat._releases import since
 import torchrl_compat_trees
 from torchrl_compat_trees import ENV_VAR, EXTENSION_NAME, TREE_NAMES
+from install_support import site_dir_like_pip
+from native_trees import torchrl_trees_load
 from torchrl_matrix_support import known_gaps  # noqa: F401 (autouse fixture: features of the installed torchrl ours lack)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,8 +76,13 @@ def _restore(snapshot):
 
 @pytest.fixture(scope="module")
 def installed():
+    """replay's trees in torchrl. Where torchrl's own load, install_segment_trees() keeps them
+    (and says so), and replace=True puts ours in their place."""
     snapshot = _snapshot()
-    assert torchrl_compat.install_segment_trees() is True
+    own_trees_load = torchrl_trees_load()
+    assert torchrl_compat.install_segment_trees() is not own_trees_load
+    if own_trees_load:
+        assert torchrl_compat.install_segment_trees(replace=True) is True
     yield
     _restore(snapshot)
 
@@ -556,8 +564,10 @@ class TestCheckpoints:
 # =============================================================================
 class TestFreshInterpreter:
     def test_before_import_torchrl(self):
+        # Where torchrl's own trees load, the finder hands them to torchrl, and only
+        # replace=True (here called after the import) puts ours in their place.
         out = _run(
-            """
+            f"""
             import sys, importlib.util
             import torchrl_compat_trees
             assert torchrl_compat_trees.install_segment_trees(strict=True) is True
@@ -567,6 +577,10 @@ class TestFreshInterpreter:
             print("LOADER", type(spec.loader).__name__)
             from torchrl.data.replay_buffers import samplers
             import replay
+            if {torchrl_trees_load()}:
+                assert torchrl_compat_trees.own_trees().SumSegmentTreeFp32 is samplers.SumSegmentTreeFp32
+                assert torchrl_compat_trees.install_segment_trees() is False
+                assert torchrl_compat_trees.install_segment_trees(replace=True) is True
             assert samplers.SumSegmentTreeFp32 is replay.SumSegmentTreeFp32
             assert samplers.MinSegmentTreeFp64 is replay.MinSegmentTreeFp64
             assert sys.modules["torchrl._torchrl"].__spec__.origin == "replay"
@@ -607,16 +621,10 @@ class TestFreshInterpreter:
     @pytest.fixture(scope="class")
     @classmethod
     def site_dir(cls, tmp_path_factory):
-        """The pure-Python tree setup.py's build_py installs (torchrl_compat_trees.pth included)."""
-        build = tmp_path_factory.mktemp("build_py")
-        proc = subprocess.run(
-            [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(build)],
-            cwd=ROOT, capture_output=True, text=True, timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        # The compiled extension, as `pip install .` puts it next to the .pth.
-        shutil.copy(replay.__file__, build)
-        return build
+        """What pip installs (torchrl_compat_trees.pth included)."""
+        site = tmp_path_factory.mktemp("site")
+        site_dir_like_pip(site)
+        return site
 
     def test_installed_pth_is_the_hook(self, site_dir):
         with open(os.path.join(ROOT, "torchrl_compat_trees.pth"), "rb") as file:

@@ -60,6 +60,27 @@ def test_kernel_stream_matches_reference(seed):
     assert replay._py_prng_u64(seed, 64).tolist() == expected
 
 
+def _lemire(stream, bound):
+    """Lemire's nearly-divisionless bounded draws over a stream of 64-bit words."""
+    words = iter(stream)
+    while True:
+        product = next(words) * bound
+        if product & MASK < bound:
+            threshold = (MASK + 1 - bound) % bound
+            while product & MASK < threshold:
+                product = next(words) * bound
+        yield product >> 64
+
+
+@pytest.mark.parametrize("bound", [1, 3, 1000, 2 ** 32 + 1, 2 ** 63 + 1, MASK])
+def test_kernel_bounded_draws_match_reference(bound):
+    """The 128-bit product of Lemire's method, a GCC extension, and its portable fallback (the
+    debug build of make test forces it: REPLAY_PORTABLE) give the same draws."""
+    draws = _lemire(_xoshiro256ss(_splitmix64(7), 1000), bound)
+    expected = [next(draws) for _ in range(200)]
+    assert replay._py_prng_u64(7, 200, bound).tolist() == expected
+
+
 # ---- randperm ------------------------------------------------------------------------------
 
 

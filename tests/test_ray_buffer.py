@@ -364,7 +364,7 @@ def test_missing_ray_names_the_extra():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
-    assert 'pip install "replay[ray]"' in out.stdout, out.stderr
+    assert 'pip install "replay-torchrl-compat[ray]"' in out.stdout, out.stderr
 
 
 def test_prioritized_buffer_class_with_alpha_beta():

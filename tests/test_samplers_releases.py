@@ -1,8 +1,10 @@
 """The prioritized samplers against the installed torchrl's (0.11 or 0.14), on the same seeds.
 
-torchrl's compiled trees do not load on this torch: its side runs on ``replay``'s trees,
-installed with :func:`torchrl_compat.install_segment_trees` as a user there must. Seeds are
-set as users set them (``np.random.seed``, ``torch.manual_seed``, a buffer generator).
+Where torchrl's compiled trees do not load (make test's torch 2.13), its side runs on
+``replay``'s trees, installed with :func:`torchrl_compat.install_segment_trees` as a user there
+must; where they load (torch 2.9 / 2.15, make test-matrix) on its own, whose refusal of the
+other float type is torchrl's failure (``native_trees``). Seeds are set as users set them
+(``np.random.seed``, ``torch.manual_seed``, a buffer generator).
 """
 import contextlib
 import warnings
@@ -13,6 +15,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_compat
+from native_trees import torchrls_side
 from torchrl_compat._releases import since
 
 torchrl_compat.install_segment_trees()
@@ -39,13 +42,20 @@ def _pair(n, **kwargs):
     return trl.PrioritizedSampler(n, **kwargs), ours.PrioritizedSampler(n, **kwargs)
 
 
+def _update_both(ref, mine, index, priority):
+    mine.update_priority(index, priority)
+    with torchrls_side():
+        ref.update_priority(index, priority)
+
+
 def _same_sample(ref, mine, storage, batch_size, seed):
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    ri, rinfo = ref.sample(storage, batch_size)
     np.random.seed(seed)
     torch.manual_seed(seed + 1)  # torch's global RNG plays no part without a generator
     mi, minfo = mine.sample(storage, batch_size)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    with torchrls_side():
+        ri, rinfo = ref.sample(storage, batch_size)
     if isinstance(ri, tuple):
         assert all(torch.equal(r, m) for r, m in zip(ri, mi))
     else:
@@ -68,9 +78,9 @@ def test_draws_are_torchrls_to_the_bit(dtype, generator, n, filled):
     priority = torch.rand(n, generator=torch.Generator().manual_seed(n), dtype=torch.float64) * 10
     priority[1::7] = 0
     priority[0] = 1.0
-    for sampler in (ref, mine):
-        sampler.update_priority(torch.arange(n), priority)
-        if generator:
+    _update_both(ref, mine, torch.arange(n), priority)
+    if generator:
+        for sampler in (ref, mine):
             sampler._rng = torch.Generator().manual_seed(3)
     for seed in range(4):
         _same_sample(ref, mine, storage, 257, seed)
@@ -127,8 +137,7 @@ def test_new_items_get_the_releases_default_priority():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_setting_alpha_follows_the_release(within_buffer, dtype):
     ref, mine = _pair(16, alpha=0.5, beta=1.0, dtype=dtype, max_priority_within_buffer=within_buffer)
-    for sampler in (ref, mine):
-        sampler.update_priority(torch.arange(10), torch.arange(1.0, 11.0))
+    _update_both(ref, mine, torch.arange(10), torch.arange(1.0, 11.0))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ref.alpha = 0.9

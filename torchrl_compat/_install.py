@@ -59,6 +59,8 @@ _TWIN_SOURCES = ("torchrl.data", "torchrl.data.replay_buffers", *STAND_IN_MODULE
 _ORIGINALS: dict[tuple, type] = {}
 
 _installation: _Installation | None = None
+# torchrl's own compiled trees where install() replaced them (they loaded), for uninstall().
+_own_trees: types.ModuleType | None = None
 
 
 def _is_compat_module(name: str) -> bool:
@@ -306,7 +308,10 @@ def install() -> dict:
     torchrl's other classes (``RayReplayBuffer``, the dataset buffers) follow, so the
     defaults and ``isinstance`` checks inside torchrl's buffers use ours; torchrl modules
     imported later are treated the same way as they load. ``replay``'s segment trees are
-    installed as by :func:`~torchrl_compat.install_segment_trees`.
+    installed as by ``install_segment_trees(replace=True)``
+    (:func:`~torchrl_compat.install_segment_trees`): where torchrl's own compiled trees load
+    (torch 2.9 with torchrl 0.11, torch 2.15 with torchrl 0.14.1) ours replace them too, so
+    that torchrl's code meets the same trees on every torch.
 
     Calling it again changes nothing. :func:`uninstall` undoes it.
 
@@ -338,10 +343,12 @@ def install() -> dict:
         True
         >>> _ = torchrl_compat.uninstall()
     """
-    global _installation
+    global _installation, _own_trees
 
-    torchrl_compat_trees.install_segment_trees()
-    pairs = _stand_in_pairs()
+    pairs = _stand_in_pairs()  # imports torchrl's replay modules, and so its trees if they load
+    own = torchrl_compat_trees.own_trees()
+    torchrl_compat_trees.install_segment_trees(replace=True)
+    _own_trees = own or _own_trees
     if not pairs:
         return {}
     installation = _installation
@@ -359,8 +366,9 @@ def uninstall() -> dict:
     Every reference that :func:`install` swapped (and every reference to our classes that
     torchrl modules imported while installed picked up) points at torchrl's class again,
     and the import watcher is removed; a pending ``TORCHRL_COMPAT_INSTALL`` request is
-    withdrawn. ``replay``'s segment trees stay installed: they only stand where torchrl's
-    own failed to load. Calling it when nothing is installed changes nothing.
+    withdrawn. torchrl's own segment trees come back where :func:`install` replaced them;
+    where they failed to load, ``replay``'s stay. Calling it when nothing is installed
+    changes nothing.
 
     Returns:
         the dict :func:`install` returned (name to torchrl's class), empty when nothing
@@ -374,13 +382,16 @@ def uninstall() -> dict:
         >>> torchrl.data.ListStorage is restored["ListStorage"]
         True
     """
-    global _installation
+    global _installation, _own_trees
 
     watcher = torchrl_compat_trees.import_watcher(create=False)
     if watcher is not None:
         watcher.install_requested = False
         watcher.listener = None
         torchrl_compat_trees.remove_import_watcher()
+    if _own_trees is not None:
+        torchrl_compat_trees.restore_own_trees(_own_trees)
+        _own_trees = None
     installation, _installation = _installation, None
     if installation is None:
         return {}

@@ -36,7 +36,7 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "torchrl_compat.RayReplayBuffer/1"
 _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 RAY_MISSING = (
-    'RayReplayBuffer needs ray, which is not installed: pip install "replay[ray]" '
+    'RayReplayBuffer needs ray, which is not installed: pip install "replay-torchrl-compat[ray]" '
     "(or pip install ray)."
 )
 # What ReplayBuffer(service_backend="ray", service_backend_options=...) passes on.
