@@ -49,3 +49,21 @@ def installed_package():
         if os.environ.get("CI"):
             raise AssertionError("the package is not installed, yet make test installs it") from None
         pytest.skip("the package is not installed in this interpreter (make setup installs it)")
+
+
+@pytest.fixture
+def ray_cluster():
+    """The Ray cluster the Ray modules share (``tests/ray_support.py``), started on first use."""
+    import ray_support
+
+    return ray_support.cluster()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The Ray cluster stops as the run leaves the Ray modules (their tests run one after the
+    other: one cluster serves them all, and none idles through the rest of the suite)."""
+    if "ray_support" not in sys.modules:
+        return
+    prefix = sys.modules["ray_support"].RAY_MODULE_PREFIX
+    if nextitem is None or not os.path.basename(str(nextitem.fspath)).startswith(prefix):
+        sys.modules["ray_support"].shutdown()
