@@ -6,6 +6,13 @@ first; writes of 1,000 rows; batches of 256, each followed by ``update_priority`
 ``torchrl_compat.install_segment_trees()`` serves (``TORCHRL_COMPAT_INSTALL_TREES=1`` in the
 actors), as a user on torch 2.13 must run it.
 
+Both sides do the same work: a write counts once it has landed (torchrl's ``extend`` returns
+then; ours returns before, so a run of writes is timed until :meth:`sync` has seen them all),
+samples go without prefetch on both sides, and a learner step's priority update has landed
+before the step is over (torchrl's blocks; ours is sent without waiting and is seen by the
+next sample, so a run of steps is timed until :meth:`sync`). Ours samples through its
+compiled learner graph (``ours_<n>``) or Ray's task path (``ours_<n>_task``).
+
 Used by ``bench/test_bench_ray.py`` (pytest-benchmark) and runnable on its own for the mixed
 run and the time per part::
 
@@ -105,7 +112,7 @@ def make_torchrl014():
     )
 
 
-def make_ours(num_shards: int, prefetch: int | None = None):
+def make_ours(num_shards: int, prefetch: int | None = None, compiled_graph: bool = True):
     from torchrl_compat import LazyTensorStorage, PrioritizedSampler, RayReplayBuffer, TensorDictReplayBuffer
 
     return RayReplayBuffer(
@@ -115,12 +122,38 @@ def make_ours(num_shards: int, prefetch: int | None = None):
         sampler=functools.partial(PrioritizedSampler, CAPACITY, alpha=0.7, beta=0.5),
         batch_size=BATCH,
         prefetch=prefetch,
+        compiled_graph=compiled_graph,
     )
+
+
+def make_side(side: str):
+    """``torchrl``, ``torchrl_1thread``, ``torchrl014``, ``ours_<n>`` or ``ours_<n>_task``."""
+    if side == "torchrl014":
+        return make_torchrl014()
+    if side.startswith("torchrl"):
+        return make_torchrl(side == "torchrl_1thread")
+    parts = side.split("_")
+    return make_ours(int(parts[1]), compiled_graph=parts[-1] != "task")
 
 
 def fill(rb, data) -> None:
     for i in range(CAPACITY // WRITE):
         rb.extend(data[i % len(data)])
+    settle(rb)
+
+
+def warm_up(rb, steps: int = 5) -> None:
+    """A few learner steps before timing: ours compiles its learner graph on the first sample
+    (about a second), which is set-up, not a step's cost."""
+    for _ in range(steps):
+        learner_step(rb)
+    settle(rb)
+
+
+def settle(rb) -> None:
+    """Waits for what ``rb`` has in flight (ours: writes and updates; torchrl's: nothing)."""
+    if hasattr(rb, "sync"):
+        rb.sync()
 
 
 def learner_step(rb) -> int:
@@ -130,14 +163,18 @@ def learner_step(rb) -> int:
 
 
 def sustained(rb, fn, rounds: int) -> float:
-    """Seconds per call over ``rounds`` calls and the wait for what they left in flight (ours
-    returns from ``extend`` before the shard has written: this is the rate the shards keep)."""
+    """Seconds per call over ``rounds`` calls and the wait for what they left in flight: the
+    rate at which the work lands (ours returns from ``extend`` and ``update_priority`` before
+    the shard has done it)."""
     start = time.perf_counter()
     for _ in range(rounds):
         fn()
-    if hasattr(rb, "sync"):
-        rb.sync()
+    settle(rb)
     return (time.perf_counter() - start) / rounds
+
+
+def repeated(fn, repeats: int) -> list[float]:
+    return [fn() for _ in range(repeats)]
 
 
 def per_call(fn, rounds: int) -> float:
@@ -160,11 +197,13 @@ def writer_actor(ray):
             self.torchrl_side = torchrl_side
             self.data = payloads(4)
 
-        def run(self, seconds: float) -> int:
+        def run(self, seconds: float) -> tuple[int, float]:
+            """Rows written, and the seconds until the last of them landed."""
             import ray as _ray
 
             written = 0
-            deadline = time.monotonic() + seconds
+            start = time.monotonic()
+            deadline = start + seconds
             while time.monotonic() < deadline:
                 data = self.data[written // WRITE % 4]
                 if self.torchrl_side:
@@ -173,35 +212,43 @@ def writer_actor(ray):
                     self.target.extend(data)
                 written += WRITE
             if not self.torchrl_side:
-                self.target.sync()  # our writes return before they land: count landed ones
-            return written
+                self.target.sync()  # our writes return before they land: counted once landed
+            return written, time.monotonic() - start
 
     return Writer
 
 
 def mixed_run(ray, rb, torchrl_side: bool, seconds: float) -> dict:
-    """Two writer processes and one learner (this process) for ``seconds``."""
+    """Two writer processes and one learner (this process) for ``seconds``; each side's
+    rows per second counted over the time until its work had landed (ours drains its writes
+    and updates in flight at the end: that time counts)."""
     Writer = writer_actor(ray)
     target = rb._rb if torchrl_side else rb
     writers = [Writer.remote(target, torchrl_side) for _ in range(2)]
     ray.get([w.__ray_ready__.remote() for w in writers])
     runs = [w.run.remote(seconds) for w in writers]
     sampled = 0
-    deadline = time.monotonic() + seconds
+    start = time.monotonic()
+    deadline = start + seconds
     while time.monotonic() < deadline:
         sampled += learner_step(rb)
-    written = sum(ray.get(runs))
+    settle(rb)
+    learner_seconds = time.monotonic() - start
+    results = ray.get(runs)
+    written = sum(rows for rows, _ in results)
+    writer_seconds = max(elapsed for _, elapsed in results)
     for w in writers:
         ray.kill(w)
     return {
-        "written_per_s": written / seconds,
-        "sampled_per_s": sampled / seconds,
-        "transitions_per_s": (written + sampled) / seconds,
+        "written_per_s": written / writer_seconds,
+        "sampled_per_s": sampled / learner_seconds,
+        "transitions_per_s": written / writer_seconds + sampled / learner_seconds,
     }
 
 
 def parts(rb, data, rounds: int = 200) -> dict:
-    """Time per part of our extend and sample: client side and the shard's side."""
+    """Time per part of our calls (µs, medians): the client's own work, Ray's round trips on
+    the task path and through the compiled graph, and the shard's own work."""
     import pickle
 
     from torchrl_compat import _ray_routing as routing, _ray_wire as wire
@@ -209,33 +256,37 @@ def parts(rb, data, rounds: int = 200) -> dict:
     ray = rb._ray
     actor = rb._actors[0]
     packed = wire.pack(data[0])
+    args = wire.to_arguments(packed)
+    counter = iter(range(10**9))
     out = {
         "client_pack_us": per_call(lambda: wire.pack(data[0]), rounds) * 1e6,
-        "round_trip_ping_us": per_call(lambda: ray.get(actor.ping.remote()), rounds) * 1e6,
-        "round_trip_extend_us": per_call(lambda: ray.get(actor.extend.remote(None, *wire.to_arguments(packed))), rounds) * 1e6,
-        "round_trip_extend_one_argument_us": per_call(
-            lambda: ray.get(actor.extend.remote(None, (packed[0], packed[1], (1,) * len(packed[2]), packed[3]), *packed[2])),
-            rounds) * 1e6,
+        "client_copy_held_us": per_call(lambda: wire.copy(packed), rounds) * 1e6,
+        # Ray pickles arguments with protocol 5, numpy buffers out of band
+        "client_pickle_pieces_us": per_call(lambda: pickle.dumps(args, protocol=5, buffer_callback=[].append),
+                                            rounds) * 1e6,
+        "client_extend_returns_us": per_call(lambda: rb.extend(data[next(counter) % len(data)]), rounds) * 1e6,
     }
-    args = wire.to_arguments(packed)
-    # Ray pickles arguments with protocol 5, numpy buffers out of band
-    out["client_pickle_pieces_us"] = per_call(
-        lambda: pickle.dumps(args, protocol=5, buffer_callback=[].append), rounds) * 1e6
-    out["client_pickle_pieces_inband_us"] = per_call(lambda: pickle.dumps(args, protocol=5), rounds) * 1e6
-    token_start = ray.get(actor.reserve.remote(WRITE * rounds))[0]
-    starts = iter(range(token_start[1], token_start[1] + WRITE * rounds, WRITE))
-    refs = []
-    out["client_submit_write_us"] = per_call(
-        lambda: refs.append(actor.write_at.remote(token_start[0], next(starts), None, *args)), rounds) * 1e6
-    ray.get(refs)
+    settle(rb)
+    out["round_trip_ping_us"] = per_call(lambda: ray.get(actor.ping.remote()), rounds) * 1e6
+    token, start, stop, _ = ray.get(actor.reserve.remote(WRITE * rounds))[0]
+    starts = iter(range(start, stop, WRITE))
+    out["round_trip_write_us"] = per_call(
+        lambda: ray.get(actor.write_at.remote(token, next(starts), None, *args)), rounds) * 1e6
+    rb._refresh_totals()
     fraction = np.random.default_rng(0).random(BATCH)
-    out["round_trip_sample_us"] = per_call(lambda: ray.get(actor.sample_prioritized.remote(fraction)), rounds) * 1e6
+    out["round_trip_sample_task_us"] = per_call(lambda: ray.get(actor.sample_prioritized.remote(fraction)),
+                                                rounds) * 1e6
+    if rb._uses_graph():
+        idle = [("ping", None, None)] * rb.num_shards
+        draw = [("sample_prioritized", fraction, None)] + [("ping", None, None)] * (rb.num_shards - 1)
+        out["round_trip_graph_empty_us"] = per_call(lambda: ray.get(rb._graph.execute(idle)), rounds) * 1e6
+        out["round_trip_graph_sample_us"] = per_call(lambda: ray.get(rb._graph.execute(draw)), rounds) * 1e6
     reply = ray.get(actor.sample_prioritized.remote(fraction))
     positions = [np.arange(BATCH)]
     out["client_route_us"] = per_call(lambda: routing.route_masses(rb._totals.sum, BATCH), rounds) * 1e6
-    out["client_assemble_us"] = per_call(lambda: wire.unpack(wire.scatter([reply[0]], positions, BATCH)), rounds) * 1e6
-    shard_times = ray.get(actor.time_parts.remote(packed, fraction, rounds)) if hasattr(actor, "time_parts") else {}
-    out.update(shard_times)
+    out["client_assemble_us"] = per_call(lambda: wire.unpack(wire.scatter([reply[0]], positions, BATCH)),
+                                         rounds) * 1e6
+    out.update(ray.get(actor.time_parts.remote(packed, fraction, rounds)))
     return out
 
 
@@ -267,52 +318,67 @@ def local_torchrl():
     )
 
 
+def measure(side: str, data, rounds: int, repeats: int) -> dict:
+    """The equal-work figures of one side (ms): a write's share of ``rounds`` writes once they
+    have landed, and a learner step's share of ``rounds`` steps once their updates have, each
+    ``repeats`` times (their median, and each run)."""
+    rb = make_side(side)
+    try:
+        fill(rb, data)
+        warm_up(rb)
+        counter = iter(range(10**9))
+        write = lambda: rb.extend(data[next(counter) % len(data)])  # noqa: E731
+        extend = repeated(lambda: sustained(rb, write, rounds) * 1e3, repeats)
+        step = repeated(lambda: sustained(rb, lambda: learner_step(rb), rounds) * 1e3, repeats)
+        return {"extend_landed_ms": float(np.median(extend)), "extend_runs": extend,
+                "sample_update_ms": float(np.median(step)), "sample_update_runs": step}
+    finally:
+        rb.close()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--shards", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--sides", nargs="+", default=["torchrl", "torchrl_1thread", "ours"],
-                        help="torchrl (0.11's RayReplayBuffer), torchrl_1thread (the same, its actor on "
-                             "one torch thread), torchrl014 (0.14's service_backend='ray', in its own "
-                             "environment), ours")
+    parser.add_argument("--seconds", type=float, default=30.0, help="of each mixed run (0: none)")
+    parser.add_argument("--sides", nargs="+", default=["torchrl", "ours_1", "ours_2", "ours_1_task", "ours_2_task"],
+                        help="torchrl (0.11's RayReplayBuffer), torchrl_1thread (the same, its actor on one "
+                             "torch thread), torchrl014 (0.14's service_backend='ray', in its own environment), "
+                             "ours_<shards> (through the compiled learner graph), ours_<shards>_task (Ray's "
+                             "task path)")
+    parser.add_argument("--rounds", type=int, default=20, help="writes / learner steps per timed run")
+    parser.add_argument("--repeats", type=int, default=15, help="timed runs per side and round")
+    parser.add_argument("--interleave", type=int, default=2, help="rounds over all sides, one after the other")
+    parser.add_argument("--parts", action="store_true", help="time the parts of each call")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     ray = start_cluster()
     data = payloads()
-    results = {}
-    sides = [(side, None) for side in args.sides if side != "ours"]
-    if "ours" in args.sides:
-        sides += [(f"ours_{n}", n) for n in args.shards]
-    for name, shards in sides:
-        if shards is not None:
-            rb = make_ours(shards)
-        else:
-            rb = make_torchrl014() if name == "torchrl014" else make_torchrl(name == "torchrl_1thread")
-        fill(rb, data)
-        counter = iter(range(10**9))
-        result = {
-            "extend_ms": per_call(lambda: rb.extend(data[next(counter) % len(data)]), args.rounds) * 1e3,
-            "extend_sustained_ms": sustained(rb, lambda: rb.extend(data[next(counter) % len(data)]), args.rounds) * 1e3,
-            "sample_update_ms": per_call(lambda: learner_step(rb), args.rounds) * 1e3,
-        }
-        if shards is not None:
-            result["parts"] = parts(rb, data)
-        else:
-            result["parts"] = torchrl_parts(rb, data, local_torchrl)
-        result["mixed"] = mixed_run(ray, rb, shards is None, args.seconds)
-        rb.close()
-        if shards is not None:
-            rb = make_ours(shards, prefetch=2)
+    results = {side: [] for side in args.sides}
+    for _ in range(args.interleave):
+        for side in args.sides:
+            result = measure(side, data, args.rounds, args.repeats)
+            results[side].append(result)
+            print(side, json.dumps({k: v for k, v in result.items() if not k.endswith("runs")}), flush=True)
+    summary = {side: {"extend_landed_ms": float(np.median([r["extend_landed_ms"] for r in runs])),
+                      "sample_update_ms": float(np.median([r["sample_update_ms"] for r in runs]))}
+               for side, runs in results.items()}
+    for side in args.sides:
+        rb = make_side(side)
+        try:
             fill(rb, data)
-            result["sample_update_prefetch_ms"] = per_call(lambda: learner_step(rb), args.rounds) * 1e3
-            result["mixed_prefetch"] = mixed_run(ray, rb, False, args.seconds)
+            warm_up(rb)
+            if args.parts:
+                if side.startswith("ours"):
+                    summary[side]["parts"] = parts(rb, data)
+                else:
+                    summary[side]["parts"] = torchrl_parts(rb, data, local_torchrl)
+            if args.seconds:
+                summary[side]["mixed"] = mixed_run(ray, rb, side.startswith("torchrl"), args.seconds)
+        finally:
             rb.close()
-        results[name] = result
-        print(name, json.dumps(result, indent=1), flush=True)
+    print(json.dumps(summary, indent=1), flush=True)
     if args.out:
         with open(args.out, "w") as handle:
-            json.dump(results, handle, indent=1)
+            json.dump({"summary": summary, "runs": results}, handle, indent=1)
 
 
 if __name__ == "__main__":

@@ -89,3 +89,21 @@ def pytest_runtest_makereport(item, call):
     if REQUIRE_CUDA and report.skipped and "CUDA" in str(report.longrepr):
         report.outcome = "failed"
         report.longrepr = f"skipped for want of CUDA on a GPU run (REPLAY_REQUIRE_CUDA=1): {report.longrepr}"
+
+
+@pytest.fixture
+def ray_cluster():
+    """The Ray cluster the Ray modules share (``tests/ray_support.py``), started on first use."""
+    import ray_support
+
+    return ray_support.cluster()
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """The Ray cluster stops as the run leaves the Ray modules (their tests run one after the
+    other: one cluster serves them all, and none idles through the rest of the suite)."""
+    if "ray_support" not in sys.modules:
+        return
+    prefix = sys.modules["ray_support"].RAY_MODULE_PREFIX
+    if nextitem is None or not os.path.basename(str(nextitem.fspath)).startswith(prefix):
+        sys.modules["ray_support"].shutdown()

@@ -6,7 +6,9 @@ client, and tests check them directly.
 
 A sharded buffer is the concatenation of its shards: shard ``k`` holds its rows at the global
 indices ``k * stride + local`` (``stride`` is the largest shard capacity), so that one shard
-gives back its own indices and ``index // stride`` names the shard of any index.
+gives back its own indices and ``index // stride`` names the shard of any index. Rows are
+written in the order of a :class:`WriteRing`: one ring of the buffer's whole capacity, striped
+over the shards.
 """
 from __future__ import annotations
 
@@ -18,14 +20,18 @@ import torch
 
 __all__ = [
     "ShardTotals",
+    "WriteRing",
     "capacity_of_factory",
+    "plan_trajectories",
+    "plan_write",
     "route_global_index",
     "route_masses",
     "route_uniform",
     "shard_capacities",
     "shard_factory",
     "split_by_counts",
-    "write_plan",
+    "trajectory_ends",
+    "true_runs",
 ]
 
 # The argument that sizes each kind of component (storages, priority trees).
@@ -135,11 +141,14 @@ class ShardTotals:
     stored), ``sum`` and ``min`` (of the priority leaves over the rows a draw covers),
     ``max_priority`` (the largest priority given, ``nan`` when none), ``rows_written`` (rows
     written since the shard's data began, checkpoints included), ``remaining`` (rows left in
-    a without-replacement epoch) and ``incarnation`` (a token that changes when the shard
+    a without-replacement epoch), ``room`` (rows never written that no client holds: what the
+    shard can still take before a write overwrites a row), ``frontier`` (the next sequence
+    number the shard hands out) and ``incarnation`` (a token that changes when the shard
     actor restarts).
     """
 
-    FIELDS = ("count", "sum", "min", "max_priority", "rows_written", "remaining", "incarnation")
+    FIELDS = ("count", "sum", "min", "max_priority", "rows_written", "remaining", "room", "frontier",
+              "incarnation")
 
     def __init__(self, num_shards: int) -> None:
         self.count = np.zeros(num_shards, dtype=np.int64)
@@ -148,6 +157,8 @@ class ShardTotals:
         self.max_priority = np.full(num_shards, np.nan, dtype=np.float64)
         self.rows_written = np.zeros(num_shards, dtype=np.int64)
         self.remaining = np.zeros(num_shards, dtype=np.int64)
+        self.room = np.zeros(num_shards, dtype=np.int64)
+        self.frontier = np.zeros(num_shards, dtype=np.int64)
         self.incarnation = [None] * num_shards
         self.known = np.zeros(num_shards, dtype=bool)
 
@@ -157,13 +168,15 @@ class ShardTotals:
                               for k, v in state.items()})
 
     def update(self, shard: int, totals: tuple) -> None:
-        count, psum, pmin, pmax, rows_written, remaining, incarnation = totals
+        count, psum, pmin, pmax, rows_written, remaining, room, frontier, incarnation = totals
         self.count[shard] = count
         self.sum[shard] = psum
         self.min[shard] = pmin
         self.max_priority[shard] = np.nan if pmax is None else pmax
         self.rows_written[shard] = rows_written
         self.remaining[shard] = remaining
+        self.room[shard] = room
+        self.frontier[shard] = frontier
         self.incarnation[shard] = incarnation
         self.known[shard] = True
 
@@ -252,6 +265,13 @@ def split_by_counts(weights, total: int, generator=None, *, without_replacement=
     return rng.multinomial(total, weights / weights.sum())
 
 
+def true_runs(mask: np.ndarray) -> list[list[int]]:
+    """``[start, stop)`` of each run of ``True`` in the 1-D boolean ``mask``."""
+    padded = np.concatenate([[False], np.asarray(mask, dtype=bool), [False]])
+    edges = np.flatnonzero(padded[1:] != padded[:-1])
+    return edges.reshape(-1, 2).tolist()
+
+
 def groups(shard: np.ndarray, num_shards: int) -> list[np.ndarray]:
     """The positions of each shard's draws, in draw order (one stable sort)."""
     order = np.argsort(shard, kind="stable")
@@ -259,18 +279,176 @@ def groups(shard: np.ndarray, num_shards: int) -> list[np.ndarray]:
     return [order[bounds[k]:bounds[k + 1]] for k in range(num_shards)]
 
 
-def write_plan(num_rows: int, rows_written: np.ndarray, capacities, chunk_rows: int) -> list[tuple[int, int, int]]:
-    """``(shard, start, stop)`` chunks of a write of ``num_rows`` rows: contiguous runs of at
-    most ``chunk_rows`` rows, each to the shard that has been written the least relative to
-    its capacity (so shards fill, and wrap, together)."""
-    load = np.asarray(rows_written, dtype=np.float64) / np.asarray(capacities, dtype=np.float64)
+class WriteRing:
+    """The order in which a sharded buffer writes its rows: one ring of ``sum(capacities)``
+    rows, striped over the shards in runs of ``width`` rows.
+
+    Round ``r`` of the ring holds rows ``[r * width, (r + 1) * width)`` of shard 0, then the
+    same rows of shard 1, and so on (a shard with fewer rows left gives what it has, a shard
+    with none is passed over). Each shard's rows come in its own order, so a client writing
+    the ring from position ``sum(next_k)`` (``next_k``: the next sequence number of shard
+    ``k``) writes every shard in turn from its cursor on: the buffer is then one round-robin
+    buffer of the whole capacity, and a write overwrites the oldest rows of the buffer, as one
+    buffer's would.
+
+    Args:
+        capacities (list[int]): the shards' capacities.
+        width (int): the rows of a run (``chunk_rows``).
+
+    Examples:
+        >>> ring = WriteRing([4, 4], 3)
+        >>> [ring.stripe(p) for p in (0, 2, 3, 6, 7)]
+        [(0, 0, 3), (0, 2, 1), (1, 0, 3), (0, 3, 1), (1, 3, 1)]
+    """
+
+    def __init__(self, capacities, width: int) -> None:
+        capacities = np.asarray(capacities, dtype=np.int64)
+        if width < 1:
+            raise ValueError(f"A WriteRing needs runs of at least one row, got width={width}")
+        if capacities.size == 0 or (capacities < 1).any():
+            raise ValueError(f"A WriteRing needs shards of at least one row, got capacities={capacities.tolist()}")
+        num_shards = len(capacities)
+        self.num_shards = num_shards
+        self.capacity = int(capacities.sum())
+        self.width = int(width)
+        self.num_shards = num_shards
+        # the rounds every shard fills whole, then the stripes of the rounds after them
+        self._full_rounds = int(capacities.min() // width)
+        self._head = self._full_rounds * num_shards * width
+        last_round = -(-int(capacities.max()) // width)
+        first_row = np.arange(self._full_rounds, last_round, dtype=np.int64)[:, None] * width
+        lengths = np.clip(capacities[None, :] - first_row, 0, width)
+        held = lengths > 0
+        self._tail_shard = np.broadcast_to(np.arange(num_shards), lengths.shape)[held]
+        self._tail_local = np.broadcast_to(first_row, lengths.shape)[held]
+        self._tail_length = lengths[held]
+        self._tail_start = np.cumsum(self._tail_length) - self._tail_length
+
+    def stripe(self, position: int) -> tuple[int, int, int]:
+        """``(shard, local row, rows left in its run)`` of ring position ``position`` (taken
+        modulo the capacity)."""
+        position = int(position) % self.capacity
+        width = self.width
+        if position < self._head:
+            round_, rest = divmod(position, self.num_shards * width)
+            shard, offset = divmod(rest, width)
+            return shard, round_ * width + offset, width - offset
+        rest = position - self._head
+        at = int(np.searchsorted(self._tail_start, rest, side="right")) - 1
+        offset = rest - int(self._tail_start[at])
+        return (int(self._tail_shard[at]), int(self._tail_local[at]) + offset,
+                int(self._tail_length[at]) - offset)
+
+    def position(self, next_sequence) -> int:
+        """The ring position a client continues from, given each shard's next sequence
+        number (the rows written to it, laps included)."""
+        return int(np.asarray(next_sequence, dtype=np.int64).sum() % self.capacity)
+
+
+def plan_write(ring: WriteRing, position: int, num_rows: int, room=None, avoid=()) -> list[tuple[int, int]]:
+    """``(shard, rows)`` pieces of a write of ``num_rows`` rows from ring ``position`` on, each
+    inside one run of the ring.
+
+    ``room`` (each shard's rows never written that this client may take) keeps the write from
+    overwriting any row while some shard has room: a piece is cut to its shard's room, and a
+    piece whose shard has none goes to the shard with the most room. Without room anywhere
+    (or ``room=None``) the ring alone decides, each piece overwriting its shard's oldest rows;
+    a piece for a shard in ``avoid`` then goes to the next shard of the ring that is not.
+    """
+    room = None if room is None else np.array(room, dtype=np.int64)
+    num_shards = ring.num_shards
+    if len(set(avoid)) >= num_shards:
+        raise ValueError(f"plan_write: every shard is avoided ({sorted(avoid)}), none can take the write")
+    pieces, filling = [], []
+    while num_rows > 0:
+        shard, _, left = ring.stripe(position)
+        count = min(left, num_rows)
+        fills = room is not None and room.sum() > 0
+        if fills:
+            if room[shard] <= 0:
+                shard = int(np.argmax(room))
+            count = min(count, int(room[shard]))
+            room[shard] -= count
+        else:
+            while shard in avoid:
+                shard = (shard + 1) % num_shards
+        if pieces and pieces[-1][0] == shard and filling[-1] == fills:
+            pieces[-1] = (shard, pieces[-1][1] + count)
+        else:
+            pieces.append((shard, count))
+            filling.append(fills)
+        position += count
+        num_rows -= count
+    return pieces
+
+
+def trajectory_ends(data, keys) -> np.ndarray | None:
+    """Whether each row of ``data`` ends a trajectory, read from the first of ``keys`` the
+    batch holds: ``("end", key)`` (a done flag: the row ends one) or ``("traj", key)`` (a
+    trajectory id: the row ends one where the next row's id differs). The last row never
+    ends one by its id alone (the next write may continue it). ``None`` when the batch holds
+    none of the keys."""
+    from tensordict import TensorDictBase
+
+    if not isinstance(data, TensorDictBase):
+        return None
+    present = data.keys(include_nested=True, leaves_only=True)
+    for kind, key in keys:
+        if key not in present:
+            continue
+        value = data.get(key).detach().cpu().reshape(data.shape[0], -1)
+        if kind == "end":
+            return value.any(-1).numpy()
+        ends = np.zeros(data.shape[0], dtype=bool)
+        ends[:-1] = (value[1:] != value[:-1]).any(-1).numpy()
+        return ends
+    return None
+
+
+def plan_trajectories(ends: np.ndarray, chunk_rows: int, room, load, capacities, open_shard=None):
+    """``(shard, start, stop)`` chunks of a write whose rows end trajectories where ``ends``
+    says, so that no trajectory is cut between shards: each chunk holds whole trajectories
+    (up to ``chunk_rows`` rows; a longer one goes in pieces to one shard, one after the
+    other), and goes to the shard with room for all of it (the most room first), else to the
+    one written the least relative to its capacity (``load``). The write's first trajectory
+    continues on ``open_shard`` when the previous write left one open there.
+
+    Returns:
+        ``(chunks, open_shard)``: the chunks, and the shard of the write's last trajectory when
+        the write does not end it (else ``None``).
+    """
+    room = np.array(room, dtype=np.int64)
+    load = np.array(load, dtype=np.float64)
     capacities = np.asarray(capacities, dtype=np.float64)
-    plan = []
-    start = 0
-    while start < num_rows:
-        stop = min(num_rows, start + chunk_rows)
-        shard = int(np.argmin(load))
-        plan.append((shard, start, stop))
-        load[shard] += (stop - start) / capacities[shard]
-        start = stop
-    return plan
+    num_rows = len(ends)
+    cuts = np.flatnonzero(ends) + 1
+    bounds = np.concatenate([[0], cuts[cuts < num_rows], [num_rows]]).tolist()
+    chunks = []
+    shard = open_shard
+    group_start = 0
+    at = 0
+    while group_start < num_rows:
+        # whole trajectories up to chunk_rows rows (at least one, cut in pieces if longer)
+        stop = bounds[at + 1]
+        while at + 2 < len(bounds) and bounds[at + 2] - group_start <= chunk_rows:
+            at += 1
+            stop = bounds[at + 1]
+        if shard is None:
+            rows = stop - group_start
+            fits = room >= rows
+            if fits.any():
+                shard = int(np.argmax(np.where(fits, room, -1)))
+            elif room.sum() > 0:
+                shard = int(np.argmax(room))
+            else:
+                shard = int(np.argmin(load))
+        for start in range(group_start, stop, chunk_rows):
+            end = min(stop, start + chunk_rows)
+            chunks.append((shard, start, end))
+            room[shard] = max(0, room[shard] - (end - start))
+            load[shard] += (end - start) / capacities[shard]
+        group_start = stop
+        at += 1
+        shard = None
+    last_open = not (num_rows and ends[-1])
+    return chunks, (chunks[-1][0] if chunks and last_open else None)

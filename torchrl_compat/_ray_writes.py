@@ -11,11 +11,20 @@ import collections
 
 import numpy as np
 
-__all__ = ["Reservations", "describe_rows"]
+__all__ = ["LAPSED", "Reservations", "describe_rows"]
+
+# Why a shard refuses a write under a reservation it handed out before it was restarted,
+# emptied or loaded (the client then drops the other ranges it holds there).
+LAPSED = "the shard was restarted, emptied or loaded after the rows were reserved"
 
 
 class Reservations:
     """The ranges of each shard's write sequence a client holds and has not written yet.
+
+    A range either fills the shard (its rows were never written in the shard's current
+    epoch) or laps it (each of its rows overwrites the oldest row there): a shard never hands
+    out one range that does both, so that a client can fill every shard before it overwrites
+    any row.
 
     Args:
         num_shards (int): the number of shards.
@@ -26,37 +35,55 @@ class Reservations:
         self.block = block
         self._ranges = [collections.deque() for _ in range(num_shards)]
 
-    def held(self, shard: int) -> int:
-        """Rows reserved on ``shard`` and not written yet."""
-        return sum(stop - start for _, start, stop in self._ranges[shard])
+    def held(self, shard: int, *, fills: bool = False) -> int:
+        """Rows reserved on ``shard`` and not written yet (``fills``: only those that fill it)."""
+        return sum(stop - start for _, start, stop, filling in self._ranges[shard] if filling or not fills)
 
-    def add(self, shard: int, token, start: int) -> None:
-        self._ranges[shard].append((token, start, start + self.block))
+    def next_start(self, shard: int) -> int | None:
+        """The sequence number of the next row this client would write on ``shard``."""
+        ranges = self._ranges[shard]
+        return ranges[0][1] if ranges else None
 
-    def take(self, shard: int, rows: int) -> list[tuple]:
-        """``(token, start, rows)`` runs covering the next ``rows`` rows of ``shard`` (from the
-        ranges held, oldest first; fewer rows when not enough are held)."""
+    def add(self, shard: int, token, start: int, stop: int, fills: bool) -> None:
+        self._ranges[shard].append((token, start, stop, fills))
+
+    def take(self, shard: int, rows: int, *, fills: bool = False) -> list[tuple]:
+        """``(token, start, rows, fills)`` runs covering the next ``rows`` rows of ``shard``
+        (from the ranges held, oldest first; fewer rows when not enough are held). ``fills``
+        takes only rows that fill the shard."""
         ranges = self._ranges[shard]
         runs = []
         while rows and ranges:
-            token, start, stop = ranges[0]
+            token, start, stop, filling = ranges[0]
+            if fills and not filling:
+                break
             count = min(rows, stop - start)
-            runs.append((token, start, count))
+            runs.append((token, start, count, filling))
             rows -= count
             if start + count == stop:
                 ranges.popleft()
             else:
-                ranges[0] = (token, start + count, stop)
+                ranges[0] = (token, start + count, stop, filling)
         return runs
 
-    def restore(self, shard: int, token, start: int, stop: int) -> None:
+    def trim(self, shard: int, below: int) -> None:
+        """Forgets the sequence numbers of ``shard`` under ``below``: other clients' writes have
+        lapped them (writing there would overwrite a newer row)."""
+        ranges = self._ranges[shard]
+        while ranges and ranges[0][1] < below:
+            token, start, stop, filling = ranges.popleft()
+            if stop > below:
+                ranges.appendleft((token, below, stop, filling))
+                break
+
+    def restore(self, shard: int, token, start: int, stop: int, fills: bool) -> None:
         """Takes back the range ``[start, stop)`` of a write the shard refused to store (the
         next write takes its rows again)."""
         ranges = self._ranges[shard]
         at = 0
         while at < len(ranges) and ranges[at][1] < start:
             at += 1
-        ranges.insert(at, (token, start, stop))
+        ranges.insert(at, (token, start, stop, fills))
 
     def drop(self, shard: int | None = None) -> list[tuple]:
         """Forgets the ranges of ``shard`` (every shard when ``None``); returns them as
@@ -64,7 +91,7 @@ class Reservations:
         shards = range(len(self._ranges)) if shard is None else [shard]
         dropped = []
         for k in shards:
-            dropped.extend((k, *entry) for entry in reversed(self._ranges[k]))
+            dropped.extend((k, token, start, stop) for token, start, stop, _ in reversed(self._ranges[k]))
             self._ranges[k].clear()
         return dropped
 

@@ -14,6 +14,7 @@ import copy
 import json
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +26,8 @@ from tensordict import TensorDictBase
 
 from torchrl_compat import _ray_routing as routing, _ray_wire as wire
 from torchrl_compat._buffer_transforms import check_transform_arguments, make_transform
-from torchrl_compat._ray_writes import Reservations, describe_rows
+from torchrl_compat._sampler_priorities import stored_values
+from torchrl_compat._ray_writes import LAPSED, Reservations, describe_rows
 from torchrl_compat._checkpoint_publish import publish_file
 from torchrl_compat.replay_buffers import ReplayBuffer
 from torchrl_compat.utils import _reduce
@@ -41,7 +43,7 @@ RAY_MISSING = (
 )
 # What ReplayBuffer(service_backend="ray", service_backend_options=...) passes on.
 SERVICE_OPTIONS = ("ray_init_config", "remote_config", "num_shards", "recovery_dir", "write_ahead",
-                   "sample_timeout", "chunk_rows")
+                   "sample_timeout", "chunk_rows", "compiled_graph")
 # The shard actors' defaults: no CPU reserved (a shard mostly waits), restarted after a crash,
 # and calls never retried behind the caller's back (a lost write must be reported).
 DEFAULT_SHARD_OPTIONS = {"num_cpus": 0, "max_restarts": 4, "max_task_retries": 0}
@@ -51,6 +53,11 @@ MAX_WRITES_IN_FLIGHT = 16
 # Rows of a shard's chunks a client holds while its earlier writes to that shard are in flight,
 # to send them as one call (a call costs the shard far more than the rows it carries).
 MAX_HELD_ROWS = 8192
+# What a placement group bundle reserves for a shard asking for no CPU (Ray refuses a bundle
+# of zeros): a hundredth of a CPU, so that any node with a CPU can take one.
+BUNDLE_MIN_CPU = 0.01
+# Compiled learner graphs a buffer builds again after one broke (a shard restarted).
+GRAPH_REBUILDS = 2
 
 
 def _import_ray():
@@ -62,24 +69,33 @@ def _import_ray():
 
 
 class ShardRestartedError(RuntimeError):
-    """A shard actor died and Ray restarted it from its last checkpoint.
+    """A shard actor died and Ray restarted it from its last checkpoint (or several did: one
+    error names every shard found restarted by the call).
 
     Attributes:
-        shard (int): the shard.
-        rows_lost (int): rows the shard had written (as this client last saw it) that the
-            restarted shard does not hold.
-        restored (dict): what the shard restored (checkpoint version, rows, journal records).
+        shard (int): the (first) shard.
+        shards (tuple[int, ...]): every shard found restarted by the call, in order.
+        rows_lost (int): rows those shards had written (as this client last saw them) that
+            the restarted shards do not hold.
+        lost (dict[int, int]): the same, shard by shard.
+        restored (dict): what the (first) shard restored (checkpoint version, rows, journal
+            records).
         index (torch.Tensor or None): the global indices, returned by earlier :meth:`extend`
             calls of this client, of the rows that were not stored (writes in flight when the
-            shard died, or refused by the restarted shard).
+            shards died, or refused by the restarted shards), on every shard.
+        errors (list[Exception]): every error the call met (this one and those of the other
+            shards).
     """
 
     def __init__(self, message: str, *, shard: int, rows_lost: int, restored, index=None):
         super().__init__(message)
         self.shard = shard
+        self.shards = (shard,)
         self.rows_lost = rows_lost
+        self.lost = {shard: rows_lost}
         self.restored = restored
         self.index = index
+        self.errors = [self]
 
 
 class ShardWriteError(RuntimeError):
@@ -100,31 +116,111 @@ class ShardWriteError(RuntimeError):
 
 
 class ShardUnavailableError(RuntimeError):
-    """A shard actor did not answer within the buffer's ``sample_timeout``."""
+    """A shard actor did not answer within the buffer's ``sample_timeout`` (or several did).
+
+    Attributes:
+        shard (int): the (first) shard.
+        shards (tuple[int, ...]): every shard that did not answer, in order.
+        index (torch.Tensor or None): the global indices of rows of this client's writes in
+            flight to those shards, which may not be stored.
+        errors (list[Exception]): every error the call met.
+    """
 
     def __init__(self, message: str, *, shard: int):
         super().__init__(message)
         self.shard = shard
+        self.shards = (shard,)
+        self.index = None
+        self.errors = [self]
+
+
+def _combined(errors: list) -> Exception:
+    """One exception for every error one call met, so that none goes unnamed: the first
+    restart (else the first shard down, else the first error), its message followed by the
+    others', its ``errors`` all of them, and for restarts and shards down, ``shards``,
+    ``index`` (and ``lost``, ``rows_lost``) over every shard."""
+    unique = []
+    for err in errors:
+        if not any(err is seen for seen in unique):
+            unique.append(err)
+    if len(unique) == 1:
+        return unique[0]
+    head = next((e for e in unique if isinstance(e, ShardRestartedError)), None)
+    head = head or next((e for e in unique if isinstance(e, ShardUnavailableError)), unique[0])
+    others = [e for e in unique if e is not head]
+    kind = type(head)
+    same = [e for e in unique if type(e) is kind]
+    if kind in (ShardRestartedError, ShardUnavailableError):
+        head.shards = tuple(sorted({shard for e in same for shard in e.shards}))
+        named = list({id(e.index): e.index for e in same if e.index is not None}.values())
+        head.index = torch.cat([torch.as_tensor(i) for i in named]) if named else None
+    if kind is ShardRestartedError:
+        head.lost = {shard: rows for e in same for shard, rows in e.lost.items()}
+        head.rows_lost = sum(head.lost.values())
+    head.errors = unique
+    head.args = ("; ".join([str(head)] + [str(e) for e in others]),)
+    return head
 
 
 class _Write:
     """A write in flight: its call, the global indices it returned, its reserved range."""
 
-    __slots__ = ("shard", "seq", "ref", "index", "token", "start")
+    __slots__ = ("shard", "seq", "ref", "index", "token", "start", "fills")
 
-    def __init__(self, shard, seq, ref, index, token, start):
+    def __init__(self, shard, seq, ref, index, token, start, fills):
         self.shard, self.seq, self.ref, self.index = shard, seq, ref, index
-        self.token, self.start = token, start
+        self.token, self.start, self.fills = token, start, fills
+
+
+class _WriteRows:
+    """The rows one :meth:`RayReplayBuffer.extend` takes on each shard, so that no two of its
+    rows share one (a client's reserved ranges of a shard may be a lap or more apart when
+    other clients write to it in between)."""
+
+    __slots__ = ("capacities", "windows", "rows")
+
+    def __init__(self, capacities):
+        self.capacities = capacities
+        self.windows = {}  # shard -> (first, end) of the sequence numbers taken, while contiguous
+        self.rows = {}  # shard -> the rows taken, once they are not
+
+    def full(self, shard: int) -> bool:
+        """Whether this write has taken every row of ``shard``."""
+        if shard in self.rows:
+            return len(self.rows[shard]) >= self.capacities[shard]
+        window = self.windows.get(shard)
+        return window is not None and window[1] - window[0] >= self.capacities[shard]
+
+    def admit(self, shard: int, run: tuple) -> list[tuple]:
+        """The parts of ``run`` (``(token, start, count, fills)``) whose rows this write has
+        not taken yet (all of it, unless the shard was lapped between this write's ranges)."""
+        token, start, count, fills = run
+        capacity = self.capacities[shard]
+        window = self.windows.get(shard)
+        if shard not in self.rows:
+            if window is None:
+                self.windows[shard] = (start, start + count)
+                return [run]
+            first, end = window
+            if start == end and start + count - first <= capacity:
+                self.windows[shard] = (first, start + count)
+                return [run]
+            self.rows[shard] = np.arange(first, end, dtype=np.int64) % capacity
+        taken = self.rows[shard]
+        rows = np.arange(start, start + count, dtype=np.int64) % capacity
+        free = ~np.isin(rows, taken)
+        self.rows[shard] = np.concatenate([taken, rows[free]])
+        return [(token, start + a, b - a, fills) for a, b in routing.true_runs(free)]
 
 
 class _Held:
     """A chunk written to reserved rows that the client has not sent yet: its rows (copied:
     the caller may reuse its tensors once ``extend`` returns), global indices and range."""
 
-    __slots__ = ("packed", "index", "token", "start")
+    __slots__ = ("packed", "index", "token", "start", "fills")
 
-    def __init__(self, packed, index, token, start):
-        self.packed, self.index, self.token, self.start = packed, index, token, start
+    def __init__(self, packed, index, token, start, fills):
+        self.packed, self.index, self.token, self.start, self.fills = packed, index, token, start, fills
 
     def follows(self, other: "_Held") -> bool:
         """Whether this chunk continues ``other`` (same reservation, next rows, same leaves):
@@ -132,6 +228,7 @@ class _Held:
         mine, theirs = self.packed, other.packed
         if (
             self.token != other.token
+            or self.fills != other.fills
             or self.start != other.start + len(other.index)
             or mine[0] != theirs[0]
             or mine[1] != theirs[1]
@@ -141,16 +238,51 @@ class _Held:
         return all(a.dtype == b.dtype and a.shape[1:] == b.shape[1:] for a, b in zip(mine[2], theirs[2]))
 
 
+class _Faults:
+    """The shards one call found restarted or down, and its deadline: a call waits at most
+    ``sample_timeout`` for all its replies together, however many it has in flight."""
+
+    __slots__ = ("deadline", "down")
+
+    def __init__(self, timeout: float) -> None:
+        self.deadline = time.monotonic() + timeout
+        self.down = {}
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def record(self, shard: int, err: Exception) -> Exception:
+        self.down.setdefault(shard, err)
+        return self.down[shard]
+
+
 class _Pending:
-    """A sample whose shard calls are in flight."""
+    """A sample whose shard calls are in flight (or its step of the compiled graph)."""
 
-    __slots__ = ("batch_size", "kind", "positions", "calls")
+    __slots__ = ("batch_size", "kind", "positions", "calls", "step", "updates")
 
-    def __init__(self, batch_size, kind, positions, calls):
+    def __init__(self, batch_size, kind, positions, calls, step=None, updates=()):
         self.batch_size = batch_size
         self.kind = kind
         self.positions = positions
         self.calls = calls  # [(shard, seq, ref)]
+        self.step = step  # _GraphStep, when the compiled graph draws it
+        self.updates = updates  # the calls of updates to shards without draws, read with it
+
+
+class _GraphFailed(Exception):
+    """A step of the compiled learner graph failed: the call is made again on the task path."""
+
+
+class _GraphStep:
+    """One execution of the compiled learner graph in flight: its reference, the calls'
+    sequence numbers (one per shard) and the priority updates it carries (sent again if it
+    fails: setting a priority twice changes nothing)."""
+
+    __slots__ = ("ref", "seqs", "updates")
+
+    def __init__(self, ref, seqs, updates):
+        self.ref, self.seqs, self.updates = ref, seqs, updates
 
 
 class RayReplayBuffer(ReplayBuffer):
@@ -171,7 +303,11 @@ class RayReplayBuffer(ReplayBuffer):
             when Ray is not initialized yet.
         remote_config (dict[str, Any], optional): options of the shard actors
             (``ray.remote`` / ``.options``), over the defaults ``num_cpus=0``,
-            ``max_restarts=4`` and ``max_task_retries=0``.
+            ``max_restarts=4`` and ``max_task_retries=0``. Unless it names a
+            ``scheduling_strategy``, shards on a cluster of several nodes go one per node: a
+            placement group of one bundle per shard, ``STRICT_SPREAD`` while the cluster has
+            more nodes than shards (a shard whose node is lost restarts on a node holding
+            none), ``SPREAD`` otherwise (shards share nodes only when they must).
         num_shards (int, optional): the number of shard actors. Defaults to ``1``.
         recovery_dir (str or Path, optional): a directory every shard can reach, where each keeps
             the pointer to its part of the last checkpoint (and its journal), so that a shard Ray
@@ -181,9 +317,14 @@ class RayReplayBuffer(ReplayBuffer):
             into ``recovery_dir`` (a restarted shard then loses nothing). Defaults to ``False``.
         sample_timeout (float, optional): how long a call waits for a shard that is down before
             raising :class:`ShardUnavailableError`. Defaults to ``60`` seconds.
-        chunk_rows (int, optional): the largest number of rows of a write that go to one shard:
-            a write is cut into contiguous chunks of at most this many rows, each sent to the
-            shard written the least so far. Defaults to ``4096``.
+        chunk_rows (int, optional): the largest number of rows of a write that go to one shard
+            in one piece, and the width of the runs the write ring deals to each shard in
+            turn (see "Writes and evictions" below). Defaults to ``4096``.
+        compiled_graph (bool, optional): whether the client that builds the buffer samples
+            (without ``prefetch``) through a Ray Compiled Graph (``ray.dag``) over the shards,
+            whose channels cost a fraction of a task's call; its priority updates travel the
+            same way. Prioritized and uniform samplers only; other calls, other clients and a
+            graph that fails (a shard restarted) take Ray's task path. Defaults to ``True``.
         **kwargs: keyword arguments of ``replay_buffer_cls`` (``storage``, ``sampler`` and
             ``writer`` as factories, ``batch_size``, ``alpha`` / ``beta``, ``priority_key``...).
             ``prefetch`` keeps that many samples in flight on the client; ``generator`` draws
@@ -197,10 +338,39 @@ class RayReplayBuffer(ReplayBuffer):
           shard whose prefix-sum interval holds it, and the shards descend their trees in
           parallel, each with its masses minus its offset. Importance weights
           ``(p_i / p_min) ** -beta`` use the minimum over all shards; they equal those of one
-          :class:`~torchrl_compat.PrioritizedSampler` holding the same priorities.
+          :class:`~torchrl_compat.PrioritizedSampler` holding the same priorities. New rows get
+          the largest priority given so far on any shard (this client's updates still in
+          flight included), and a write leaves that largest priority as it is, as torchrl 0.13
+          on does (0.11-0.12 add ``eps`` to it at each write).
         - Uniform: draws split by the shards' row counts; without replacement: by the rows left
           in each shard's epoch (a multivariate hypergeometric split); slices: whole slices, split
-          by row counts (a slice never crosses a shard).
+          by the number of trajectories each shard can draw one from (so each slice's trajectory
+          is drawn uniformly over all shards, as in one buffer; a trajectory is never cut between
+          shards, see below).
+
+    Writes and evictions:
+        Rows are written along one ring of the whole capacity, striped over the shards in runs
+        of ``chunk_rows`` rows (rows ``[0, chunk_rows)`` of shard 0, the same rows of shard 1,
+        and so on, then the next ``chunk_rows`` rows of each shard). A write continues the ring
+        where the shards stand, in pieces of at most ``chunk_rows`` rows, none larger than what
+        its shard can take.
+
+        - While the buffer has room, a write never overwrites a row: each shard hands out the
+          rows it has never held before any it holds, and a piece meant for a shard that has
+          no room left goes to one that has. ``len()`` is ``min(rows written, capacity)``.
+        - Once the buffer is full, a write overwrites its oldest rows: with one writing client,
+          exactly the rows one :class:`~torchrl_compat.TensorDictReplayBuffer` of the same
+          capacity would overwrite (the ring is that buffer's round-robin order); with several,
+          each continues the ring from where it last saw the shards, and overwrites the oldest
+          rows of the shards it writes to.
+        - The indices a write returns are distinct (but for a write of more rows than the
+          capacity, whose last rows overwrite its first ones, as in one buffer), and each names
+          the row written there until a later write overwrites it.
+        - With a slice sampler, writes go by whole trajectories (read from the batch's
+          ``traj_key`` or ``end_key``, as the sampler reads them): each trajectory to one shard,
+          the part of one that a write leaves open to the same shard with the next write, to
+          the shard with the most room while any has some, else to the one holding the least
+          of its capacity.
 
     .. note:: Staleness. Every reply of a shard carries its totals after the call (priority sum
         and minimum, rows, rows written): the client never asks for them separately. A sample
@@ -232,12 +402,14 @@ class RayReplayBuffer(ReplayBuffer):
         writer process calls :meth:`sync` (or :meth:`close`) before it exits or idles: the
         chunks it holds go out with its next call. What this
         trades: rows reserved by one client and not yet written are passed over by the
-        others' writes (a lap evicts in reservation order, not write order), and until the
-        shards fill they count in ``len()`` and read as the storage's initial rows (a uniform
-        sample may draw them; a prioritized one never does, their priority being 0).
-        A reservation lapses when its shard restarts, is emptied or loaded: a write under it
-        is refused and reported. Shards whose writer is not round-robin or whose storage is
-        not a 1-D tensor storage return the indices of each write after it is stored.
+        others' writes (with several writing clients a lap evicts in reservation order, not
+        write order); until written they hold no data, are not counted in ``len()`` and are
+        never drawn, and the rows a client lets go of unwritten (:meth:`close`) are handed out
+        again first. A reservation lapses when its shard restarts, is emptied or loaded: a
+        write under it is refused and reported. Writes to shards whose sampler is not
+        prioritized or uniform (a without-replacement or slice sampler would draw reserved
+        rows), whose writer is not round-robin or whose storage is not a 1-D tensor storage
+        wait for their indices until each chunk is stored.
 
     .. note:: Priority updates are checked on the client (indices held by a shard, finite and
         non-negative priorities). Without ``prefetch`` they are sent at once, without waiting,
@@ -299,6 +471,7 @@ class RayReplayBuffer(ReplayBuffer):
         write_ahead: bool = False,
         sample_timeout: float = 60.0,
         chunk_rows: int = 4096,
+        compiled_graph: bool = True,
         **kwargs,
     ) -> None:
         if "_actors" in self.__dict__:
@@ -308,8 +481,7 @@ class RayReplayBuffer(ReplayBuffer):
             raise TypeError(f"RayReplayBuffer takes keyword arguments only, got positional {args}")
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
             raise ValueError(f"num_shards must be a positive integer, got num_shards={num_shards!r}")
-        if not isinstance(chunk_rows, int) or chunk_rows < 1:
-            raise ValueError(f"chunk_rows must be a positive integer, got chunk_rows={chunk_rows!r}")
+        _check_chunk_rows(chunk_rows)
         transform, transform_factory = kwargs.pop("transform", None), kwargs.pop("transform_factory", None)
         check_transform_arguments(transform, transform_factory)
         # applied by the client (the inverse before a write is sent, the transform to each
@@ -338,9 +510,13 @@ class RayReplayBuffer(ReplayBuffer):
         options = {**DEFAULT_SHARD_OPTIONS, **(remote_config or {})}
         from torchrl_compat._ray_shard import ReplayShard
 
-        actor_cls = ray.remote(ReplayShard).options(**options)
+        self._placement_group = None
+        if "scheduling_strategy" not in options:
+            self._placement_group = _spread_group(ray, options, num_shards, self._sample_timeout)
+        actor_cls = ray.remote(ReplayShard)
         self._actors = [
-            actor_cls.remote(k, replay_buffer_cls, per_shard[k], self._recovery_dir, write_ahead)
+            actor_cls.options(**options, **_bundle(self._placement_group, k)).remote(
+                k, replay_buffer_cls, per_shard[k], self._recovery_dir, write_ahead)
             for k in range(num_shards)
         ]
         try:
@@ -348,9 +524,11 @@ class RayReplayBuffer(ReplayBuffer):
         except Exception:
             for actor in self._actors:
                 ray.kill(actor, no_restart=True)
+            self._remove_placement_group()
             raise
         self._setup(descriptions)
         self._owner = True
+        self._graph_wanted = bool(compiled_graph) and self._kind in ("prioritized", "uniform")
 
     # ------------------------------------------------------------------ setup
     @staticmethod
@@ -388,13 +566,13 @@ class RayReplayBuffer(ReplayBuffer):
         self._is_tensordict = first["tensordict"]
         self._priority_key = first["priority_key"]
         self._totals = routing.ShardTotals(self._num_shards)
-        self._reservable = all(d.get("reservable", False) for d in descriptions)
-        # a reservation: four chunks, at most an eighth of a shard (rows a client reserved and
-        # has not written are passed over by the other clients' writes)
-        self._reserve_rows = max(1, min(4 * self._chunk_rows, min(self._capacities) // 8))
-        self._init_client_state()
         for shard, description in enumerate(descriptions):
             self._totals.update(shard, description["totals"])
+        self._reservable = all(d.get("reservable", False) for d in descriptions)
+        self._reserve_rows = _reserve_rows(self._chunk_rows, self._capacities)
+        if self._kind == "slice":
+            self._trajectory_keys = first["trajectory_keys"]
+        self._init_client_state()
 
     def _init_client_state(self) -> None:
         """What each client holds for itself: calls submitted, writes and updates in flight,
@@ -408,14 +586,109 @@ class RayReplayBuffer(ReplayBuffer):
         self._writes = collections.deque()  # _Write, oldest first
         self._in_flight = [0] * n  # writes in flight, per shard
         self._held = [[] for _ in range(n)]  # _Held chunks not sent yet, per shard
-        self._rows_ahead = np.zeros(n, dtype=np.int64)  # rows in flight, per shard
         self._reservations = Reservations(n, self._reserve_rows)
         self._reserve_calls = [None] * n  # a reservation asked for ahead, per shard
+        self._ring = routing.WriteRing(self._capacities, self._chunk_rows)
+        # each shard's next sequence number as this client writes them: their sum is where
+        # it continues the write ring
+        self._next_sequence = np.array(self._totals.frontier, dtype=np.int64)
+        self._lapped = np.zeros(n, dtype=bool)  # shards that handed this client a lap
+        self._max_sent = None  # the largest priority this client's updates gave
+        self._known_leaves = None  # (global index, stored priority) of the last batch's rows
+        self._graph = None  # the compiled learner graph, once built
+        self._graph_wanted = False  # whether this client samples through one
+        self._graph_builds = 0
+        self._graph_broken = False  # a graph broke: the task path samples until it succeeds
+        self._graph_steps = collections.deque()  # _GraphStep in flight, oldest first
+        self._open_shard = None  # the shard of a trajectory a slice buffer's last write left open
+        self._slice_weights = {}  # seq_length -> (rows_written, incarnations, eligible trajectories)
 
     # ------------------------------------------------------------------ plumbing
     def _submit(self, shard: int, method: str, *args):
+        if self._graph_steps:
+            self._settle_graph()  # a task call may overtake a graph step: it goes after them
         self._seq[shard] += 1
         return (shard, self._seq[shard], getattr(self._actors[shard], method).remote(*args))
+
+    # ------------------------------------------------------------------ compiled graph
+    def _uses_graph(self) -> bool:
+        """Whether this sample goes through the compiled learner graph (built on first use,
+        and again once the task path has served a sample after one broke)."""
+        if not self._graph_wanted or self._prefetch_cap or self._graph_broken:
+            return False
+        if self._graph is None:
+            if self._graph_builds > GRAPH_REBUILDS:
+                return False
+            self._graph_builds += 1
+            try:
+                from ray.dag import InputNode, MultiOutputNode
+
+                with InputNode() as request:
+                    dag = MultiOutputNode([actor.learner_step.bind(request) for actor in self._actors])
+                self._graph = dag.experimental_compile(_submit_timeout=self._sample_timeout)
+            except Exception as err:  # noqa: BLE001 - the task path serves instead
+                self._graph_error = err
+                return False
+        return True
+
+    def _graph_execute(self, request: list) -> _GraphStep:
+        """Executes one step of the graph (``request[k]``: ``(method, draws, updates)`` of shard
+        ``k``), without waiting for it. A step may overtake task calls in flight: this
+        client's writes and updates sent that way are waited for first."""
+        if self._writes or any(self._held):
+            self._wait_for_writes()
+        if self._update_calls:
+            self._finish(self._drain_update_calls())
+        seqs = []
+        for k in range(self._num_shards):
+            self._seq[k] += 1
+            seqs.append(self._seq[k])
+        try:
+            ref = self._graph.execute(request)
+        except Exception as err:  # noqa: BLE001 - see _graph_failed
+            raise self._graph_failed(err, [entry[2] for entry in request])
+        step = _GraphStep(ref, seqs, [entry[2] for entry in request])
+        self._graph_steps.append(step)
+        return step
+
+    def _graph_replies(self, step: _GraphStep) -> list:
+        """The replies of ``step`` (and of the steps before it), their totals noted."""
+        while self._graph_steps:
+            oldest = self._graph_steps.popleft()
+            try:
+                replies = self._ray.get(oldest.ref, timeout=self._sample_timeout)
+            except Exception as err:  # noqa: BLE001 - see _graph_failed
+                updates = [u for s in [oldest, *self._graph_steps] for u in s.updates]
+                self._graph_steps.clear()
+                raise self._graph_failed(err, updates)
+            for k, reply in enumerate(replies):
+                self._note(k, oldest.seqs[k], reply if _is_totals(reply) else reply[-1])
+            if oldest is step:
+                return replies
+        raise AssertionError("a graph step read twice")  # pragma: no cover
+
+    def _settle_graph(self) -> None:
+        """Reads every graph step in flight; a failed one hands its updates to the task path."""
+        try:
+            if self._graph_steps:
+                self._graph_replies(self._graph_steps[-1])
+        except _GraphFailed:
+            pass
+
+    def _graph_failed(self, err: Exception, updates: list) -> _GraphFailed:
+        """Lets go of a broken graph (its actors are torn down in the background: a dead
+        shard's loop is waited for) and puts the updates it carried back in front of the
+        pending ones; the caller goes on through the task path (which finds the restart)."""
+        graph, self._graph = self._graph, None
+        self._graph_error = err
+        self._graph_broken = True
+        self._known_leaves = None  # the updates handed back are sent, and waited for, first
+        if graph is not None:
+            threading.Thread(target=_teardown, args=(graph,), daemon=True).start()
+        for k, update in enumerate(updates if len(updates) == self._num_shards else []):
+            if update is not None:
+                self._pending_updates[k].insert(0, update)
+        return _GraphFailed(str(err))
 
     def _note(self, shard: int, seq: int, totals: tuple) -> None:
         """Takes a reply's totals (the newest per shard win); a new incarnation means the shard
@@ -437,6 +710,9 @@ class RayReplayBuffer(ReplayBuffer):
         self._pending_updates[shard] = []  # they name rows of the shard as it was
         self._reservations.drop(shard)  # they lapsed with the old incarnation
         self._reserve_calls[shard] = None
+        self._next_sequence[shard] = self._totals.frontier[shard]
+        self._lapped[shard] = False
+        self._known_leaves = None
         if restored is None:
             origin = "empty (it had no checkpoint)"
         else:
@@ -451,39 +727,64 @@ class RayReplayBuffer(ReplayBuffer):
             shard=shard, rows_lost=lost, restored=restored,
         )
 
-    def _result(self, shard: int, seq: int, ref):
-        """The reply of one call; a dead shard is waited for (up to ``sample_timeout``), then
-        reported as restarted or unavailable."""
+    def _result(self, shard: int, seq: int, ref, faults: "_Faults | None" = None):
+        """The reply of one call, its totals noted. A shard that does not answer is waited
+        for until the call's deadline (``sample_timeout`` from its start, one for all its
+        replies: ``faults``), then reported as restarted or unavailable; a shard found so
+        earlier in the same call is reported again at once."""
         ray = self._ray
+        faults = faults or _Faults(self._sample_timeout)
+        known = faults.down.get(shard)
+        if isinstance(known, ShardUnavailableError):
+            raise known
         try:
-            return ray.get(ref)
+            reply = ray.get(ref, timeout=faults.left())
+        except ray.exceptions.GetTimeoutError:
+            raise faults.record(shard, self._unavailable(shard)) from None
         except ray.exceptions.RayActorError:
-            pass
-        deadline = time.monotonic() + self._sample_timeout
+            if known is not None:
+                raise known from None  # a call to the incarnation that died
+            raise faults.record(shard, self._await_restart(shard, faults)) from None
+        try:
+            self._note(shard, seq, reply if _is_totals(reply) else reply[-1])
+        except ShardRestartedError as err:
+            raise faults.record(shard, err) from None
+        return reply
+
+    def _unavailable(self, shard: int) -> ShardUnavailableError:
+        return ShardUnavailableError(
+            f"shard {shard} of {self._num_shards} is down and did not come back within "
+            f"sample_timeout={self._sample_timeout} s",
+            shard=shard,
+        )
+
+    def _await_restart(self, shard: int, faults: "_Faults") -> Exception:
+        """Waits (until the call's deadline) for a shard whose actor died: the error to raise,
+        :class:`ShardRestartedError` once Ray restarted it, else :class:`ShardUnavailableError`."""
+        ray = self._ray
         previous_rows = int(self._totals.rows_written[shard])
         while True:
-            left = deadline - time.monotonic()
+            left = faults.left()
             if left <= 0:
-                raise ShardUnavailableError(
-                    f"shard {shard} of {self._num_shards} is down and did not come back within "
-                    f"sample_timeout={self._sample_timeout} s",
-                    shard=shard,
-                )
+                return self._unavailable(shard)
             try:
                 ray.get(self._actors[shard].ping.remote(), timeout=left)
                 break
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 time.sleep(min(0.05, max(left, 0)))
-        self._restarted(shard, previous_rows)
+        try:
+            self._restarted(shard, previous_rows)
+        except ShardRestartedError as err:
+            return err
+        raise AssertionError("_restarted returns only by raising")  # pragma: no cover
 
-    def _results(self, calls) -> tuple[dict, list]:
+    def _results(self, calls, faults: "_Faults | None" = None) -> tuple[dict, list]:
         """Every call's reply by shard, and the errors met (raised once all are read)."""
+        faults = faults or _Faults(self._sample_timeout)
         replies, errors = {}, []
         for shard, seq, ref in calls:
             try:
-                reply = self._result(shard, seq, ref)
-                self._note(shard, seq, reply if _is_totals(reply) else reply[-1])
-                replies[shard] = reply
+                replies[shard] = self._result(shard, seq, ref, faults)
             except Exception as err:  # noqa: BLE001 - re-raised below, after the other shards
                 errors.append(err)
         return replies, errors
@@ -530,7 +831,7 @@ class RayReplayBuffer(ReplayBuffer):
     def _finish(self, calls) -> dict:
         replies, errors = self._results(calls)
         if errors:
-            raise errors[0]
+            raise _combined(errors)
         return replies
 
     def _refresh_totals(self) -> None:
@@ -543,8 +844,8 @@ class RayReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ writes
     def extend(self, data, *, update_priority: bool | None = None) -> torch.Tensor:
-        """Writes ``data`` (rows along the first dimension), cut into contiguous chunks of at
-        most ``chunk_rows`` rows, each to the shard written the least so far.
+        """Writes ``data`` (rows along the first dimension) along the write ring, in pieces of
+        at most ``chunk_rows`` rows (see "Writes and evictions" in the class docstring).
 
         The indices come from the rows this client has reserved on each shard: the calls are
         sent without waiting for them, or held to go with the next chunks while the shard
@@ -552,7 +853,9 @@ class RayReplayBuffer(ReplayBuffer):
         reported by this client's next call.
 
         Returns:
-            the global indices of the rows (int64).
+            the global indices of the rows (int64): distinct, unless the write holds more rows
+            than the buffer (its first rows are then overwritten by its last ones, as in one
+            buffer).
 
         Raises:
             ShardWriteError: an earlier write was not stored (its shard and rows named).
@@ -565,6 +868,9 @@ class RayReplayBuffer(ReplayBuffer):
             data = self._apply_inverse_transform(data)
             if data is None:
                 return torch.zeros((0,), dtype=torch.long)
+        self._known_leaves = None  # the write may overwrite the last batch's rows
+        if any(self._pending_updates):
+            self._send_updates()  # the updates waiting for a sample reach the rows before the write
         if not self._reservable:
             self._send_held()
             return self._extend_blocking(data)
@@ -572,33 +878,76 @@ class RayReplayBuffer(ReplayBuffer):
         num_rows = wire.num_rows(packed)
         if num_rows == 0:
             return torch.zeros((0,), dtype=torch.long)
-        plan = routing.write_plan(num_rows, self._totals.rows_written + self._rows_ahead, self._capacities,
-                                  self._chunk_rows)
-        max_priority = self._totals.global_max_priority() if self._kind == "prioritized" else None
+        max_priority = self._max_priority()
         index = np.empty(num_rows, dtype=np.int64)
-        for shard, start, stop in plan:
-            capacity = self._capacities[shard]
-            for token, first, count in self._reserved(shard, stop - start):
-                rows = (np.arange(first, first + count, dtype=np.int64) % capacity) + shard * self._stride
-                index[start:start + count] = rows
-                chunk = wire.rows(packed, start, start + count)
-                self._rows_ahead[shard] += count
-                start += count
-                if chunk[0] != wire.OBJECT and (self._in_flight[shard] or self._held[shard]):
-                    # the shard is busy with this client's writes: sent with the next chunks
-                    self._hold(shard, _Held(wire.copy(chunk), rows, token, first), max_priority)
-                else:
-                    self._send_held(shard, max_priority)
-                    self._submit_write(shard, chunk, rows, token, first, max_priority)
+        taken = _WriteRows(self._capacities) if num_rows <= self._ring.capacity else None
+        position = self._ring.position(self._next_sequence)
+        start = 0
+        full, spent = set(), set()  # shards found without room / without a row left, this write
+        while start < num_rows:
+            room = self._known_room()
+            if room is not None:
+                room[list(full)] = 0
+                room = room if room.any() else None
+            for shard, count in routing.plan_write(self._ring, position, num_rows - start, room, spent):
+                runs = self._reserved(shard, count, room is not None, taken)
+                for token, first, rows, fills in runs:
+                    self._write_chunk(shard, packed, start, token, first, rows, fills, index, max_priority)
+                    start += rows
+                written = sum(run[2] for run in runs)
+                position += written
+                if written < count:
+                    # the shard had less room than this client knew (or, overwriting, no row
+                    # this write has not taken): the rest goes elsewhere
+                    (full if room is not None else spent).add(shard)
+                    break
+        for shard in range(self._num_shards):
             if self._held[shard] and not self._in_flight[shard]:
                 self._send_held(shard, max_priority)
         if len(self._writes) > MAX_WRITES_IN_FLIGHT:
             self._harvest_writes(at_least=len(self._writes) - MAX_WRITES_IN_FLIGHT)
         return torch.from_numpy(index)
 
-    def _submit_write(self, shard: int, packed, rows: np.ndarray, token, first: int, max_priority) -> None:
+    def _write_chunk(self, shard, packed, start, token, first, rows, fills, index, max_priority) -> None:
+        """Sends (or holds) rows ``start`` .. ``start + rows - 1`` of a write, reserved on
+        ``shard`` from sequence number ``first`` on, and records their global indices."""
+        capacity = self._capacities[shard]
+        local = np.arange(first, first + rows, dtype=np.int64) % capacity
+        global_index = local + shard * self._stride
+        index[start:start + rows] = global_index
+        chunk = wire.rows(packed, start, start + rows)
+        if chunk[0] != wire.OBJECT and (self._in_flight[shard] or self._held[shard]):
+            # the shard is busy with this client's writes: sent with the next chunks
+            self._hold(shard, _Held(wire.copy(chunk), global_index, token, first, fills), max_priority)
+        else:
+            self._send_held(shard, max_priority)
+            self._submit_write(shard, chunk, global_index, token, first, max_priority, fills)
+
+    def _max_priority(self) -> float | None:
+        """The priority new rows get (prioritized buffers): the largest given so far, from the
+        shards' replies and from this client's updates, those in flight included."""
+        if self._kind != "prioritized":
+            return None
+        known = self._totals.global_max_priority()
+        sent = self._max_sent
+        return sent if known is None or (sent is not None and sent > known) else known
+
+    def _known_room(self) -> np.ndarray | None:
+        """The rows each shard can still take before a write there overwrites one, as far as
+        this client knows (the rows it holds that fill the shard, the rows no client holds
+        yet, and a reservation asked for ahead from a shard not seen full), or ``None`` when
+        every shard is known to be full. :meth:`_reserved` finds out the rest."""
+        reservations = self._reservations
+        room = np.array([reservations.held(k, fills=True) for k in range(self._num_shards)], dtype=np.int64)
+        room += self._totals.room
+        for k, call in enumerate(self._reserve_calls):
+            if call is not None and not self._lapped[k]:
+                room[k] += reservations.block
+        return room if room.any() else None
+
+    def _submit_write(self, shard: int, packed, rows: np.ndarray, token, first: int, max_priority, fills) -> None:
         call = self._submit(shard, "write_at", token, first, max_priority, *wire.to_arguments(packed))
-        self._writes.append(_Write(shard, call[1], call[2], rows, token, first))
+        self._writes.append(_Write(shard, call[1], call[2], rows, token, first, fills))
         self._in_flight[shard] += 1
 
     def _hold(self, shard: int, chunk: _Held, max_priority) -> None:
@@ -621,34 +970,48 @@ class RayReplayBuffer(ReplayBuffer):
             if not held:
                 continue
             self._held[k] = []
-            if max_priority is None and self._kind == "prioritized":
-                max_priority = self._totals.global_max_priority()
+            if max_priority is None:
+                max_priority = self._max_priority()
             packed = held[0].packed if len(held) == 1 else wire.concatenate([h.packed for h in held])
             rows = held[0].index if len(held) == 1 else np.concatenate([h.index for h in held])
-            self._submit_write(k, packed, rows, held[0].token, held[0].start, max_priority)
+            self._submit_write(k, packed, rows, held[0].token, held[0].start, max_priority, held[0].fills)
 
-    def _reserved(self, shard: int, rows: int) -> list[tuple]:
-        """``(token, start, count)`` runs of ``rows`` rows reserved on ``shard``; waits for a
-        reservation only when this client holds too few, and asks for the next one ahead."""
+    def _reserved(self, shard: int, rows: int, fills: bool, taken: _WriteRows | None) -> list[tuple]:
+        """``(token, start, count, fills)`` runs of up to ``rows`` rows reserved on ``shard``
+        (with ``fills``, only rows that fill it: fewer when it turns out full); waits for a
+        reservation only when this client holds too few, and asks for the next one ahead.
+        ``taken`` passes over rows the same write already took."""
         reservations = self._reservations
-        runs = reservations.take(shard, rows)
-        rows -= sum(count for _, _, count in runs)
-        while rows:
-            self._receive_reservation(shard)
-            more = reservations.take(shard, rows)
-            runs += more
-            rows -= sum(count for _, _, count in more)
+        runs = []
+        while rows and not (taken is not None and taken.full(shard)):
+            got = reservations.take(shard, rows, fills=fills)
+            if not got:
+                if reservations.held(shard):
+                    break  # what is held overwrites: the shard is full
+                self._receive_reservation(shard, rows)
+                continue
+            if taken is not None:
+                got = [part for run in got for part in taken.admit(shard, run)]
+            if got:
+                runs += got
+                rows -= sum(run[2] for run in got)
+                self._next_sequence[shard] = max(self._next_sequence[shard], got[-1][1] + got[-1][2])
         if reservations.held(shard) < reservations.block // 2 and self._reserve_calls[shard] is None:
             self._reserve_calls[shard] = self._submit(shard, "reserve", reservations.block)
         return runs
 
-    def _receive_reservation(self, shard: int) -> None:
+    def _receive_reservation(self, shard: int, rows: int = 0) -> None:
+        """Waits for a reservation on ``shard`` (the one asked for ahead, else a new one of at
+        least ``rows`` rows) and keeps it; the ranges other clients' writes lapped since are
+        dropped."""
         call = self._reserve_calls[shard]
         if call is None:
-            call = self._submit(shard, "reserve", self._reservations.block)
+            call = self._submit(shard, "reserve", max(rows, self._reservations.block))
         self._reserve_calls[shard] = None
-        (token, start), _ = self._finish([call])[shard]
-        self._reservations.add(shard, token, start)
+        (token, start, stop, fills), _ = self._finish([call])[shard]
+        self._lapped[shard] |= not fills
+        self._reservations.trim(shard, stop - self._capacities[shard])
+        self._reservations.add(shard, token, start, stop, fills)
 
     def _check_writes(self) -> None:
         """Sends the chunks held, reads the replies of the writes that have arrived, without
@@ -681,44 +1044,56 @@ class RayReplayBuffer(ReplayBuffer):
             ready = set(ready)
             done = [write for write in writes if write.ref in ready]
             self._writes = collections.deque(write for write in writes if write.ref not in ready)
-        failures = self._read_writes(done)
+        faults = _Faults(self._sample_timeout)
+        failures = self._read_writes(done, faults)
         if failures and self._writes:
-            # one error for every write in flight: the others are waited for, so what it
-            # names does not depend on which replies happened to be in
+            # one error for every write in flight: the others are waited for (one deadline
+            # for all of them), so what it names does not depend on which replies were in
             rest, self._writes = list(self._writes), collections.deque()
-            failures += self._read_writes(rest)
+            failures += self._read_writes(rest, faults)
         if failures:
             raise self._write_failure(failures)
 
-    def _read_writes(self, done) -> list:
+    def _read_writes(self, done, faults: "_Faults") -> list:
         """``(shard, index, reason)`` of the writes in ``done`` that stored nothing (waiting
-        for the replies not in yet); the rows of a write its shard refused go back to the
-        reservations."""
+        for the replies not in yet, until ``faults``' deadline); the rows of a write its
+        shard refused go back to the reservations."""
         failures = []
         for write in done:
-            self._rows_ahead[write.shard] -= len(write.index)
             self._in_flight[write.shard] -= 1
             try:
-                reason, totals = self._result(write.shard, write.seq, write.ref)
-                self._note(write.shard, write.seq, totals)
+                reason, _ = self._result(write.shard, write.seq, write.ref, faults)
             except self._ray.exceptions.RayTaskError as err:
                 # the shard refused the batch and wrote nothing: its rows serve the next write
-                self._reservations.restore(write.shard, write.token, write.start, write.start + len(write.index))
+                self._reservations.restore(write.shard, write.token, write.start, write.start + len(write.index),
+                                           write.fills)
                 reason = err
             except Exception as err:  # noqa: BLE001 - reported below with the rows
                 reason = err
+            if reason == LAPSED:
+                # the shard's epoch changed under this client: every range it holds there
+                # lapsed with this one
+                self._reservations.drop(write.shard)
+                self._lapped[write.shard] = False
             if reason is not None:
                 failures.append((write.shard, write.index, reason))
         return failures
 
     def _write_failure(self, failures) -> Exception:
+        """One error naming every row of ``failures`` (``(shard, index, reason)``): a shard
+        restarted or down heads it (all of them named, see :func:`_combined`), else
+        :class:`ShardWriteError`."""
         lines = [f"shard {shard}: global indices {describe_rows(index)}: {_reason(reason)}"
                  for shard, index, reason in failures]
-        restarted = next((reason for _, _, reason in failures if isinstance(reason, ShardRestartedError)), None)
-        if restarted is not None:
-            restarted.index = torch.from_numpy(np.concatenate([index for _, index, _ in failures]))
-            restarted.args = (f"{restarted.args[0]}; rows of writes in flight not stored: " + "; ".join(lines),)
-            return restarted
+        faults = []
+        for _, _, reason in failures:
+            if isinstance(reason, (ShardRestartedError, ShardUnavailableError)) and all(reason is not f for f in faults):
+                faults.append(reason)
+        if faults:
+            err = _combined(faults)
+            err.index = torch.from_numpy(np.concatenate([index for _, index, _ in failures]))
+            err.args = (f"{err.args[0]}; rows of writes in flight not stored: " + "; ".join(lines),)
+            return err
         return ShardWriteError(
             f"{sum(len(index) for _, index, _ in failures)} row(s) an earlier extend returned the "
             "indices of were not stored: " + "; ".join(lines),
@@ -726,9 +1101,18 @@ class RayReplayBuffer(ReplayBuffer):
         )
 
     def _drop_reservations(self) -> None:
-        """After the shards' epoch changed (empty, load): every reservation lapsed."""
+        """After the shards' epoch changed (empty, load): every reservation lapsed; the write
+        ring continues from the shards' cursors."""
         self._reservations.drop()
         self._reserve_calls = [None] * self._num_shards
+
+    def _restart_ring(self) -> None:
+        """After the shards' epoch changed: the write ring continues from their cursors."""
+        self._next_sequence = np.array(self._totals.frontier, dtype=np.int64)
+        self._lapped[:] = False
+        self._max_sent = None
+        self._known_leaves = None
+        self._open_shard = None
 
     def sync(self) -> None:
         """Waits for this client's writes and priority updates in flight; raises what failed
@@ -738,36 +1122,68 @@ class RayReplayBuffer(ReplayBuffer):
         self._wait_for_updates()
 
     def _extend_blocking(self, data) -> torch.Tensor:
-        """The write of a shard that cannot write where the client says (a writer other than
-        round-robin, a storage other than a 1-D tensor storage): waits for the indices."""
+        """The write of a shard that cannot write where the client says (a sampler that draws
+        by other means than rows, a writer other than round-robin, a storage other than a 1-D
+        tensor storage): sends every chunk, then waits for the indices. A chunk meant to fill
+        a shard that another client filled meanwhile comes back partly written: its other
+        rows are planned again."""
         packed = wire.pack(data)
         num_rows = wire.num_rows(packed)
         if num_rows == 0:
             return torch.zeros((0,), dtype=torch.long)
-        plan = routing.write_plan(num_rows, self._totals.rows_written, self._capacities, self._chunk_rows)
-        max_priority = self._totals.global_max_priority() if self._kind == "prioritized" else None
-        calls, spans = [], {}
-        for shard, start, stop in plan:
-            call = self._submit(shard, "extend", max_priority, *wire.to_arguments(wire.rows(packed, start, stop)))
-            calls.append(call)
-            spans[call[2]] = (shard, start, stop)
+        max_priority = self._max_priority()
         index = np.full(num_rows, -1, dtype=np.int64)
-        errors = []
-        for shard, seq, ref in calls:
-            try:
-                local, totals = self._result(shard, seq, ref)
-                self._note(shard, seq, totals)
-                _, start, stop = spans[ref]
-                index[start:stop] = self._global_index(shard, local)
-            except Exception as err:  # noqa: BLE001 - raised below with what was stored
-                errors.append(err)
-        result = torch.from_numpy(index)
-        if errors:
-            for err in errors:
-                if isinstance(err, ShardRestartedError):
-                    err.index = result
-            raise errors[0]
-        return result
+        ends = routing.trajectory_ends(data, self._trajectory_keys) if self._kind == "slice" else None
+        left = [(0, num_rows)]
+        while left:
+            room = np.array(self._totals.room, dtype=np.int64)
+            fill = room.any()
+            calls, spans, errors = [], {}, []
+            for first, stop in left:
+                for shard, start, end in self._blocking_chunks(first, stop, ends, room):
+                    call = self._submit(shard, "extend", max_priority, bool(fill),
+                                        *wire.to_arguments(wire.rows(packed, start, end)))
+                    calls.append(call)
+                    spans[call[2]] = (start, end)
+            left = []
+            faults = _Faults(self._sample_timeout)
+            for shard, seq, ref in calls:
+                start, end = spans[ref]
+                try:
+                    local, _ = self._result(shard, seq, ref, faults)
+                except Exception as err:  # noqa: BLE001 - raised below with what was stored
+                    errors.append(err)
+                    continue
+                index[start:start + len(local)] = self._global_index(shard, local)
+                if start + len(local) < end:
+                    left.append((start + len(local), end))
+            if errors:
+                err = _combined(errors)
+                if isinstance(err, (ShardRestartedError, ShardUnavailableError)):
+                    err.index = torch.from_numpy(index)  # -1 where a row was not stored
+                raise err
+        return torch.from_numpy(index)
+
+    def _blocking_chunks(self, first: int, stop: int, ends, room) -> list[tuple[int, int, int]]:
+        """``(shard, start, stop)`` chunks of rows ``first`` .. ``stop - 1`` of a blocking write:
+        along the write ring, or whole trajectories to a shard for a slice sampler (see
+        :func:`~torchrl_compat._ray_routing.plan_trajectories`). ``room`` is used up as
+        chunks are planned."""
+        if ends is not None:
+            load = self._totals.rows_written / np.asarray(self._capacities, dtype=np.float64)
+            chunks, self._open_shard = routing.plan_trajectories(
+                ends[first:stop], self._chunk_rows, room, load, self._capacities,
+                open_shard=self._open_shard if first == 0 else None)
+            for shard, start, end in chunks:
+                room[shard] = max(0, room[shard] - (end - start))
+            return [(shard, start + first, end + first) for shard, start, end in chunks]
+        position = self._ring.position(self._totals.frontier)
+        chunks = []
+        for shard, rows in routing.plan_write(self._ring, position, stop - first, room if room.any() else None):
+            chunks.append((shard, first, first + rows))
+            room[shard] = max(0, room[shard] - rows)
+            first += rows
+        return chunks
 
     def add(self, data) -> int:
         """Writes one item; returns its global index."""
@@ -809,15 +1225,73 @@ class RayReplayBuffer(ReplayBuffer):
                 "non-negative number"
             )
         shard, local = routing.route_global_index(index, self._stride, self._capacities)
+        largest = float(priority.max())
+        if self._max_sent is None or largest > self._max_sent:
+            self._max_sent = largest
+        # one shard, a graph step or prefetching carry the updates with the next sample; with
+        # several shards so do the other paths when the new sums are known here (the rows of
+        # the last batch drawn)
+        carried = (self._prefetch_cap or (self._num_shards == 1 and self._graph is not None)
+                   or (self._num_shards > 1 and not self._pending_uncarried() and self._predict_sums(index, priority)))
         for k, where in enumerate(routing.groups(shard, self._num_shards)):
             if not where.size:
                 continue
             update = (local[where], np.ascontiguousarray(priority[where]))
-            if self._prefetch_cap:
+            if carried or self._graph is not None:
                 self._pending_updates[k].append(update)  # sent with the next sample's calls
             else:
                 self._update_calls.append(self._submit(k, "update_priority", *update))
+        if not carried and self._graph is not None:
+            self._graph_send_updates()  # now, not waited for: the next split waits for it
         self._harvest_updates()
+
+    def _pending_uncarried(self) -> bool:
+        """Whether updates wait to be sent whose new sums this client did not compute (a
+        broken graph handed them back): they are sent, and waited for, before a split."""
+        return self._num_shards > 1 and not self._prefetch_cap and any(self._pending_updates) and \
+            self._known_leaves is None
+
+    def _remember_leaves(self, index: np.ndarray, priority: np.ndarray) -> None:
+        """Keeps the stored priorities (leaves) of a prioritized batch's rows, by global index."""
+        if self._num_shards > 1 and not self._prefetch_cap:
+            keys, first = np.unique(index, return_index=True)
+            self._known_leaves = (keys, priority[first].astype(np.float64))
+
+    def _predict_sums(self, index: np.ndarray, priority: np.ndarray) -> bool:
+        """The shards' priority sums after this update, into the totals a split uses, when
+        every row it names is one of the last batch's (whose stored priorities this client
+        knows and nothing has written since): the update can then travel with the next
+        sample's calls, one round trip for both, the split still exact (to the rounding of
+        the trees' sums). ``False`` when it cannot tell."""
+        known = self._known_leaves
+        if known is None or self._kind != "prioritized":
+            return False
+        keys, leaves = known
+        at = np.minimum(np.searchsorted(keys, index), len(keys) - 1)
+        if not (keys[at] == index).all():
+            return False
+        description = self._description
+        new = stored_values(torch.from_numpy(np.array(priority, copy=True)), description["eps"],
+                            description["alpha"], getattr(torch, description["tree_dtype"]))
+        new = new.to(getattr(torch, description["tree_dtype"])).to(torch.float64).numpy()
+        # the last value given to a row is the one its leaf keeps (the trees write in order)
+        rows, last = np.unique(index[::-1], return_index=True)
+        last = len(index) - 1 - last
+        at = np.searchsorted(keys, rows)
+        change = new[last] - leaves[at]
+        leaves[at] = new[last]
+        sums = self._totals.sum + np.bincount(rows // self._stride, weights=change, minlength=self._num_shards)
+        self._totals.sum[:] = np.maximum(sums, 0.0)
+        return True
+
+    def _graph_send_updates(self) -> None:
+        """Sends the pending priority updates as one step of the compiled graph."""
+        updates = [self._take_updates(k) for k in range(self._num_shards)]
+        if any(update is not None for update in updates):
+            try:
+                self._graph_execute([("ping", None, update) for update in updates])
+            except _GraphFailed:
+                pass  # back among the pending updates: the task path sends them
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """Updates the priorities of a sampled batch from its ``"index"`` and priority entries."""
@@ -829,11 +1303,27 @@ class RayReplayBuffer(ReplayBuffer):
         self.update_priority(data.get("index"), priority)
 
     # ------------------------------------------------------------------ reads
-    def _submit_sample(self, batch_size: int) -> _Pending:
+    def _submit_sample(self, batch_size: int, graph: bool = False) -> _Pending:
         totals = self._totals
         kind = self._kind
         n = self._num_shards
         calls, positions = [], None
+        if graph:
+            if kind == "prioritized":
+                if not totals.sum.sum() > 0:
+                    self._refresh_totals()
+                    if not totals.count.sum():
+                        raise RuntimeError(_EMPTY_STORAGE_ERROR)
+                shard, fraction = routing.route_masses(totals.sum, batch_size, self._generator)
+            else:
+                if not totals.count.sum():
+                    self._refresh_totals()
+                shard, fraction = routing.route_uniform(totals.count, batch_size, self._generator)
+            positions = routing.groups(shard, n)
+            method = f"sample_{kind}"
+            request = [(method, fraction[where] if where.size else None, self._take_updates(k))
+                       for k, where in enumerate(positions)]
+            return _Pending(batch_size, kind, positions, None, self._graph_execute(request))
         if kind == "prioritized":
             if not totals.sum.sum() > 0:
                 self._refresh_totals()
@@ -862,16 +1352,46 @@ class RayReplayBuffer(ReplayBuffer):
                 take = routing.split_by_counts(left, min(batch_size, int(left.sum())), self._generator,
                                                without_replacement=True)
                 slice_len = None
-            else:  # slices: whole slices per shard
+            else:  # slices: whole slices per shard, by the trajectories each can draw one from
                 num_slices, slice_len = self._slices(batch_size)
-                take = routing.split_by_counts(totals.count, num_slices, self._generator) * slice_len
+                take = routing.split_by_counts(self._trajectory_weights(slice_len), num_slices,
+                                               self._generator) * slice_len
             for k in range(n):
                 if take[k]:
                     seed = int(torch.randint(0, 2**62, (), generator=self._generator))
                     calls.append(self._submit(k, "sample_sampler", int(take[k]), seed, slice_len,
                                               self._take_updates(k)))
-        self._send_updates()  # those of shards without draws in this batch
-        return _Pending(batch_size, kind, positions, calls)
+        # the updates of shards without draws in this batch: waited for with it (without
+        # prefetch), so that its weights use the smallest priority after every update
+        updates = [self._submit(k, "update_priority", *update)
+                   for k, update in enumerate(self._take_updates(k) for k in range(n)) if update is not None]
+        if self._prefetch_cap:
+            self._update_calls += updates
+            updates = []
+        return _Pending(batch_size, kind, positions, calls, updates=updates)
+
+    def _trajectory_weights(self, seq_length: int) -> np.ndarray:
+        """How many trajectories each shard can draw a slice of ``seq_length`` steps from (a
+        shard's share of a batch of slices: each slice then comes from a trajectory drawn
+        uniformly over all shards, as in one buffer). Asked for again once a shard's rows or
+        incarnation changed since."""
+        def state():
+            return tuple(self._totals.rows_written.tolist()), tuple(self._totals.incarnation)
+
+        cached = self._slice_weights.get(seq_length)
+        if cached is None or cached[0] != state():
+            replies = self._finish([self._submit(k, "trajectories", seq_length, self._take_updates(k))
+                                    for k in range(self._num_shards)])
+            weights = np.array([replies[k][0] for k in range(self._num_shards)], dtype=np.int64)
+            self._slice_weights = {seq_length: (state(), weights)}
+            cached = self._slice_weights[seq_length]
+        weights = cached[1]
+        if not weights.sum():
+            raise RuntimeError(
+                f"Did not find a single trajectory with sufficient length (required={seq_length}) "
+                f"on any of the {self._num_shards} shard(s)."
+            )
+        return weights
 
     def _slices(self, batch_size: int) -> tuple[int, int]:
         num_slices, slice_len = self._description["num_slices"], self._description["slice_len"]
@@ -892,9 +1412,14 @@ class RayReplayBuffer(ReplayBuffer):
     def _collect(self, pending: _Pending):
         """``(data, info)`` of a sample in flight; ``None`` when a shard had no row left (the
         caller draws again with the refreshed totals)."""
-        replies, errors = self._results(pending.calls)
-        if errors:
-            raise errors[0]
+        if pending.step is not None:
+            step_replies = self._graph_replies(pending.step)
+            replies = {k: step_replies[k] for k, where in enumerate(pending.positions) if where.size}
+        else:
+            replies, errors = self._results(pending.calls)
+            errors += self._results(pending.updates)[1]
+            if errors:
+                raise _combined(errors)
         if any(reply[0] is None for reply in replies.values()):
             return None
         batch_size = pending.batch_size
@@ -912,6 +1437,7 @@ class RayReplayBuffer(ReplayBuffer):
                 for k, where in zip(shards, positions):
                     priority[where] = replies[k][2]
                 info["priority_weight"] = self._weights(priority)
+                self._remember_leaves(index, priority)
         else:
             shards = sorted(replies)
             packed = wire.concatenate([replies[k][0] for k in shards])
@@ -951,12 +1477,33 @@ class RayReplayBuffer(ReplayBuffer):
                 pending = queue.popleft() if queue else self._submit_sample(batch_size)
                 while len(queue) < self._prefetch_cap:
                     queue.append(self._submit_sample(batch_size))
+            elif self._uses_graph():
+                # the split waits for this client's writes; the pending updates go with the
+                # step (one shard) or ahead of it, waited for before the split (several)
+                self._wait_for_writes()
+                try:
+                    if self._num_shards > 1:
+                        if self._pending_uncarried():
+                            self._graph_send_updates()
+                        self._settle_graph()
+                    pending = self._submit_sample(batch_size, graph=True)
+                    result = self._collect(pending)
+                except _GraphFailed:
+                    continue
+                if result is not None:
+                    return result
+                self._refresh_totals()
+                continue
             else:
                 if self._num_shards > 1:
                     # exact: the split uses totals that include every write and update made so
-                    # far (one shard needs no split: the sample reaches it after them)
+                    # far (those of updates carried by the sample computed here; one shard
+                    # needs no split: the sample reaches it after them)
                     self._wait_for_writes()
-                    self._wait_for_updates()
+                    if self._pending_uncarried():
+                        self._wait_for_updates()
+                    elif self._update_calls:
+                        self._finish(self._drain_update_calls())
                 pending = self._submit_sample(batch_size)
             self._harvest_updates()
             result = self._collect(pending)
@@ -965,6 +1512,7 @@ class RayReplayBuffer(ReplayBuffer):
                 self._wait_for_writes()
                 self._wait_for_updates()
             if result is not None:
+                self._graph_broken = False  # every shard answered: a graph may be built again
                 return result
             self._discard_prefetched()
             self._refresh_totals()
@@ -995,9 +1543,10 @@ class RayReplayBuffer(ReplayBuffer):
         index = _numpy(index, "index")
         shard, local = routing.route_global_index(index, self._stride, self._capacities)
         positions = routing.groups(shard, self._num_shards)
+        # no index at all: shard 0 is asked for none (the reply is an empty batch of its rows)
         calls = [
             (where, self._submit(k, method, local[where], *[a for e in extra for a in e(where)]))
-            for k, where in enumerate(positions) if where.size
+            for k, where in enumerate(positions) if where.size or (k == 0 and not index.size)
         ]
         return index, calls
 
@@ -1017,6 +1566,8 @@ class RayReplayBuffer(ReplayBuffer):
         return self._apply_transform(data) if self._has_transforms() else data
 
     def __setitem__(self, index, value) -> None:
+        self._known_leaves = None
+        self._send_updates()
         self._check_writes()
         packed = wire.pack(self._apply_inverse_transform(value) if self._has_transforms() else value)
         _, calls = self._local_calls(np.asarray(index).reshape(-1), "set",
@@ -1055,6 +1606,7 @@ class RayReplayBuffer(ReplayBuffer):
         self._settle()
         self._drop_reservations()
         self._finish([self._submit(k, "empty") for k in range(self._num_shards)])
+        self._restart_ring()
 
     # ------------------------------------------------------------------ checkpoints
     def _settle(self) -> None:
@@ -1073,6 +1625,7 @@ class RayReplayBuffer(ReplayBuffer):
         self._settle()
         self._drop_reservations()
         self._finish([self._submit(k, "load_state_dict", state) for k, state in enumerate(state_dict["shards"])])
+        self._restart_ring()
 
     def _check_layout(self, num_shards, capacities, source: str) -> None:
         if num_shards != self._num_shards or list(capacities or []) != list(self._capacities):
@@ -1132,6 +1685,7 @@ class RayReplayBuffer(ReplayBuffer):
         self._drop_reservations()
         self._ray.get([actor.check.remote(str(path), v) for actor, v in zip(self._actors, versions)])
         self._finish([self._submit(k, "loads", str(path), v) for k, v in enumerate(versions)])
+        self._restart_ring()
 
     save = dump = dumps
     load = loads
@@ -1153,13 +1707,34 @@ class RayReplayBuffer(ReplayBuffer):
             raise RuntimeError("A closed RayReplayBuffer cannot be restarted.")
         return self
 
-    def client(self) -> "RayReplayBuffer":
+    def client(self, *, chunk_rows: int | None = None, prefetch: int | None = None,
+               batch_size: int | None = None, sample_timeout: float | None = None) -> "RayReplayBuffer":
         """A client of the same shards (what a pickled copy gives another process), without
-        this buffer's prefetched samples."""
+        this buffer's prefetched samples or reservations, and on Ray's task path.
+
+        Keyword Args:
+            chunk_rows (int, optional): the client's ``chunk_rows``. Defaults to this one's.
+            prefetch (int, optional): the samples it keeps in flight. Defaults to this one's.
+            batch_size (int, optional): its default batch size. Defaults to this one's.
+            sample_timeout (float, optional): how long its calls wait for a shard that is down.
+                Defaults to this one's.
+        """
         if not self.is_alive:
             raise RuntimeError("RayReplayBuffer is closed.")
         state = self.__getstate__()
         state["_totals"] = copy.deepcopy(state["_totals"])
+        if chunk_rows is not None:
+            _check_chunk_rows(chunk_rows)
+            state["_chunk_rows"] = chunk_rows
+            state["_reserve_rows"] = _reserve_rows(chunk_rows, state["_capacities"])
+        if prefetch is not None:
+            state["_prefetch_cap"] = int(prefetch)
+        if batch_size is not None:
+            state["_batch_size"] = batch_size
+        if sample_timeout is not None:
+            state["_sample_timeout"] = float(sample_timeout)
+        if state["_prefetch_cap"] and state["_batch_size"] is None:
+            raise ValueError("When using prefetch, the batch-size must be specified in advance.")
         twin = object.__new__(type(self))
         twin.__setstate__(state)
         return twin
@@ -1178,16 +1753,30 @@ class RayReplayBuffer(ReplayBuffer):
             finally:
                 self.__dict__.pop("_actors", None)  # let go even when a last write failed
             return
-        actors = self.__dict__.pop("_actors", None)
+        actors = self.__dict__.get("_actors")
         if actors is None or not self.__dict__.get("_owner", False):
             return
+        graph, self._graph = self.__dict__.get("_graph"), None
+        if graph is not None:
+            self._settle_graph()
+            _teardown(graph)
+        del self.__dict__["_actors"]
         for actor in actors:
             try:
                 self._ray.kill(actor, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone (ray.shutdown ran)
                 pass
+        self._remove_placement_group()
         if self._owned_recovery_dir is not None:
             shutil.rmtree(self._owned_recovery_dir, ignore_errors=True)
+
+    def _remove_placement_group(self) -> None:
+        group, self._placement_group = self.__dict__.get("_placement_group"), None
+        if group is not None:
+            try:
+                self._ray.util.remove_placement_group(group)
+            except Exception:  # noqa: BLE001 - already gone (ray.shutdown ran)
+                pass
 
     def _close_client(self) -> None:
         """A client lets go: its writes and updates land, and the rows it reserved and did not
@@ -1206,8 +1795,8 @@ class RayReplayBuffer(ReplayBuffer):
         names = ("_num_shards", "_sample_timeout", "_chunk_rows", "_prefetch_cap", "_pin_memory",
                  "_batch_size", "_recovery_dir", "_actors", "_description", "_kind", "_capacities",
                  "_stride", "_is_tensordict", "_priority_key", "_totals", "_reservable", "_reserve_rows",
-                 "_transform")
-        return {name: self.__dict__[name] for name in names}
+                 "_transform", "_trajectory_keys")
+        return {name: self.__dict__[name] for name in names if name in self.__dict__}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -1215,11 +1804,62 @@ class RayReplayBuffer(ReplayBuffer):
         self._ray = _import_ray()
         self._generator = None
         self._owned_recovery_dir = None
+        self._placement_group = None
         self._init_client_state()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(num_shards={self._num_shards}, sampler={self._description['sampler']}, "
                 f"capacities={self._capacities})")
+
+
+def _check_chunk_rows(chunk_rows) -> None:
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be a positive integer, got chunk_rows={chunk_rows!r}")
+
+
+def _reserve_rows(chunk_rows: int, capacities) -> int:
+    """The rows of one reservation: four chunks, at most an eighth of a shard (rows a client
+    reserved and has not written are passed over by the other clients' writes)."""
+    return max(1, min(4 * chunk_rows, min(capacities) // 8))
+
+
+def _spread_group(ray, options: dict, num_shards: int, timeout: float):
+    """A placement group spreading ``num_shards`` shards over the cluster's nodes (one bundle
+    each): ``STRICT_SPREAD`` while there are more nodes than shards (so that a lost node's
+    shard has a node of its own to restart on), ``SPREAD`` otherwise; ``None`` on one node,
+    or when the group cannot be placed within ``timeout`` seconds."""
+    from ray.util.placement_group import placement_group
+
+    bundle = {"CPU": max(float(options.get("num_cpus") or 0), BUNDLE_MIN_CPU)}
+    if options.get("num_gpus"):
+        bundle["GPU"] = float(options["num_gpus"])
+    bundle.update(options.get("resources") or {})
+    nodes = [node for node in ray.nodes() if node.get("Alive")
+             and all(node.get("Resources", {}).get(name, 0) >= amount for name, amount in bundle.items())]
+    if len(nodes) < 2 or num_shards < 2:
+        return None
+    strategy = "STRICT_SPREAD" if len(nodes) > num_shards else "SPREAD"
+    group = placement_group([dict(bundle) for _ in range(num_shards)], strategy=strategy)
+    if not group.wait(timeout):
+        ray.util.remove_placement_group(group)
+        return None
+    return group
+
+
+def _bundle(group, shard: int) -> dict:
+    """The actor options placing ``shard`` in its bundle of ``group`` (none without one)."""
+    if group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=shard)}
+
+
+def _teardown(graph) -> None:
+    try:
+        graph.teardown()
+    except Exception:  # noqa: BLE001 - its actors are gone
+        pass
 
 
 def _reason(reason) -> str:
@@ -1236,7 +1876,7 @@ def _reason(reason) -> str:
 
 
 def _is_totals(reply) -> bool:
-    return len(reply) == 7 and isinstance(reply[-1], str)
+    return len(reply) == len(routing.ShardTotals.FIELDS) and isinstance(reply[-1], str)
 
 
 def _numpy(value, name: str) -> np.ndarray:
