@@ -67,6 +67,9 @@ def test_every_block_has_a_language():
 
 @pytest.mark.parametrize("start,source", PYTHON_BLOCKS, ids=[f"line{s}" for s, _ in PYTHON_BLOCKS])
 def test_python_block_runs(start, source, tmp_path):
+    # the multi-machine recipe runs on a local cluster of its own, its shared folder in tmp_path
+    source = source.replace('{"address": "auto"}', '{"num_cpus": 2, "include_dashboard": False}')
+    source = source.replace('"/shared/replay-recovery"', repr(str(tmp_path / "replay-recovery")))
     env = dict(os.environ, PYTHONPATH=ROOT, RL_WARNINGS="0")
     env.pop("TORCHRL_COMPAT_INSTALL_TREES", None)
     proc = subprocess.run([sys.executable, "-c", source], cwd=tmp_path, env=env,
