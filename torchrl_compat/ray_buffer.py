@@ -1303,45 +1303,38 @@ class RayReplayBuffer(ReplayBuffer):
         self.update_priority(data.get("index"), priority)
 
     # ------------------------------------------------------------------ reads
+    def _route_draws(self, batch_size: int):
+        """The shard and the fraction of its mass (or rows) of each draw of a prioritized or
+        uniform batch, from the totals (refreshed first when they hold nothing)."""
+        totals = self._totals
+        if self._kind == "prioritized":
+            if not totals.sum.sum() > 0:
+                self._refresh_totals()
+                if not totals.count.sum():
+                    raise RuntimeError(_EMPTY_STORAGE_ERROR)
+            return routing.route_masses(totals.sum, batch_size, self._generator)
+        if not totals.count.sum():
+            self._refresh_totals()
+        return routing.route_uniform(totals.count, batch_size, self._generator)
+
     def _submit_sample(self, batch_size: int, graph: bool = False) -> _Pending:
         totals = self._totals
         kind = self._kind
         n = self._num_shards
         calls, positions = [], None
         if graph:
-            if kind == "prioritized":
-                if not totals.sum.sum() > 0:
-                    self._refresh_totals()
-                    if not totals.count.sum():
-                        raise RuntimeError(_EMPTY_STORAGE_ERROR)
-                shard, fraction = routing.route_masses(totals.sum, batch_size, self._generator)
-            else:
-                if not totals.count.sum():
-                    self._refresh_totals()
-                shard, fraction = routing.route_uniform(totals.count, batch_size, self._generator)
+            shard, fraction = self._route_draws(batch_size)
             positions = routing.groups(shard, n)
             method = f"sample_{kind}"
             request = [(method, fraction[where] if where.size else None, self._take_updates(k))
                        for k, where in enumerate(positions)]
             return _Pending(batch_size, kind, positions, None, self._graph_execute(request))
-        if kind == "prioritized":
-            if not totals.sum.sum() > 0:
-                self._refresh_totals()
-                if not totals.count.sum():
-                    raise RuntimeError(_EMPTY_STORAGE_ERROR)
-            shard, fraction = routing.route_masses(totals.sum, batch_size, self._generator)
+        if kind in ("prioritized", "uniform"):
+            shard, fraction = self._route_draws(batch_size)
             positions = routing.groups(shard, n)
             for k, where in enumerate(positions):
                 if where.size:
-                    calls.append(self._submit(k, "sample_prioritized", fraction[where], self._take_updates(k)))
-        elif kind == "uniform":
-            if not totals.count.sum():
-                self._refresh_totals()
-            shard, fraction = routing.route_uniform(totals.count, batch_size, self._generator)
-            positions = routing.groups(shard, n)
-            for k, where in enumerate(positions):
-                if where.size:
-                    calls.append(self._submit(k, "sample_uniform", fraction[where], self._take_updates(k)))
+                    calls.append(self._submit(k, f"sample_{kind}", fraction[where], self._take_updates(k)))
         else:
             if not totals.count.sum():
                 self._refresh_totals()
