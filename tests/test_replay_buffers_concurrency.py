@@ -36,13 +36,31 @@ def items(values):
 
 
 def assert_consistent(sample, rb=None):
+    """Each sampled item is whole; with ``rb`` (only while nothing writes to it), the rows
+    its ``"index"`` names hold these very items."""
     v = sample["obs"][:, 0]
     assert torch.equal(sample["obs"], v.unsqueeze(-1).expand(-1, 3))
     assert torch.equal(sample["reward"].squeeze(-1), -v)
     assert torch.equal(sample["next", "obs"], v + 0.5)
     if rb is not None:
-        # the rows of the index hold these items
-        assert torch.equal(rb.storage[sample["index"]]["obs"][:, 0], v) or True
+        rows = rb.storage[sample["index"]]["obs"][:, 0]
+        assert torch.equal(rows, v), f"index {sample['index'].tolist()} holds {rows.tolist()}, sampled {v.tolist()}"
+
+
+def assert_rows_written(samples, writes):
+    """Each ``(values, index)`` sampled pairs every value with the row it was written to.
+
+    ``writes`` holds every ``(values, index)`` that ``extend`` returned. Values are never
+    written twice, so this holds however the rows were overwritten after the sample: a
+    sampled index pointing at another row than its data's (where priority updates would
+    go) fails it.
+    """
+    row_of = {}
+    for values, index in writes:
+        row_of.update(zip(values.long().tolist(), index.tolist()))
+    for values, index in samples:
+        expected = [row_of[v] for v in values.long().tolist()]
+        assert index.tolist() == expected, f"sampled values {values.long().tolist()} at index {index.tolist()}, written to rows {expected}"
 
 
 # ------------------------------------------------------------------------ threads
@@ -55,7 +73,9 @@ def test_threads_extend_sample_update(prioritized):
         rb = O.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=O.LazyTensorStorage(capacity))
     else:
         rb = O.TensorDictReplayBuffer(storage=O.LazyTensorStorage(capacity))
-    rb.extend(items(torch.arange(capacity)))
+    first = torch.arange(capacity)
+    writes = [(first, rb.extend(items(first)).clone())]
+    samples = []  # (values, index) of every batch sampled while the writers write
     errors = []
     barrier = threading.Barrier(4)
 
@@ -63,7 +83,10 @@ def test_threads_extend_sample_update(prioritized):
         try:
             barrier.wait()
             for r in range(rounds):
-                rb.extend(items(torch.arange(batch) + 1000 * (offset + 1) + r * batch))
+                # every value written once: each writer writes its own range
+                values = torch.arange(batch) + 100_000 * (offset + 1) + r * batch
+                index = rb.extend(items(values))
+                writes.append((values, index.clone()))
         except BaseException as err:  # noqa: B902 - reported below
             errors.append(err)
 
@@ -73,6 +96,7 @@ def test_threads_extend_sample_update(prioritized):
             for _ in range(rounds):
                 sample = rb.sample(16)
                 assert_consistent(sample)
+                samples.append((sample["obs"][:, 0].clone(), sample["index"].clone()))
                 if prioritized:
                     sample["td_error"] = sample["obs"][:, 0].abs() / 1000 + 0.1
                     rb.update_tensordict_priority(sample)
@@ -87,12 +111,25 @@ def test_threads_extend_sample_update(prioritized):
         thread.join(JOIN_TIMEOUT)
         assert not thread.is_alive()
     assert not errors, errors
+    assert len(samples) == 2 * rounds and len(writes) == 1 + 2 * rounds
+    assert_rows_written(samples, writes)
     assert rb.write_count == capacity + 2 * rounds * batch
     assert len(rb) == capacity
     # every row holds a whole item, and the writer's index for it
     stored = rb[:]
     assert_consistent(stored)
     assert torch.equal(stored["index"], torch.arange(capacity))
+    # once the writers are done, the rows of a sample's index hold it, and its priorities
+    # go to those rows
+    sample = rb.sample(32)
+    assert_consistent(sample, rb)
+    if prioritized:
+        sample["td_error"] = sample["obs"][:, 0].abs() / 1000 + 0.1
+        rb.update_tensordict_priority(sample)
+        tree = rb.sampler._sum_tree
+        expected = (rb[:]["obs"][:, 0].abs() / 1000 + 0.1 + rb.sampler._eps) ** 0.7
+        index = sample["index"]
+        torch.testing.assert_close(torch.as_tensor(tree[index]).float(), expected[index])
 
 
 def test_prefetch_threads():
@@ -101,7 +138,7 @@ def test_prefetch_threads():
     for _ in range(20):
         sample = rb.sample()
         assert sample.shape == (10,)
-        assert_consistent(sample)
+        assert_consistent(sample, rb)
         assert torch.equal(sample["obs"][:, 0].long(), sample["index"])
 
 
@@ -111,7 +148,7 @@ def test_prefetch_threads():
 def _child_extend(rb, start, n, queue):
     rb.extend(items(torch.arange(start, start + n)))
     sample = rb.sample(8)
-    assert_consistent(sample)
+    assert_consistent(sample, rb)  # nothing else writes meanwhile: the parent waits
     queue.put((len(rb), rb.write_count))
 
 
