@@ -611,7 +611,16 @@ def test_iteration_without_replacement_matches_torchrl(drop_last):
         assert len(got) == len(expected) == (2 if drop_last else 3)
         for a, b in zip(got, expected):
             assert_same(a, b)
-    assert ours.next() is not None or True
+    # after whole epochs, next() starts the next one as torchrl's does, and says where it ends
+    steps = []
+    for _ in range(5):
+        a, b = ours.next(), ref.next()
+        assert (a is None) == (b is None)
+        steps.append(None if b is None else b["index"].tolist())
+        if b is not None:
+            assert_same(a, b)
+    first, second = [0, 1, 2, 3], [4, 5, 6, 7]
+    assert steps == ([first, second, None, first, second] if drop_last else [first, second, [8, 9], None, first])
     # next() walks the same batches, then returns None at the end of the epoch
     ours2, ref2 = buffers("TensorDictReplayBuffer", storage_args=(20,), sampler="SamplerWithoutReplacement",
                           sampler_kwargs={"shuffle": False}, batch_size=4)
@@ -823,15 +832,33 @@ def test_set_components():
     assert type(old_writer) is O.TensorDictRoundRobinWriter and rb.writer._storage is new
 
 
-def test_prefetch_matches_torchrl():
-    ours, ref = buffers("TensorDictReplayBuffer", storage_args=(30,), prefetch=1, batch_size=4,
-                        sampler="SamplerWithoutReplacement", sampler_kwargs={"shuffle": False})
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_prefetch_matches_torchrl(shuffle, drop_last):
+    # one batch prefetched: torchrl's thread pool then draws the batches in order, so they
+    # are comparable one by one (with more, its threads race for the sampler)
+    ours, ref = buffers("TensorDictReplayBuffer", storage_args=(30,), prefetch=1, batch_size=4, seed=2,
+                        sampler="SamplerWithoutReplacement",
+                        sampler_kwargs={"shuffle": shuffle, "drop_last": drop_last})
     for buffer in (ours, ref):
-        buffer.extend(make_td(12))
+        buffer.extend(make_td(14))
     for _ in range(5):
         assert_same(ours.sample(), ref.sample())
-    batches = list(ours)
-    assert sum(b.shape[0] for b in batches) == 12 or len(batches) > 0
+    # iterating walks what is left of the epoch (and, with the batch prefetched past the
+    # end, what torchrl walks then), then whole epochs, batch for batch as torchrl does
+    for epoch in range(4):
+        got, expected = list(ours), list(ref)
+        assert [len(b) for b in got] == [len(b) for b in expected]
+        for a, b in zip(got, expected):
+            assert_same(a, b)
+        if epoch:
+            walked = torch.cat([b["index"] for b in expected])
+            assert walked.unique().numel() == walked.numel() == (12 if drop_last else 14)
+    for _ in range(3):
+        a, b = ours.next(), ref.next()
+        assert (a is None) == (b is None)
+        if b is not None:
+            assert_same(a, b)
 
 
 def test_repr():
