@@ -141,7 +141,7 @@ def test_slice_loop_step(benchmark, lib):
         rb.extend(data)
         rb.sample(BATCH)
 
-    benchmark.pedantic(step, setup=lambda: ((writes.next(),), {}), rounds=150 if lib is trd else 400, warmup_rounds=3)
+    benchmark.pedantic(step, setup=lambda: ((writes.next(),), {}), rounds=400, warmup_rounds=3)
 
 
 # ------------------------------------------------------------------- single calls

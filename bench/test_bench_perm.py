@@ -28,7 +28,7 @@ def test_replay_randperm(benchmark):
 
 @pytest.mark.benchmark(group="first-batch-256-of-2^20")
 def test_torch_randperm_first_batch(benchmark):
-    benchmark.pedantic(lambda: torch.randperm(N)[:BATCH], rounds=30, warmup_rounds=2)
+    benchmark.pedantic(lambda: torch.randperm(N)[:BATCH], rounds=200, warmup_rounds=5)
 
 
 @pytest.mark.benchmark(group="first-batch-256-of-2^20")

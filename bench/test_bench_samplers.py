@@ -175,9 +175,8 @@ def test_slice_sample(benchmark, storage, own_storage, module, which, kwargs):
     benchmark.group = f"SliceSampler.sample 2^20 {'-'.join(f'{k}={v}' for k, v in kwargs.items())}"
     torch.manual_seed(4)
     sampler = module.SliceSampler(slice_len=SLICE, **kwargs)
-    rounds = 100 if kwargs.get("cache_values") or which == "own" else 20
     st = own_storage if which == "own" else storage
-    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=rounds, warmup_rounds=1)
+    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=100, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("module,which", SIDES)
@@ -186,7 +185,7 @@ def test_slice_sample_large(benchmark, large_storage, large_own_storage, module,
     torch.manual_seed(5)
     sampler = module.SliceSampler(slice_len=SLICE, end_key=("next", "done"))
     st = large_own_storage if which == "own" else large_storage
-    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=50 if which == "own" else 5, warmup_rounds=1)
+    benchmark.pedantic(sampler.sample, args=(st, BATCH), rounds=50, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("module,which", [SIDES[0], SIDES[2]])
@@ -205,7 +204,7 @@ def test_slice_sample_after_each_write(benchmark, module, which, kwargs):
         st.set(torch.arange(start, start + BATCH) % N, _episode_data(start, BATCH))
         return (st, BATCH), {}
 
-    benchmark.pedantic(sampler.sample, setup=write, rounds=30 if module is trl else 200, warmup_rounds=1)
+    benchmark.pedantic(sampler.sample, setup=write, rounds=200, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("module,which", [pytest.param(trl, "torchrl", id="torchrl", marks=IMPLS[0].marks), SIDES[2]])
@@ -227,7 +226,7 @@ def test_prioritized_slice_sample_after_each_write(benchmark, module, which):
         sampler.extend(index)
         return (st, BATCH), {}
 
-    benchmark.pedantic(sampler.sample, setup=write, rounds=10 if module is trl else 100, warmup_rounds=1)
+    benchmark.pedantic(sampler.sample, setup=write, rounds=100, warmup_rounds=1)
 
 
 @pytest.mark.parametrize("module,which", [pytest.param(trl, "torchrl", id="torchrl", marks=IMPLS[0].marks), SIDES[1], SIDES[2]])

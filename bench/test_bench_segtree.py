@@ -90,10 +90,16 @@ def test_query_total(benchmark, impl):
     benchmark(lambda: tree.query(0, SIZE - 1))
 
 
-@pytest.mark.parametrize("impl", ["torchrl-python-path", "replay-fused"])
+@pytest.mark.parametrize("impl", ["torchrl-python-path", "replay-fused-numpy-masses", "replay-fused-internal-prng"])
 def test_prioritized_sample_path(benchmark, impl):
     """The sampling step of PrioritizedSampler.sample (B=256): torchrl's sequence of tree
-    calls and torch ops against replay's single fused call."""
+    calls and torch ops against replay's single fused call.
+
+    ``replay-fused-numpy-masses`` is the path ``torchrl_compat``'s sampler takes: the masses
+    drawn with ``np.random.uniform`` as torchrl draws them, then one fused descent + weights.
+    ``replay-fused-internal-prng`` draws its uniforms inside the kernel (xoshiro256**): a path
+    of ``replay``'s API that the sampler does not take (its draws would differ from torchrl's),
+    kept to show what the numpy draw costs."""
     benchmark.group = "prioritized draw+descend+weights B=256"
     beta = 0.5
     if impl == "torchrl-python-path":
@@ -119,8 +125,15 @@ def test_prioritized_sample_path(benchmark, impl):
         min_tree[torch.arange(SIZE)] = torch.as_tensor(tree.values())
         seeds = itertools.count()
 
-        def sample():
-            p_min = min_tree.query(0, SIZE)
-            return tree.sample_prioritized(SIZE, batch_size=256, seed=next(seeds), p_min=p_min, beta=beta)
+        if impl == "replay-fused-numpy-masses":
+            def sample():
+                p_sum = tree.query(0, SIZE)
+                p_min = min_tree.query(0, SIZE)
+                mass = np.random.uniform(0.0, p_sum, size=256)
+                return tree.sample_prioritized(SIZE, p_min=p_min, beta=beta, mass=mass)
+        else:
+            def sample():
+                p_min = min_tree.query(0, SIZE)
+                return tree.sample_prioritized(SIZE, batch_size=256, seed=next(seeds), p_min=p_min, beta=beta)
 
     benchmark(sample)

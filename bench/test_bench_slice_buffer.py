@@ -8,6 +8,11 @@ leaf; each side a buffer of its own library on its own classes. At this size the
 of a sample (the sampler's bookkeeping, the gather of the leaves, the info entries and the
 tensordict) matter more than the trajectory scan.
 
+Two modes: ``static``, torchrl's benchmark as it is (nothing is written between samples, so ours
+answers from the trajectory ends it keeps for the storage while torchrl rescans them: not like
+for like), and ``after-write``, where 256 new rows (trajectories continuing the same way) are
+written before each sample, outside the timing, so both sides find the ends again.
+
     python -m pytest bench/test_bench_slice_buffer.py -q --benchmark-group-by=group \
         --benchmark-columns=min,median,mean,rounds
 """
@@ -31,10 +36,24 @@ STORAGES = {
 }
 
 
+def _rows(start, count, gen):
+    return TensorDict(
+        {
+            "traj": torch.arange(start, start + count) // 123,
+            "a": torch.randn(count, 5, generator=gen),
+            "b": {"c": torch.randint(0, 255, (count, 3, 32, 32), generator=gen, dtype=torch.uint8)},
+        },
+        [count],
+    )
+
+
+@pytest.mark.parametrize("mode", ["static", "after-write"])
 @pytest.mark.parametrize("storage", list(STORAGES))
 @pytest.mark.parametrize("lib", SIDES)
-def test_slice_sampler_buffer_sample(benchmark, lib, storage, tmp_path):
-    benchmark.group = f"TensorDictReplayBuffer {storage}(10_000), SliceSampler(num_slices=8, traj_key), sample 256"
+def test_slice_sampler_buffer_sample(benchmark, lib, storage, mode, tmp_path):
+    benchmark.group = (
+        f"TensorDictReplayBuffer {storage}(10_000), SliceSampler(num_slices=8, traj_key), sample 256, {mode}"
+    )
     torch.manual_seed(0)
     rb = lib.TensorDictReplayBuffer(
         storage=STORAGES[storage](lib, tmp_path),
@@ -42,15 +61,16 @@ def test_slice_sampler_buffer_sample(benchmark, lib, storage, tmp_path):
         batch_size=BATCH,
     )
     gen = torch.Generator().manual_seed(0)
-    rb.extend(
-        TensorDict(
-            {
-                "traj": torch.arange(ITEMS) // 123,
-                "a": torch.randn(ITEMS, 5, generator=gen),
-                "b": {"c": torch.randint(0, 255, (ITEMS, 3, 32, 32), generator=gen, dtype=torch.uint8)},
-            },
-            [ITEMS],
-        )
-    )
-    sample = benchmark.pedantic(rb.sample, rounds=100, warmup_rounds=5)
+    rb.extend(_rows(0, ITEMS, gen))
+    setup = None
+    if mode == "after-write":
+        # a pool of writes built before timing; each round writes the next one, untimed
+        pool = [_rows(ITEMS + k * BATCH, BATCH, gen) for k in range(8)]
+        writes = iter(range(10**9))
+
+        def setup():
+            rb.extend(pool[next(writes) % len(pool)])
+            return (), {}
+
+    sample = benchmark.pedantic(rb.sample, setup=setup, rounds=100, warmup_rounds=5)
     assert sample.batch_size == torch.Size([BATCH])
