@@ -23,7 +23,7 @@ import torch
 import torchrl.data as TD
 import torchrl.data.replay_buffers.replay_buffers as T
 import torchrl.data.replay_buffers.samplers as TS
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from tensordict import TensorDict
 from torch.utils._pytree import tree_flatten
 
@@ -250,15 +250,24 @@ def run_same(ours, ref, ops, kind, capacity):
         assert ours.write_count == ref.write_count
 
 
-@settings(max_examples=20)
-@given(ops=OPS, kind=st.sampled_from(["tensor", "tensordict", "pytree"]), capacity=st.sampled_from([5, 12]))
+# capacities: one item, two, and sizes that the writes of up to 13 items fill exactly,
+# overrun and wrap around (the random samplers and ndim == 2 storages are compared in
+# test_replay_buffers_random.py)
+CAPACITIES = st.sampled_from([1, 2, 5, 12])
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS, kind=st.sampled_from(["tensor", "tensordict", "pytree"]), capacity=CAPACITIES)
+@example(ops=[("sample", 2), ("getitem", 0), ("add", 0), ("sample", 3), ("extend", 3), ("getitem", 1)],
+         kind="tensordict", capacity=1)
+@example(ops=[("extend", 5), ("sample", 5), ("extend", 6), ("sample", 5), ("getitem", 2)], kind="tensor", capacity=5)
 def test_replay_buffer_same_operations(ops, kind, capacity):
     ours, ref = buffers("ReplayBuffer", storage_args=(capacity,), **in_order())
     run_same(ours, ref, ops, kind, capacity)
 
 
-@settings(max_examples=20)
-@given(ops=OPS, capacity=st.sampled_from([5, 12]))
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS, capacity=CAPACITIES)
 def test_tensordict_replay_buffer_same_operations(ops, capacity):
     ours, ref = buffers("TensorDictReplayBuffer", storage_args=(capacity,), **in_order())
     run_same(ours, ref, ops, "tensordict", capacity)
