@@ -210,6 +210,25 @@ test-matrix: wheel
 test-matrix-pythons: wheel
 	$(MATRIX_RUN) --pythons --sdist $(DIST_DIR)/*.tar.gz
 
+# make test-native-trees (not part of make test nor CI, like test-matrix): our trees and
+# samplers against torchrl's own compiled trees, in the two environments where those load:
+# torch 2.15.0 + torchrl 0.14.1 and torch 2.9.1 + torchrl 0.11.0 (matrix/<cell>.txt), each made
+# once under build/native-trees/ by matrix/native_trees.sh, offline, from MATRIX_WHEELS (what
+# make test-matrix downloads) and the repaired wheel in WHEELHOUSE (make wheel), then the
+# differential tests and the ones that compare with torchrl's trees, run from this clone.
+# Elsewhere: make test-native-trees MATRIX_WHEELS="<folder> ..." (several folders: spaces).
+.PHONY: test-native-trees
+MATRIX_WHEELS ?= build/matrix-wheels
+NATIVE_TREES_CELLS = torch2.15.0-torchrl0.14 torch2.9.1-torchrl0.11
+NATIVE_TREES_TESTS = tests/test_native_tree_differential.py tests/test_install_segment_trees.py \
+	tests/test_samplers_capacity.py tests/test_samplers_prioritized_slices.py tests/test_samplers_releases.py
+test-native-trees:
+	@failed=""; for cell in $(NATIVE_TREES_CELLS); do \
+		MATRIX_WHEELS="$(MATRIX_WHEELS)" WHEELHOUSE="$(WHEELHOUSE)" BASE_PYTHON="$(BASE_PYTHON)" \
+		NATIVE_TREES_TESTS="$(NATIVE_TREES_TESTS)" matrix/native_trees.sh $$cell -rxf \
+			|| failed="$$failed $$cell"; \
+	done; test -z "$$failed" || { echo "test-native-trees failed in:$$failed"; exit 1; }
+
 # The kernels cross-compiled with zig cc (PyPI's ziglang) for x86_64 and aarch64 Linux, macOS
 # and Windows, each with GCC's extensions and with every fallback forced (-DRP_PORTABLE, what
 # MSVC builds), warnings as errors.
