@@ -37,6 +37,8 @@ cdef extern from "ckernels/segtree.h" nogil:
     ctypedef struct rp_segtree_layout:
         int64_t size
         int64_t top
+        int64_t capacity
+        int64_t height
         int64_t total
         int64_t offset[17]
         int64_t length[17]

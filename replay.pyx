@@ -488,7 +488,8 @@ cdef class _SegmentTree:
     # --- reductions ----------------------------------------------------------------------
 
     def query(self, l, r):
-        """The sum (or min) of leaves ``[l, r)``, both clamped to ``[0, capacity]``.
+        """The sum (or min) of leaves ``[l, r)``, both clamped to ``[0, capacity]``: a sum is
+        torchrl's, bit for bit (its binary tree's nodes added bottom-up in the tree's dtype).
 
         Ints give a float; integer arrays / tensors (broadcast together) give an array /
         tensor of the tree's dtype. ``l <= 0 and r >= size`` is the whole tree: every leaf
@@ -704,13 +705,14 @@ cdef class _SumSegmentTree(_SegmentTree):
     """Sum-tree operations: prefix search and fused prioritized sampling."""
 
     def scan_lower_bound(self, value):
-        """The first leaf whose inclusive prefix sum is ``>= value``.
+        """The first leaf whose inclusive prefix sum is ``>= value``, as torchrl's tree finds it.
 
-        ``size`` when ``value`` exceeds the total (leaves below ``capacity`` included), 0 when
-        ``value <= 0``. A float gives an int;
-        an array / tensor gives int64 of the same shape. For a value in ``(0, total]`` the
-        leaf returned is never zero-valued, whatever the rounding of the fp32 sums (torchrl's
-        trees can return such leaves). NaN raises ValueError.
+        ``size`` when ``value`` (rounded to the tree's dtype) exceeds the total (leaves below
+        ``capacity`` included), 0 when ``value <= 0``. A float gives an int; an array / tensor
+        gives int64 of the same shape. The descent is torchrl's, bit for bit: its binary sums
+        and subtractions in the tree's dtype, so where they round it can end on a zero-valued
+        leaf, or on a leaf past ``size`` (below ``capacity``), as torchrl's does. NaN raises
+        ValueError.
         """
         cdef int64_t n, bad = 0
         cdef int rc = RP_OK

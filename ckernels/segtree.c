@@ -8,6 +8,11 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
     if (size < 0 || size > (INT64_MAX / 4)) return RP_ERR_VALUE;
     memset(layout, 0, sizeof(*layout));
     layout->size = size;
+    layout->capacity = 1;
+    while (layout->capacity <= size) {
+        layout->capacity <<= 1;
+        layout->height++;
+    }
     int64_t entries = size > 0 ? size : 1;
     int64_t offset = 0;
     int64_t t = 0;
@@ -62,8 +67,8 @@ int rp_segtree_index_runs(const int64_t *index, int64_t n, int64_t max_runs, int
     return RP_OK;
 }
 
-/* 16-byte vectors for the descent's compares (see count_below in segtree_impl.h); other
- * compilers (and -DRP_PORTABLE) take the scalar loop. */
+/* 16-byte vectors for the descent's branch-free steps (see step in segtree_impl.h); other
+ * compilers (and -DRP_PORTABLE) take the scalar select. */
 #if RP_GNU_EXTENSIONS
 typedef float rp_v4f __attribute__((vector_size(16)));
 typedef int32_t rp_v4i __attribute__((vector_size(16)));
@@ -78,22 +83,13 @@ typedef int64_t rp_v2l __attribute__((vector_size(16)));
 #ifdef RP_HAVE_VECTORS
 #define RP_SEGTREE_VECTOR rp_v4f
 #define RP_SEGTREE_MASK rp_v4i
-#define RP_SEGTREE_LANES 4
-/* Lane shuffles for the transposed prefix sums of the descent (fp32 only: four lanes). */
-#if defined(__clang__) || __GNUC__ >= 12
-#define RP_SEGTREE_SHUFFLE(a, b, i, j, k, l) __builtin_shufflevector(a, b, i, j, k, l)
-#else
-#define RP_SEGTREE_SHUFFLE(a, b, i, j, k, l) __builtin_shuffle(a, b, (rp_v4i){i, j, k, l})
-#endif
 #endif
 #include "segtree_impl.h"
-#undef RP_SEGTREE_SHUFFLE
 #undef SCALAR
 #undef SUFFIX
 #undef SCALAR_MAX
 #undef RP_SEGTREE_VECTOR
 #undef RP_SEGTREE_MASK
-#undef RP_SEGTREE_LANES
 
 #define SCALAR double
 #define SUFFIX f64
@@ -101,18 +97,10 @@ typedef int64_t rp_v2l __attribute__((vector_size(16)));
 #ifdef RP_HAVE_VECTORS
 #define RP_SEGTREE_VECTOR rp_v2d
 #define RP_SEGTREE_MASK rp_v2l
-#define RP_SEGTREE_LANES 2
-#if defined(__clang__) || __GNUC__ >= 12
-#define RP_SEGTREE_SHUFFLE2(a, b, i, j) __builtin_shufflevector(a, b, i, j)
-#else
-#define RP_SEGTREE_SHUFFLE2(a, b, i, j) __builtin_shuffle(a, b, (rp_v2l){i, j})
-#endif
 #endif
 #include "segtree_impl.h"
-#undef RP_SEGTREE_SHUFFLE2
 #undef SCALAR
 #undef SUFFIX
 #undef SCALAR_MAX
 #undef RP_SEGTREE_VECTOR
 #undef RP_SEGTREE_MASK
-#undef RP_SEGTREE_LANES

@@ -15,16 +15,31 @@
  *
  * A descent reads one node per level: log16(size) + 1 cache lines instead of the log2(size)
  * lines of the binary heap layout (`capacity + i`, parent `j / 2`), and the top levels stay
- * in L1/L2. Parents are always recomputed from their 16 children with one fixed, pairwise
- * summation order, so a tree's internal sums are a pure function of its leaves: no drift,
- * whatever the history of updates.
+ * in L1/L2.
  *
- * A sum tree also keeps, for each level above the leaves, the inclusive prefix sums of every
- * node's 16 entries (P below), recomputed with the entries: the descent reads P, so choosing a
- * child costs 16 independent comparisons (vectorised) rather than 15 dependent additions.
+ * torchrl's arithmetic, bit for bit. torchrl's sum tree is that binary heap: capacity the
+ * smallest power of two above size, node j = values[2j] + values[2j + 1] in the tree's dtype,
+ * the leaves past size 0. An entry of level t is exactly its binary node 4t levels above the
+ * leaves: every parent entry is the balanced pairwise sum of its 16 children in the tree's
+ * dtype, (((e0 + e1) + (e2 + e3)) + ((e4 + e5) + (e6 + e7))) + (...), the additions of the
+ * four binary levels in between (the padding entries are 0, as torchrl's are, and x + 0 = x).
+ * The tree is thus a pure function of its leaves, whatever the history of updates. Sums and
+ * descents read torchrl's binary nodes from this layout, so they are torchrl's:
+ *  - a sum tree keeps, for each node of the levels from RP_SEGTREE_PREFIX_FROM up, its binary
+ *    mini-heap: the 15 binary nodes between its 16 entries and their parent, in heap order in
+ *    16 slots (H below; slot 0 unused), recomputed with the entries. Below that level they are
+ *    summed from the entries when read (the same additions, so the same bits);
  *
- *   level 1 entries [ n0  n1     n2        ... n15 ]
- *   level 1 prefix  [ n0  n0+n1  n0+n1+n2  ... n0+..+n15 ]
+ *      level t entries  [ e0  e1  e2  e3  ...  e14  e15 ]
+ *      its mini-heap H  [ -  total  o0 o1  q0 .. q3  p0 .. p7 ]   p_i = e_2i + e_2i+1,
+ *                                                                 q_i = p_2i + p_2i+1, ...
+ *  - scan_lower_bound is torchrl's ScanLowerBound: `size` past the root, else from torchrl's
+ *    root (height log2(capacity): inside the root node, or its total) 4 binary steps a level,
+ *    going right and subtracting the left child whenever the remainder exceeds it, compare and
+ *    subtraction in the tree's dtype;
+ *  - query(l, r) is torchrl's Query: the root for the whole tree, else its bottom-up loop over
+ *    binary heap indices, adding each binary node in its order.
+ * (Min trees keep no mini-heaps: a min is exact in any order.)
  *
  * Every function taking `index` checks 0 <= index < size first and writes nothing on error. */
 #ifndef RP_SEGTREE_H
@@ -39,22 +54,24 @@ extern "C" {
 #define RP_SEGTREE_FANOUT 16
 #define RP_SEGTREE_MAX_LEVELS 17 /* 16^16 = 2^64 leaves */
 #ifndef RP_SEGTREE_PREFIX_FROM
-#define RP_SEGTREE_PREFIX_FROM 2 /* the lowest level that keeps prefix sums */
+#define RP_SEGTREE_PREFIX_FROM 2 /* the lowest level that keeps mini-heaps */
 #endif
 
 typedef struct {
     int64_t size;                                 /* number of leaves */
     int64_t top;                                  /* index of the root level (0 when size <= 16) */
+    int64_t capacity;                             /* torchrl's: the smallest power of two > size */
+    int64_t height;                               /* log2(capacity): torchrl's root's height */
     int64_t total;                                /* scalars in the whole buffer */
     int64_t offset[RP_SEGTREE_MAX_LEVELS];        /* start of each level in the buffer */
     int64_t length[RP_SEGTREE_MAX_LEVELS];        /* entries of each level (a multiple of 16) */
-    int64_t prefix[RP_SEGTREE_MAX_LEVELS];        /* start of each level's prefix sums, or -1 */
+    int64_t prefix[RP_SEGTREE_MAX_LEVELS];        /* start of each level's mini-heaps, or -1 */
 } rp_segtree_layout;
 
-/* Fill *layout for `size` leaves (size >= 0). With `with_prefix` (sum trees), every level
- * above the leaves also keeps, beside its entries, their inclusive prefix sums within each
- * node: a descent then picks a child with 16 independent comparisons instead of a chain of
- * additions. Returns RP_OK, or RP_ERR_VALUE when size is negative or too large. O(log size). */
+/* Fill *layout for `size` leaves (size >= 0), and torchrl's capacity and height for them. With
+ * `with_prefix` (sum trees), every level from RP_SEGTREE_PREFIX_FROM up also keeps, beside its
+ * entries, each node's binary mini-heap. Returns RP_OK, or RP_ERR_VALUE when size is negative
+ * or too large. O(log size). */
 int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_prefix);
 
 /* A sum tree seen with some leaves set to zero (Z), without writing it: for each level t,
@@ -103,8 +120,9 @@ int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exc
     int rp_mintree_update_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree,                \
                                    const int64_t *index, const SCALAR *value,                    \
                                    int64_t value_stride, int64_t n, int64_t *bad);               \
-    /* Sum (min) of leaves [l, r), both clamped to [0, size]; the identity when l >= r.          \
-     * Sums accumulate in double. O(16 log16 size). */                                           \
+    /* Sum (min) of leaves [l, r); the identity when l >= r. A sum is torchrl's Query in the    \
+     * tree's dtype (l, r clamped to [0, capacity]; the root when l <= 0 and r >= size),        \
+     * O(log2 capacity); a min clamps r to size, O(16 log16 size). */                          \
     double rp_sumtree_query_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,        \
                                      int64_t l, int64_t r);                                      \
     double rp_mintree_query_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,        \
@@ -116,24 +134,26 @@ int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exc
     void rp_mintree_query_batch_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,    \
                                          const int64_t *l, const int64_t *r, int64_t n,          \
                                          double *out);                                           \
-    /* out[k] = the first leaf whose inclusive prefix sum is >= value[k]; `size` when value[k]   \
-     * exceeds the total; 0 when value[k] <= 0. For value[k] in (0, total] the leaf returned is  \
-     * never zero-valued, whatever the rounding of the internal sums. NaN: RP_ERR_VALUE with     \
-     * *bad = k, nothing written. Descents run interleaved, 32 at a time, with prefetch.         \
-     * O(n * 16 log16 size). */                                                                  \
+    /* out[k] = torchrl's ScanLowerBound(value[k]), bit for bit: `size` when value[k] exceeds   \
+     * the root, 0 when value[k] <= 0, else its binary descent, which rounding can end on a      \
+     * zero-valued leaf, or on a padding leaf in [size, capacity), as torchrl's does. NaN:       \
+     * RP_ERR_VALUE with *bad = k, nothing written. Descents run interleaved, 32 at a time,      \
+     * with prefetch, branch-free. O(n log2 capacity). */                                       \
     int rp_sumtree_scan_lower_bound_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree, \
                                              const SCALAR *value, int64_t n, int64_t *out,       \
                                              int64_t *bad);                                      \
-    /* Fused prioritized sampling: mass_k = uniform[k] * sum(leaves[0, mass_end)), descend,      \
-     * clamp to num_valid - 1, and move off a zero-valued leaf to the nearest positive one on    \
-     * its left (else on its right, below num_valid). 1 <= num_valid <= mass_end <= size; the    \
+    /* Fused prioritized sampling: mass_k = uniform[k] * query(0, mass_end) in double, rounded  \
+     * to the tree's dtype (numpy's uniform(0, p_sum) as torchrl's tree takes it), descend as    \
+     * scan_lower_bound does, clamp to num_valid - 1, and move off a zero-valued leaf to the     \
+     * nearest positive one on its left (else on its right, below num_valid), as torchrl's       \
+     * PrioritizedSampler steps left. 1 <= num_valid <= mass_end <= size; the                    \
      * two differ when a storage is longer than torchrl's tree: the mass then spans every leaf  \
      * and the draws are clamped to the storage, as torchrl's PrioritizedSampler does.           \
      * Writes out_index[k], out_priority[k] and, when out_weight is not NULL,                    \
      * out_weight[k] = (priority / p_min) ** -beta. Returns RP_ERR_EMPTY when no leaf of          \
      * [0, num_valid) is positive, RP_ERR_INDEX when num_valid or mass_end is out of range       \
      * (*bad = num_valid), RP_ERR_VALUE when a draw is outside [0, 1] or NaN (*bad = k);         \
-     * nothing written on error. O(n * 16 log16 size). */                                        \
+     * nothing written on error. O(n log2 capacity). */                                          \
     int rp_sumtree_sample_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,          \
                                    int64_t mass_end, int64_t num_valid, const double *uniform,   \
                                    int64_t n, double p_min, double beta, int64_t *out_index,     \
@@ -141,10 +161,11 @@ int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exc
     /* rp_sumtree_sample from given prefix masses: draw k lands where mass[k] falls, mass[k]     \
      * being rounded to the tree's precision first (as scan_lower_bound takes its values), which \
      * lets the caller draw the masses as torchrl's PrioritizedSampler does (numpy's or torch's  \
-     * RNG, scaled by the sum). A mass at or below 0 lands on the first positive leaf, one past  \
-     * the total on the last one (then clamped and moved as in rp_sumtree_sample). NaN:          \
+     * RNG, scaled by the sum): torchrl's draws, bit for bit. A mass at or below 0 lands on     \
+     * leaf 0, one past the root on `size` (then clamped and moved as in rp_sumtree_sample; where \
+     * torchrl would step left of leaf 0, this takes the first positive leaf on the right). NaN: \
      * RP_ERR_VALUE with *bad = k; other return codes as rp_sumtree_sample; nothing written on   \
-     * error. O(n * 16 log16 size). */                                                           \
+     * error. O(n log2 capacity). */                                                             \
     int rp_sumtree_sample_masses_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,   \
                                           int64_t mass_end, int64_t num_valid,                   \
                                           const double *mass, int64_t n, double p_min,           \
@@ -178,7 +199,7 @@ int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exc
      * buf_len entries (rp_segtree_zeroed_scratch). RP_ERR_INDEX with *bad = r for a bad          \
      * exclude[r]; RP_ERR_VALUE (*bad = -1) for a short scratch. Reads the tree only.             \
      * O(n_exclude + 16 * changed entries).                                                      \
-     * rp_sumtree_zeroed_query: query(l, r) of Z, bit for bit (O(16 log16 size log n_exclude)).  \
+     * rp_sumtree_zeroed_query: query(l, r) of Z, bit for bit (O(16 log2 capacity log n_exclude)).\
      * rp_sumtree_zeroed_sample_masses: the draws torchrl's slice sampler makes on Z with the    \
      * prefix masses mass[0, n) (rounded to the tree's dtype as scan_lower_bound takes them):    \
      * scan_lower_bound's leaf (0 for a mass <= 0, size past Z's total), clamped to              \

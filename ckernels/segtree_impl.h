@@ -14,76 +14,74 @@ static inline void FN(prefetch_node)(const SCALAR *node) {
     if (NODE_LINES > 1) RP_PREFETCH(node + RP_SEGTREE_FANOUT / 2);
 }
 
-/* Sum of one node in a fixed order, accumulated in double: the same function builds and
- * refreshes every parent, which is what makes the tree a pure function of its leaves. The
- * even and the odd entries are summed pairwise apart and added last, the order of two-lane
- * double vectors: 22 -> 16 ns per updated leaf at B=256, where gcc had left the pairwise
- * order of adjacent entries scalar. */
-static inline double FN(node_sum)(const SCALAR *e) {
-#if defined(RP_HAVE_VECTORS)
-    rp_v2d d[8];
-    for (int k = 0; k < 8; k++) {
-        d[k] = (rp_v2d){(double)e[2 * k], (double)e[2 * k + 1]};
-    }
-    const rp_v2d s = ((d[0] + d[1]) + (d[2] + d[3])) + ((d[4] + d[5]) + (d[6] + d[7]));
-    return s[0] + s[1];
-#else
-    const double even = (((double)e[0] + (double)e[2]) + ((double)e[4] + (double)e[6]))
-                      + (((double)e[8] + (double)e[10]) + ((double)e[12] + (double)e[14]));
-    const double odd = (((double)e[1] + (double)e[3]) + ((double)e[5] + (double)e[7]))
-                     + (((double)e[9] + (double)e[11]) + ((double)e[13] + (double)e[15]));
-    return even + odd;
-#endif
+/* The binary sums inside one node of 16 entries e, as torchrl's binary heap holds them above
+ * those entries, each in SCALAR: h[8 + p] = e[2p] + e[2p + 1] (the pairs), then h[k] = h[2k] +
+ * h[2k + 1] for k = 7 .. 1 (quads at 4..7, octets at 2..3, the node's total at 1); h[0] = 0.
+ * A heap of its own: the children of h[k] are h[2k] and h[2k + 1], those of a pair h[8 + p] the
+ * entries e[2p] and e[2p + 1] (heap positions 16 + 2p and 17 + 2p). The entry of level t holds
+ * the binary node 4t levels above the leaves, and h[1] = ((e0 + e1) + (e2 + e3)) + ... is how
+ * torchrl sums those 16 nodes into the one 4 levels up: the same additions, so the same bits.
+ * IEEE addition is commutative, so torchrl's `right + left` at odd children changes nothing. */
+static inline void FN(node_heap)(const SCALAR *e, SCALAR *h) {
+    for (int p = 0; p < 8; p++) h[8 + p] = e[2 * p] + e[2 * p + 1];
+    for (int k = 7; k >= 1; k--) h[k] = h[2 * k] + h[2 * k + 1];
+    h[0] = 0;
 }
 
-/* Inclusive prefix sums of one node's 16 entries, accumulated in SCALAR as four running sums
- * of four plus their offsets (short dependency chains). Rounding is monotone, so the sums stay
- * non-decreasing, which is all the descent needs (its fallback absorbs the last-bit mismatch
- * with the parent entry). Levels that keep prefix sums store exactly these. */
-static inline void FN(scalar_prefix)(const SCALAR *e, SCALAR *out) {
-    SCALAR quad[4];
-    for (int k = 0; k < 4; k++) {
-        const SCALAR *x = e + 4 * k;
-        SCALAR *o = out + 4 * k;
-        o[0] = x[0];
-        o[1] = o[0] + x[1];
-        o[2] = o[1] + x[2];
-        o[3] = o[2] + x[3];
-        quad[k] = o[3];
-    }
-    const SCALAR o1 = quad[0], o2 = o1 + quad[1], o3 = o2 + quad[2];
-    for (int i = 0; i < 4; i++) {
-        out[4 + i] += o1;
-        out[8 + i] += o2;
-        out[12 + i] += o3;
-    }
+/* The total of one node, h[1] of node_heap: what every parent entry holds. */
+static inline SCALAR FN(node_sum)(const SCALAR *e) {
+    SCALAR p[8];
+    for (int k = 0; k < 8; k++) p[k] = e[2 * k] + e[2 * k + 1];
+    const SCALAR q0 = p[0] + p[1], q1 = p[2] + p[3], q2 = p[4] + p[5], q3 = p[6] + p[7];
+    return (q0 + q1) + (q2 + q3);
 }
 
-/* Recompute the stored prefix sums of node j of level t (t >= 1) from its entries. */
-static inline void FN(store_prefix)(const rp_segtree_layout *layout, SCALAR *tree, int64_t t, int64_t j) {
-    FN(scalar_prefix)(tree + layout->offset[t] + RP_SEGTREE_FANOUT * j,
-                      tree + layout->prefix[t] + RP_SEGTREE_FANOUT * j);
+/* The sum of the 2^s entries e[0, 2^s) (s <= 4, e aligned to 2^s within its node), paired as
+ * node_heap pairs them: the binary node s levels above those entries. */
+static inline SCALAR FN(block_sum)(const SCALAR *e, int s) {
+    SCALAR b[8];
+    if (s == 0) return e[0];
+    int n = 1 << (s - 1);
+    for (int i = 0; i < n; i++) b[i] = e[2 * i] + e[2 * i + 1];
+    for (; n > 1; n >>= 1)
+        for (int i = 0; i < n / 2; i++) b[i] = b[2 * i] + b[2 * i + 1];
+    return b[0];
 }
 
-/* The largest SCALAR <= x: comparing prefix sums against it never takes a child whose prefix
- * is >= x, which keeps the remaining mass strictly positive on the way down. */
-static inline SCALAR FN(round_down)(double x) {
-    SCALAR s = (SCALAR)x;
-    if (sizeof(SCALAR) < sizeof(double) && (double)s > x) {
-        float f = (float)s;
-        if (f > 0) {
-            /* The next float down of a positive float is one less in its bit pattern: no libm
-             * call on the descent's path (a positive mass is all it ever rounds). */
-            uint32_t bits;
-            memcpy(&bits, &f, sizeof bits);
-            bits -= 1;
-            memcpy(&f, &bits, sizeof f);
-        } else {
-            f = nextafterf(f, -INFINITY);
-        }
-        s = (SCALAR)f;
+/* Recompute the stored mini-heap of node j of level t (t >= 1, a level that keeps them). */
+static inline void FN(store_heap)(const rp_segtree_layout *layout, SCALAR *tree, int64_t t, int64_t j) {
+    FN(node_heap)(tree + layout->offset[t] + RP_SEGTREE_FANOUT * j,
+                  tree + layout->prefix[t] + RP_SEGTREE_FANOUT * j);
+}
+
+/* torchrl's binary node at height h (0: the leaves) and position m (its leaves are
+ * [m 2^h, (m + 1) 2^h)), read from this layout: an entry of level h / 4 when 4 divides h, else
+ * a mini-heap entry of a node of level h / 4 (stored, or summed from the node's entries). A node
+ * past the stored ones holds only padding: 0. O(1); O(8) where summed. */
+static inline SCALAR FN(binary_node)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t h,
+                                     int64_t m) {
+    int64_t t = h >> 2;
+    int s = (int)(h & 3);
+    if (s == 0) {
+        if (t <= layout->top) return m < layout->length[t] ? tree[layout->offset[t] + m] : (SCALAR)0;
+        t -= 1; /* the total of a node of the root level */
+        s = 4;
     }
-    return s;
+    if (t > layout->top) return (SCALAR)0; /* above the root node: never read (see root_value) */
+    const int64_t first = m << s; /* its first entry of level t */
+    if (first >= layout->length[t]) return (SCALAR)0;
+    if (layout->prefix[t] >= 0)
+        return tree[layout->prefix[t] + first + (RP_SEGTREE_FANOUT >> s) - (first & 15)
+                    + ((first & 15) >> s)];
+    return FN(block_sum)(tree + layout->offset[t] + first, s);
+}
+
+/* torchrl's root, values[1]: the binary node at height log2(capacity). Where torchrl's root lies
+ * above the root node's total (size a power of 16), it is that total plus zeros. O(1). */
+static inline SCALAR FN(root_value)(const rp_segtree_layout *layout, const SCALAR *tree) {
+    const int64_t top_height = 4 * (layout->top + 1);
+    if (layout->height <= top_height) return FN(binary_node)(layout, tree, layout->height, 0);
+    return FN(binary_node)(layout, tree, top_height, 0) + (SCALAR)0;
 }
 
 static inline SCALAR FN(node_min)(const SCALAR *e) {
@@ -93,16 +91,12 @@ static inline SCALAR FN(node_min)(const SCALAR *e) {
 }
 
 static inline SCALAR FN(node_reduce)(const SCALAR *e, bool is_min) {
-    return is_min ? FN(node_min)(e) : (SCALAR)FN(node_sum)(e);
+    return is_min ? FN(node_min)(e) : FN(node_sum)(e);
 }
 
-/* Total of the root node accumulated exactly as the descent does, so that a value <= this
- * total never runs off the right end of the root. */
+/* torchrl's root as a double (the total sampling and the overflow checks read). */
 static inline double FN(root_total)(const rp_segtree_layout *layout, const SCALAR *tree) {
-    if (layout->prefix[layout->top] >= 0) return (double)tree[layout->prefix[layout->top] + RP_SEGTREE_FANOUT - 1];
-    SCALAR prefix[RP_SEGTREE_FANOUT];
-    FN(scalar_prefix)(tree + layout->offset[layout->top], prefix);
-    return (double)prefix[RP_SEGTREE_FANOUT - 1];
+    return (double)FN(root_value)(layout, tree);
 }
 
 void FN(rp_segtree_fill)(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity) {
@@ -137,13 +131,13 @@ static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int
             /* the entries of the parents of leaves 0..n-1 are there, not their prefix sums */
             const int64_t touched = (n + RP_SEGTREE_FANOUT * RP_SEGTREE_FANOUT - 1) / (RP_SEGTREE_FANOUT * RP_SEGTREE_FANOUT);
             if (with_prefix)
-                for (int64_t j = 0; j < touched; j++) FN(store_prefix)(layout, tree, t, j);
+                for (int64_t j = 0; j < touched; j++) FN(store_heap)(layout, tree, t, j);
             continue;
         }
         if (n * 4 >= nodes) {
             for (int64_t j = 0; j < nodes; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
             if (with_prefix)
-                for (int64_t j = 0; j < layout->length[t] / RP_SEGTREE_FANOUT; j++) FN(store_prefix)(layout, tree, t, j);
+                for (int64_t j = 0; j < layout->length[t] / RP_SEGTREE_FANOUT; j++) FN(store_heap)(layout, tree, t, j);
             continue;
         }
         const int shift = (int)(4 * t);
@@ -167,7 +161,7 @@ static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int
         for (int64_t k = 0; k < n; k++) {
             const int64_t j = index[k] >> (shift + 4);
             if (j != prev) {
-                FN(store_prefix)(layout, tree, t, j);
+                FN(store_heap)(layout, tree, t, j);
                 prev = j;
             }
         }
@@ -181,7 +175,7 @@ static void FN(build)(const rp_segtree_layout *layout, SCALAR *tree, bool is_min
         const int64_t nodes = layout->length[t - 1] / RP_SEGTREE_FANOUT;
         for (int64_t j = 0; j < nodes; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
         if (layout->prefix[t] >= 0)
-            for (int64_t j = 0; j < layout->length[t] / RP_SEGTREE_FANOUT; j++) FN(store_prefix)(layout, tree, t, j);
+            for (int64_t j = 0; j < layout->length[t] / RP_SEGTREE_FANOUT; j++) FN(store_heap)(layout, tree, t, j);
     }
 }
 
@@ -356,7 +350,7 @@ static void FN(refresh_range)(const rp_segtree_layout *layout, SCALAR *tree, int
         const int64_t a = first >> shift, b = last >> shift;
         for (int64_t j = a; j <= b; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
         if (layout->prefix[t] >= 0)
-            for (int64_t j = a >> 4; j <= (b >> 4); j++) FN(store_prefix)(layout, tree, t, j);
+            for (int64_t j = a >> 4; j <= (b >> 4); j++) FN(store_heap)(layout, tree, t, j);
     }
 }
 
@@ -449,17 +443,38 @@ static inline double FN(range_reduce)(const SCALAR *lvl, int64_t a, int64_t b, b
     return acc;
 }
 
+/* torchrl's Query(l, r) of a sum tree, in SCALAR: with l, r clamped to [0, capacity], 0 when
+ * l >= r, the root when l <= 0 and r >= size, else the bottom-up loop over the binary heap's
+ * indices (l + capacity, r + capacity, one level up per round, adding the node at l when l is
+ * odd, then the one before r when r is odd), each binary node read from this layout. The same
+ * additions in the same order: the same bits. (torchrl forms the indices with `|`, the same
+ * below capacity; at r == capacity its loop adds nothing, where this sums up to the capacity.)
+ * O(log2 capacity), 16 additions at most per node read from a level without stored mini-heaps. */
+static SCALAR FN(sum_query)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t l, int64_t r) {
+    const int64_t capacity = layout->capacity;
+    if (l < 0) l = 0;
+    if (r > capacity) r = capacity;
+    if (l >= r) return (SCALAR)0;
+    if (l == 0 && r >= layout->size) return FN(root_value)(layout, tree);
+    SCALAR acc = 0;
+    int64_t a = l + capacity, b = r + capacity;
+    for (int64_t h = 0; a < b; h++, a >>= 1, b >>= 1) {
+        const int64_t base = capacity >> h; /* the heap index of position 0 at height h */
+        if (a & 1) acc = acc + FN(binary_node)(layout, tree, h, (a++) - base);
+        if (b & 1) acc = acc + FN(binary_node)(layout, tree, h, (--b) - base);
+    }
+    return acc;
+}
+
 static double FN(query)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t l, int64_t r,
                         bool is_min) {
+    if (!is_min) return (double)FN(sum_query)(layout, tree, l, r);
     const int64_t size = layout->size;
     if (l < 0) l = 0;
     if (r > size) r = size;
     double acc = is_min ? (double)SCALAR_MAX : 0.0;
     if (l >= r) return acc;
-    if (l == 0 && r == size) {
-        if (is_min) return (double)FN(node_min)(tree + layout->offset[layout->top]);
-        return FN(root_total)(layout, tree);
-    }
+    if (l == 0 && r == size) return (double)FN(node_min)(tree + layout->offset[layout->top]);
     /* Climb from both ends, reducing the partial nodes at each level. */
     int64_t a = l, b = r;
     for (int64_t t = 0; a < b; t++) {
@@ -504,150 +519,140 @@ void FN(rp_mintree_query_batch)(const rp_segtree_layout *layout, const SCALAR *t
     for (int64_t k = 0; k < n; k++) out[k] = FN(query)(layout, tree, l[k], r[k], true);
 }
 
-/* The number of the 16 prefix sums p[j] below `bound`: the child a descent takes. A loop of its
- * own, so that the compiler turns it into four vector compares (inside the descent it did not). */
-static inline int FN(count_below)(const SCALAR *p, SCALAR bound) {
+/* One binary step of torchrl's ScanLowerBound: whether the remainder *c exceeds the left
+ * child `left` (then go right, with `left` subtracted: in SCALAR, as torchrl does). Without a
+ * branch: half the steps of a random mass go right, and a mispredicted branch per step made the
+ * descent three times slower. c - 0 is c, so subtracting a masked `left` is exact. */
 #if defined(RP_SEGTREE_VECTOR)
-    /* GCC / clang vector extensions: 16-byte vectors, SSE2 on x86-64 and NEON on aarch64 (both
-     * baseline), so no -march flag is needed. A true compare is -1 in every bit of its lane. */
-    RP_SEGTREE_VECTOR b;
-    for (int i = 0; i < RP_SEGTREE_LANES; i++) b[i] = bound;
-    RP_SEGTREE_MASK below = b < b; /* all lanes 0 */
-    for (int k = 0; k < RP_SEGTREE_FANOUT; k += RP_SEGTREE_LANES) {
-        RP_SEGTREE_VECTOR x;
-        memcpy(&x, p + k, sizeof x);
-        below += (RP_SEGTREE_MASK)(x < b);
-    }
-    int count = 0;
-    for (int i = 0; i < RP_SEGTREE_LANES; i++) count -= (int)below[i];
-    return count;
+typedef RP_SEGTREE_VECTOR FN(rp_lane);
+static inline int FN(step)(SCALAR left, FN(rp_lane) *c) {
+    /* lane 0 holds the remainder, the other lanes 0 (never right: 0 > 0 is false) */
+    const FN(rp_lane) l = {left};
+    const RP_SEGTREE_MASK right = *c > l;
+    *c -= (FN(rp_lane))((RP_SEGTREE_MASK)l & right);
+    return (int)-right[0];
+}
+#define RP_LANE_LOAD(x) ((FN(rp_lane)){(x)})
+#define RP_LANE_VALUE(v) ((v)[0])
 #else
-    int below = 0;
-    for (int j = 0; j < RP_SEGTREE_FANOUT; j++) below += p[j] < bound;
-    return below;
-#endif
+typedef SCALAR FN(rp_lane);
+static inline int FN(step)(SCALAR left, FN(rp_lane) *c) {
+    const int right = *c > left;
+    *c = right ? *c - left : *c;
+    return right;
 }
-
-#if defined(RP_SEGTREE_SHUFFLE)
-/* count_below over the prefix sums of the node e computed in registers, bit for bit those of
- * scalar_prefix: the four quads are transposed into the lanes of four vectors, so three
- * vector additions give every quad's running sums in scalar_prefix's order, and one vector
- * of quad offsets finishes them. The comparisons do not need the natural order, so the sums
- * are left transposed in `out` (entry j at RP_COMPUTED_AT(j)). At 2^20 leaves, where two of
- * the five levels compute their prefix sums: 41 -> 29 ns per descent (C probe, B=256). */
-#define RP_COMPUTED_AT(j) (4 * ((j) & 3) + ((j) >> 2))
-static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {
-    RP_SEGTREE_VECTOR x0, x1, x2, x3;
-    memcpy(&x0, e, sizeof x0);
-    memcpy(&x1, e + 4, sizeof x1);
-    memcpy(&x2, e + 8, sizeof x2);
-    memcpy(&x3, e + 12, sizeof x3);
-    const RP_SEGTREE_VECTOR t0 = RP_SEGTREE_SHUFFLE(x0, x1, 0, 4, 1, 5);
-    const RP_SEGTREE_VECTOR t1 = RP_SEGTREE_SHUFFLE(x2, x3, 0, 4, 1, 5);
-    const RP_SEGTREE_VECTOR t2 = RP_SEGTREE_SHUFFLE(x0, x1, 2, 6, 3, 7);
-    const RP_SEGTREE_VECTOR t3 = RP_SEGTREE_SHUFFLE(x2, x3, 2, 6, 3, 7);
-    /* lane k of p_i: entry i of quad k, then the running sum of quad k up to entry i */
-    RP_SEGTREE_VECTOR p0 = RP_SEGTREE_SHUFFLE(t0, t1, 0, 1, 4, 5);
-    RP_SEGTREE_VECTOR p1 = p0 + RP_SEGTREE_SHUFFLE(t0, t1, 2, 3, 6, 7);
-    RP_SEGTREE_VECTOR p2 = p1 + RP_SEGTREE_SHUFFLE(t2, t3, 0, 1, 4, 5);
-    RP_SEGTREE_VECTOR p3 = p2 + RP_SEGTREE_SHUFFLE(t2, t3, 2, 3, 6, 7);
-    const SCALAR o1 = p3[0], o2 = o1 + p3[1], o3 = o2 + p3[2];
-    const RP_SEGTREE_VECTOR offset = {0, o1, o2, o3};
-    p0 += offset;
-    p1 += offset;
-    p2 += offset;
-    p3 += offset;
-    memcpy(out, &p0, sizeof p0);
-    memcpy(out + 4, &p1, sizeof p1);
-    memcpy(out + 8, &p2, sizeof p2);
-    memcpy(out + 12, &p3, sizeof p3);
-    RP_SEGTREE_VECTOR b = {bound, bound, bound, bound};
-    const RP_SEGTREE_MASK below = (RP_SEGTREE_MASK)(p0 < b) + (RP_SEGTREE_MASK)(p1 < b)
-                                + (RP_SEGTREE_MASK)(p2 < b) + (RP_SEGTREE_MASK)(p3 < b);
-    return -(int)(below[0] + below[1] + below[2] + below[3]);
-}
-#elif defined(RP_SEGTREE_SHUFFLE2)
-/* The same for fp64 in two-lane vectors: quads 0 and 1 share the lanes of four vectors, quads 2
- * and 3 those of four others (entry j = 4k + i at RP_COMPUTED_AT(j): vector i of pair k / 2,
- * lane k % 2). Bit for bit scalar_prefix's sums, as above. */
-#define RP_COMPUTED_AT(j) (8 * ((j) >> 3) + 2 * ((j) & 3) + (((j) >> 2) & 1))
-static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {
-    RP_SEGTREE_VECTOR x[8], p[8];
-    for (int k = 0; k < 8; k++) memcpy(&x[k], e + 2 * k, sizeof x[k]);
-    for (int h = 0; h < 2; h++) { /* quads 2h and 2h + 1: entries 8h .. 8h + 7 */
-        const RP_SEGTREE_VECTOR *q = x + 4 * h;
-        RP_SEGTREE_VECTOR *r = p + 4 * h;
-        r[0] = RP_SEGTREE_SHUFFLE2(q[0], q[2], 0, 2);
-        r[1] = r[0] + RP_SEGTREE_SHUFFLE2(q[0], q[2], 1, 3);
-        r[2] = r[1] + RP_SEGTREE_SHUFFLE2(q[1], q[3], 0, 2);
-        r[3] = r[2] + RP_SEGTREE_SHUFFLE2(q[1], q[3], 1, 3);
-    }
-    const SCALAR o1 = p[3][0], o2 = o1 + p[3][1], o3 = o2 + p[7][0];
-    const RP_SEGTREE_VECTOR low = {0, o1}, high = {o2, o3};
-    RP_SEGTREE_VECTOR b = {bound, bound};
-    RP_SEGTREE_MASK below = b < b; /* all lanes 0 */
-    for (int i = 0; i < 4; i++) {
-        p[i] += low;
-        p[4 + i] += high;
-        below += (RP_SEGTREE_MASK)(p[i] < b);
-        below += (RP_SEGTREE_MASK)(p[4 + i] < b);
-    }
-    memcpy(out, p, sizeof p);
-    return -(int)(below[0] + below[1]);
-}
-#else
-#define RP_COMPUTED_AT(j) (j)
-static inline int FN(count_below_computed)(const SCALAR *e, SCALAR bound, SCALAR *out) {
-    FN(scalar_prefix)(e, out);
-    return FN(count_below)(out, bound);
-}
+#define RP_LANE_LOAD(x) (x)
+#define RP_LANE_VALUE(v) (v)
 #endif
 
-/* Descend g <= RP_DESCENT_GROUP masses v[q] > 0 level by level, interleaved so that the cache
- * misses of one descent overlap the arithmetic of the others. At each node the child taken is
- * the first whose running prefix (in double) reaches v. Where rounding makes v exceed the sum
- * of a node, the last positive child is taken with all of its mass: every descent therefore
- * ends on a positive leaf below `size`. */
-#define RP_DESCENT_GROUP 32
-static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, double *v, int64_t g,
-                        int64_t *leaf) {
-    int64_t node[RP_DESCENT_GROUP];
-    for (int64_t q = 0; q < g; q++) node[q] = 0;
-    for (int64_t t = layout->top; t >= 0; t--) {
-        const SCALAR *lvl = tree + layout->offset[t];
-        const SCALAR *pre = t > 0 && layout->prefix[t] >= 0 ? tree + layout->prefix[t] : NULL;
-        const SCALAR *below = t == 0 ? NULL
-                              : layout->prefix[t - 1] >= 0 ? tree + layout->prefix[t - 1]
-                                                           : tree + layout->offset[t - 1];
-        for (int64_t q = 0; q < g; q++) {
-            const double target = v[q];
-            int child = 0;
-            double before = 0.0;
-            /* Stored prefix sums where the level keeps them, else computed the same way. */
-            const SCALAR bound = FN(round_down)(target);
-            if (pre != NULL) {
-                const SCALAR *p = pre + RP_SEGTREE_FANOUT * node[q];
-                child = FN(count_below)(p, bound);
-                if (child > 0 && child < RP_SEGTREE_FANOUT) before = (double)p[child - 1];
-            } else {
-                SCALAR computed[RP_SEGTREE_FANOUT];
-                child = FN(count_below_computed)(lvl + RP_SEGTREE_FANOUT * node[q], bound, computed);
-                if (child > 0 && child < RP_SEGTREE_FANOUT)
-                    before = (double)computed[RP_COMPUTED_AT(child - 1)];
-            }
-            if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
-                const SCALAR *e = lvl + RP_SEGTREE_FANOUT * node[q];
-                child = RP_SEGTREE_FANOUT - 1;
-                while (child > 0 && !(e[child] > 0)) child--;
-                v[q] = (double)e[child];
-            } else {
-                v[q] = target - before;
-            }
-            node[q] = RP_SEGTREE_FANOUT * node[q] + child;
-            if (t > 0) FN(prefetch_node)(below + RP_SEGTREE_FANOUT * node[q]);
+/* The binary steps of torchrl's ScanLowerBound through one node: from position k0 of the
+ * node's mini-heap h (1: its total; 2, 4, 8 for a root that starts lower), `steps` times: go to
+ * the left child; when the remaining value *cur exceeds it, subtract it and go to the right
+ * child instead. The last step reads the entries e. Returns the entry (0..15) reached.
+ * O(steps). */
+static inline int FN(node_steps)(const SCALAR *h, const SCALAR *e, int k, int steps, SCALAR *cur) {
+    FN(rp_lane) c = RP_LANE_LOAD(*cur);
+    if (steps == 4) { /* every level but the root's: unrolled */
+        k = 2 + FN(step)(h[2], &c);
+        k = 2 * k + FN(step)(h[2 * k], &c);
+        k = 2 * k + FN(step)(h[2 * k], &c);
+    } else {
+        for (int i = 1; i < steps; i++) {
+            k <<= 1;
+            k |= FN(step)(h[k], &c);
         }
     }
-    for (int64_t q = 0; q < g; q++) leaf[q] = node[q];
+    k = 2 * k - RP_SEGTREE_FANOUT;
+    k += FN(step)(e[k], &c);
+    *cur = RP_LANE_VALUE(c);
+    return k;
+}
+
+/* torchrl's ScanLowerBound of g <= RP_DESCENT_GROUP values v[q] in (0, root], interleaved level
+ * by level so that the cache misses of one descent overlap the arithmetic of the others. Each
+ * descent starts at torchrl's root (the mini-heap entry of the root node at height
+ * log2(capacity), or the node's total when that lies higher: the zero-padded levels above it
+ * would always send it left) and takes 4 binary steps per level, reading the stored mini-heaps
+ * or summing them from the node's entries (levels below RP_SEGTREE_PREFIX_FROM). A descent sent
+ * into a padding entry (no node stored below it, all zeros) goes right down to the entry's last
+ * leaf, as torchrl's does with a positive remainder: leaf[q] may lie past `size` (below
+ * torchrl's capacity), and may hold 0. O(g * (4 + 16) log16 size). */
+#define RP_DESCENT_GROUP 32
+static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, const SCALAR *v, int64_t g,
+                        int64_t *leaf) {
+    int64_t node[RP_DESCENT_GROUP];
+    SCALAR cur[RP_DESCENT_GROUP];
+    const int64_t top = layout->top;
+    if (layout->height == 0) { /* one leaf, which is the root */
+        for (int64_t q = 0; q < g; q++) leaf[q] = 0;
+        return;
+    }
+    const int64_t over = layout->height - 4 * top;
+    const int top_steps = over < 4 ? (int)over : 4;
+    for (int64_t q = 0; q < g; q++) {
+        node[q] = 0;
+        cur[q] = v[q];
+    }
+    for (int64_t t = top; t >= 0; t--) {
+        const SCALAR *lvl = tree + layout->offset[t];
+        const SCALAR *heap = layout->prefix[t] >= 0 ? tree + layout->prefix[t] : NULL;
+        const int steps = t == top ? top_steps : 4;
+        const int k0 = RP_SEGTREE_FANOUT >> steps;
+        /* the nodes stored at level t - 1: entries at or past it are padding */
+        const int64_t below_nodes = t > 0 ? layout->length[t - 1] / RP_SEGTREE_FANOUT : 0;
+        const SCALAR *below = t == 0 ? NULL : tree + layout->offset[t - 1];
+        const SCALAR *below_heap = t > 0 && layout->prefix[t - 1] >= 0 ? tree + layout->prefix[t - 1] : NULL;
+        for (int64_t q = 0; q < g; q++) {
+            if (RP_UNLIKELY(node[q] < 0)) continue; /* settled in padding */
+            const SCALAR *e = lvl + RP_SEGTREE_FANOUT * node[q];
+            int child;
+            if (heap != NULL) {
+                child = FN(node_steps)(heap + RP_SEGTREE_FANOUT * node[q], e, k0, steps, &cur[q]);
+            } else {
+                SCALAR h[RP_SEGTREE_FANOUT];
+                FN(node_heap)(e, h);
+                child = FN(node_steps)(h, e, k0, steps, &cur[q]);
+            }
+            const int64_t j = RP_SEGTREE_FANOUT * node[q] + child;
+            if (t == 0) {
+                node[q] = j;
+            } else if (RP_UNLIKELY(j >= below_nodes)) {
+                leaf[q] = ((j + 1) << (4 * t)) - 1;
+                node[q] = -1;
+            } else {
+                node[q] = j;
+                FN(prefetch_node)(below + RP_SEGTREE_FANOUT * j);
+                if (below_heap != NULL) FN(prefetch_node)(below_heap + RP_SEGTREE_FANOUT * j);
+            }
+        }
+    }
+    for (int64_t q = 0; q < g; q++)
+        if (node[q] >= 0) leaf[q] = node[q];
+}
+
+/* torchrl's ScanLowerBound of each x[k] (k < n, none NaN) against the root value `root`: `size`
+ * past the root, 0 at or below 0 (every step then goes left), else the descent. O(n log). */
+static void FN(scan_values)(const rp_segtree_layout *layout, const SCALAR *tree, SCALAR root,
+                            const SCALAR *x, int64_t n, int64_t *out) {
+    SCALAR v[RP_DESCENT_GROUP];
+    int64_t pos[RP_DESCENT_GROUP], leaf[RP_DESCENT_GROUP];
+    for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
+        const int64_t k1 = k0 + RP_DESCENT_GROUP < n ? k0 + RP_DESCENT_GROUP : n;
+        int64_t g = 0;
+        for (int64_t k = k0; k < k1; k++) {
+            const SCALAR value = x[k];
+            if (value > root) {
+                out[k] = layout->size;
+            } else if (!(value > 0)) {
+                out[k] = 0;
+            } else {
+                v[g] = value;
+                pos[g++] = k;
+            }
+        }
+        FN(descend)(layout, tree, v, g, leaf);
+        for (int64_t q = 0; q < g; q++) out[pos[q]] = leaf[q];
+    }
 }
 
 int FN(rp_sumtree_scan_lower_bound)(const rp_segtree_layout *layout, const SCALAR *tree,
@@ -658,26 +663,7 @@ int FN(rp_sumtree_scan_lower_bound)(const rp_segtree_layout *layout, const SCALA
             return RP_ERR_VALUE;
         }
     }
-    const double total = FN(root_total)(layout, tree);
-    double v[RP_DESCENT_GROUP];
-    int64_t pos[RP_DESCENT_GROUP], leaf[RP_DESCENT_GROUP];
-    for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
-        const int64_t k1 = k0 + RP_DESCENT_GROUP < n ? k0 + RP_DESCENT_GROUP : n;
-        int64_t g = 0;
-        for (int64_t k = k0; k < k1; k++) {
-            const double x = (double)value[k];
-            if (x <= 0) {
-                out[k] = 0; /* the first leaf's prefix is >= any non-positive value */
-            } else if (x > total) {
-                out[k] = layout->size;
-            } else {
-                v[g] = x;
-                pos[g++] = k;
-            }
-        }
-        FN(descend)(layout, tree, v, g, leaf);
-        for (int64_t q = 0; q < g; q++) out[pos[q]] = leaf[q];
-    }
+    FN(scan_values)(layout, tree, FN(root_value)(layout, tree), value, n, out);
     return RP_OK;
 }
 
@@ -726,12 +712,14 @@ static int64_t FN(first_positive_at_or_after)(const rp_segtree_layout *layout, c
     return -1;
 }
 
-/* Draws k0..k0+g of a prioritized sample whose prefix masses are v[0, g): descend, clamp to
- * num_valid - 1, move off a zero-valued leaf (nearest positive on the left, else on the right,
- * below num_valid) and read the leaf's value. O(g * 16 log16 size). */
-static void FN(land_group)(const rp_segtree_layout *layout, const SCALAR *tree, int64_t num_valid,
-                           double *v, int64_t g, int64_t *out_index, SCALAR *out_priority) {
-    FN(descend)(layout, tree, v, g, out_index);
+/* Draws of a prioritized sample whose prefix masses are x[0, g) (in SCALAR): torchrl's
+ * ScanLowerBound against `root`, the leaf clamped to num_valid - 1 and moved off a zero-valued
+ * leaf (the nearest positive on the left, else on the right, below num_valid), and its value.
+ * O(g log size). */
+static void FN(land_group)(const rp_segtree_layout *layout, const SCALAR *tree, SCALAR root,
+                           int64_t num_valid, const SCALAR *x, int64_t g, int64_t *out_index,
+                           SCALAR *out_priority) {
+    FN(scan_values)(layout, tree, root, x, g, out_index);
     for (int64_t k = 0; k < g; k++) {
         int64_t i = out_index[k];
         if (i >= num_valid) i = num_valid - 1;
@@ -781,15 +769,15 @@ int FN(rp_sumtree_sample)(const rp_segtree_layout *layout, const SCALAR *tree, i
     }
     const int rc = FN(check_draw)(layout, tree, mass_end, num_valid, bad, &p_sum);
     if (rc != RP_OK) return rc;
-    double v[RP_DESCENT_GROUP];
+    /* The mass of a draw is uniform * p_sum in double, then rounded to SCALAR: numpy's
+     * uniform(0, p_sum) as torchrl's tree takes it. A draw at 0 lands on leaf 0, and is then
+     * moved to the first positive leaf. */
+    const SCALAR root = FN(root_value)(layout, tree);
+    SCALAR v[RP_DESCENT_GROUP];
     for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
         const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
-        for (int64_t q = 0; q < g; q++) {
-            const double mass = uniform[k0 + q] * p_sum;
-            /* A zero draw still has to land on a positive leaf: aim just above zero. */
-            v[q] = mass > 0 ? mass : 4.9406564584124654e-324;
-        }
-        FN(land_group)(layout, tree, num_valid, v, g, out_index + k0, out_priority + k0);
+        for (int64_t q = 0; q < g; q++) v[q] = (SCALAR)(uniform[k0 + q] * p_sum);
+        FN(land_group)(layout, tree, root, num_valid, v, g, out_index + k0, out_priority + k0);
     }
     FN(weigh)(out_priority, n, p_min, beta, out_weight);
     return RP_OK;
@@ -812,15 +800,13 @@ int FN(rp_sumtree_sample_masses)(const rp_segtree_layout *layout, const SCALAR *
     }
     const int rc = FN(check_draw)(layout, tree, mass_end, num_valid, bad, &p_sum);
     if (rc != RP_OK) return rc;
-    double v[RP_DESCENT_GROUP];
+    const SCALAR root = FN(root_value)(layout, tree);
+    SCALAR v[RP_DESCENT_GROUP];
     for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
         const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
-        for (int64_t q = 0; q < g; q++) {
-            /* Rounded to the tree's precision, as scan_lower_bound takes its values. */
-            const double m = (double)(SCALAR)mass[k0 + q];
-            v[q] = m > 0 ? m : 4.9406564584124654e-324;
-        }
-        FN(land_group)(layout, tree, num_valid, v, g, out_index + k0, out_priority + k0);
+        /* Rounded to the tree's precision, as scan_lower_bound takes its values. */
+        for (int64_t q = 0; q < g; q++) v[q] = (SCALAR)mass[k0 + q];
+        FN(land_group)(layout, tree, root, num_valid, v, g, out_index + k0, out_priority + k0);
     }
     FN(weigh)(out_priority, n, p_min, beta, out_weight);
     return RP_OK;
@@ -934,7 +920,8 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
     if (FN(first_allowed_at_or_after)(layout, tree, exclude, n_exclude, 0, num_valid) < 0)
         return RP_ERR_EMPTY;
 
-    double v[RP_DESCENT_GROUP];
+    const SCALAR root = FN(root_value)(layout, tree);
+    SCALAR v[RP_DESCENT_GROUP];
     int64_t lo[RP_DESCENT_GROUP], hi[RP_DESCENT_GROUP];
     for (int64_t k0 = 0; k0 < n; k0 += RP_DESCENT_GROUP) {
         const int64_t g = k0 + RP_DESCENT_GROUP < n ? RP_DESCENT_GROUP : n - k0;
@@ -954,9 +941,9 @@ int FN(rp_sumtree_sample_exclude)(const rp_segtree_layout *layout, const SCALAR 
             lo[q] = next > 0 ? exclude[next - 1] + 1 : 0;
             hi[q] = a < runs ? exclude[next] : mass_end;
             /* The same draw in the unmasked tree: add the excluded mass on its left. */
-            v[q] = mass + (a > 0 ? cut[a - 1] : 0.0);
+            v[q] = (SCALAR)(mass + (a > 0 ? cut[a - 1] : 0.0));
         }
-        FN(descend)(layout, tree, v, g, out_index + k0);
+        FN(scan_values)(layout, tree, root, v, g, out_index + k0);
         for (int64_t q = 0; q < g; q++) {
             int64_t i = out_index[k0 + q];
             /* Rounding of the internal sums can end a descent just outside its gap. */
@@ -1086,61 +1073,71 @@ int FN(rp_sumtree_zeroed_build)(const rp_segtree_layout *layout, const SCALAR *t
     return RP_OK;
 }
 
-double FN(rp_sumtree_zeroed_query)(const rp_segtree_layout *layout, const SCALAR *tree,
-                                   const rp_segtree_zeroed *z, int64_t l, int64_t r) {
-    const int64_t size = layout->size;
+/* binary_node of Z: the binary node at height h, position m, summed from Z's entries of level
+ * h / 4 (or the entry itself when 4 divides h). O(log n_exclude + 16). */
+static SCALAR FN(zeroed_binary_node)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                     const rp_segtree_zeroed *z, int64_t h, int64_t m) {
+    int64_t t = h >> 2;
+    int s = (int)(h & 3);
+    if (s == 0 && t <= layout->top) {
+        if (m >= layout->length[t]) return (SCALAR)0;
+        const int64_t at = FN(first_at_least)(z->index[t], z->n[t], m);
+        if (at < z->n[t] && z->index[t][at] == m) return z->value[t] != NULL ? (SCALAR)z->value[t][at] : (SCALAR)0;
+        return tree[layout->offset[t] + m];
+    }
+    if (s == 0) {
+        t -= 1;
+        s = 4;
+    }
+    if (t > layout->top) return (SCALAR)0;
+    const int64_t first = m << s;
+    if (first >= layout->length[t]) return (SCALAR)0;
     SCALAR e[RP_SEGTREE_FANOUT];
-    if (l < 0) l = 0;
-    if (r > size) r = size;
-    if (l >= r) return 0.0;
-    if (l == 0 && r == size) { /* root_total: the root's prefix sums, stored or not, are these */
-        SCALAR prefix[RP_SEGTREE_FANOUT];
-        FN(zeroed_node)(layout, tree, z, layout->top, 0, e);
-        FN(scalar_prefix)(e, prefix);
-        return (double)prefix[RP_SEGTREE_FANOUT - 1];
-    }
-    /* FN(query)'s climb, each partial node read from Z (range_sum's order relative to its start) */
-    double acc = 0.0;
-    int64_t a = l, b = r;
-    for (int64_t t = 0; a < b; t++) {
-        if (t == layout->top || (a >> 4) == ((b - 1) >> 4)) {
-            FN(zeroed_node)(layout, tree, z, t, a >> 4, e);
-            acc += FN(range_sum)(e, a & 15, (a & 15) + (b - a));
-            break;
-        }
-        if (a & 15) {
-            FN(zeroed_node)(layout, tree, z, t, a >> 4, e);
-            acc += FN(range_sum)(e, a & 15, RP_SEGTREE_FANOUT);
-            a = (a >> 4) + 1;
-        } else {
-            a >>= 4;
-        }
-        if (b & 15) {
-            FN(zeroed_node)(layout, tree, z, t, b >> 4, e);
-            acc += FN(range_sum)(e, 0, b & 15);
-        }
-        b >>= 4;
-    }
-    return acc;
+    FN(zeroed_node)(layout, tree, z, t, first >> 4, e);
+    return FN(block_sum)(e + (first & 15), s);
 }
 
-/* FN(descend) of one mass v > 0 in Z: the same comparisons on the same prefix sums. */
+/* root_value of Z. */
+static SCALAR FN(zeroed_root)(const rp_segtree_layout *layout, const SCALAR *tree, const rp_segtree_zeroed *z) {
+    const int64_t top_height = 4 * (layout->top + 1);
+    if (layout->height <= top_height) return FN(zeroed_binary_node)(layout, tree, z, layout->height, 0);
+    return FN(zeroed_binary_node)(layout, tree, z, top_height, 0) + (SCALAR)0;
+}
+
+double FN(rp_sumtree_zeroed_query)(const rp_segtree_layout *layout, const SCALAR *tree,
+                                   const rp_segtree_zeroed *z, int64_t l, int64_t r) {
+    /* sum_query's loop, each binary node read from Z */
+    const int64_t capacity = layout->capacity;
+    if (l < 0) l = 0;
+    if (r > capacity) r = capacity;
+    if (l >= r) return 0.0;
+    if (l == 0 && r >= layout->size) return (double)FN(zeroed_root)(layout, tree, z);
+    SCALAR acc = 0;
+    int64_t a = l + capacity, b = r + capacity;
+    for (int64_t h = 0; a < b; h++, a >>= 1, b >>= 1) {
+        const int64_t base = capacity >> h;
+        if (a & 1) acc = acc + FN(zeroed_binary_node)(layout, tree, z, h, (a++) - base);
+        if (b & 1) acc = acc + FN(zeroed_binary_node)(layout, tree, z, h, (--b) - base);
+    }
+    return (double)acc;
+}
+
+/* FN(descend) of one value v in (0, root of Z] in Z: each node's mini-heap summed from Z's
+ * entries. O(log size * (16 + log n_exclude)). */
 static int64_t FN(zeroed_descend)(const rp_segtree_layout *layout, const SCALAR *tree,
-                                  const rp_segtree_zeroed *z, double v) {
+                                  const rp_segtree_zeroed *z, SCALAR v) {
+    const int64_t top = layout->top;
+    if (layout->height == 0) return 0;
+    const int64_t over = layout->height - 4 * top;
     int64_t node = 0;
-    for (int64_t t = layout->top; t >= 0; t--) {
-        SCALAR e[RP_SEGTREE_FANOUT], computed[RP_SEGTREE_FANOUT];
+    for (int64_t t = top; t >= 0; t--) {
+        SCALAR e[RP_SEGTREE_FANOUT], h[RP_SEGTREE_FANOUT];
+        const int steps = t == top ? (over < 4 ? (int)over : 4) : 4;
         FN(zeroed_node)(layout, tree, z, t, node, e);
-        const SCALAR bound = FN(round_down)(v);
-        int child = FN(count_below_computed)(e, bound, computed);
-        if (RP_UNLIKELY(child == RP_SEGTREE_FANOUT)) {
-            child = RP_SEGTREE_FANOUT - 1;
-            while (child > 0 && !(e[child] > 0)) child--;
-            v = (double)e[child];
-        } else if (child > 0) {
-            v = v - (double)computed[RP_COMPUTED_AT(child - 1)];
-        }
-        node = RP_SEGTREE_FANOUT * node + child;
+        FN(node_heap)(e, h);
+        const int64_t j = RP_SEGTREE_FANOUT * node + FN(node_steps)(h, e, RP_SEGTREE_FANOUT >> steps, steps, &v);
+        if (t > 0 && j >= layout->length[t - 1] / RP_SEGTREE_FANOUT) return ((j + 1) << (4 * t)) - 1;
+        node = j;
     }
     return node;
 }
@@ -1159,13 +1156,13 @@ int FN(rp_sumtree_zeroed_sample_masses)(const rp_segtree_layout *layout, const S
             return RP_ERR_VALUE;
         }
     }
-    const double total = FN(rp_sumtree_zeroed_query)(layout, tree, z, 0, layout->size);
+    const SCALAR root = FN(zeroed_root)(layout, tree, z);
     const int64_t *exclude = z->index[0];
     const int64_t m = z->n[0];
     for (int64_t k = 0; k < n; k++) {
         /* scan_lower_bound's rule on the mass rounded to the tree's dtype */
-        const double x = (double)(SCALAR)mass[k];
-        int64_t i = x <= 0 ? 0 : x > total ? layout->size : FN(zeroed_descend)(layout, tree, z, x);
+        const SCALAR x = (SCALAR)mass[k];
+        int64_t i = x > root ? layout->size : !(x > 0) ? 0 : FN(zeroed_descend)(layout, tree, z, x);
         if (i >= num_valid) i = num_valid - 1;
         if (!(tree[i] > 0) || FN(is_excluded)(exclude, m, i)) {
             /* torchrl steps left to the first positive leaf of Z; it raises where there is none
@@ -1213,7 +1210,8 @@ int FN(rp_priority_scan)(const int64_t *index, int64_t n, int64_t size, const SC
 }
 
 #undef NODE_LINES
-#undef RP_COMPUTED_AT
+#undef RP_LANE_LOAD
+#undef RP_LANE_VALUE
 #undef FN
 #undef RP_CAT
 #undef RP_CAT_

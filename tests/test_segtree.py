@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import replay
+from torchrl_heap import BinaryHeapSumTree
 
 SUM_CLASSES = [replay.SumSegmentTreeFp32, replay.SumSegmentTreeFp64]
 MIN_CLASSES = [replay.MinSegmentTreeFp32, replay.MinSegmentTreeFp64]
@@ -299,27 +300,35 @@ def test_fp32_sums_do_not_drift():
 
 
 @pytest.mark.parametrize("cls", SUM_CLASSES)
-def test_scan_never_returns_zero_leaf_or_size(cls):
-    """Sparse, badly scaled leaves: rounding of the internal sums must not push a descent onto
-    a zero-valued leaf nor past the end."""
+def test_scan_on_sparse_badly_scaled_leaves_is_torchrls(cls):
+    """Sparse, badly scaled leaves, where the rounding of the internal sums matters: the descent
+    is torchrl's to the leaf (tests/torchrl_heap.py), zero-valued leaves and padding leaves past
+    ``size`` included, and the sampler's draws from the same masses still land on positive
+    leaves only (clamped, then moved left as torchrl's sampler moves them)."""
     size = 2**17 + 3
+    dtype = _dtype(cls)
     rng = np.random.default_rng(1)
     values = np.zeros(size)
     positive = rng.choice(size, 5000, replace=False)
     values[positive] = 10.0 ** rng.uniform(-6, 4, positive.size)
     values[size - 1] = 0.0
+    values[0] = 1e-3
     tree = cls(size)
     tree[np.arange(size)] = values
+    model = BinaryHeapSumTree(values, dtype=dtype)
     total = tree.query(0, size)
+    assert np.asarray(total, dtype=dtype).tobytes() == model.root.tobytes()
     masses = np.concatenate([
         rng.uniform(0, total, 100_000),
         [np.nextafter(total, 0), total, np.finfo(np.float64).tiny, 1e-30],
-        np.nextafter(np.cumsum(values.astype(_dtype(cls)))[positive], np.inf),
-    ]).astype(_dtype(cls))
+        np.nextafter(np.cumsum(values.astype(dtype))[positive], np.inf),
+    ]).astype(dtype)
     masses = masses[(masses > 0) & (masses <= total)]
     index = tree.scan_lower_bound(masses)
-    assert index.max() < size
-    assert np.all(tree[index] > 0)
+    np.testing.assert_array_equal(index, model.scan_lower_bound(masses))
+    drawn, priority, _ = tree.sample_prioritized(size, mass=masses.astype(np.float64))
+    np.testing.assert_array_equal(drawn, model.draws(masses, size))
+    assert drawn.max() < size and np.all(priority > 0)
 
 
 class TestSamplePrioritized:
