@@ -36,6 +36,8 @@ TIMEOUT = 60
 # each version's time, so a few stops are usually enough): a guard, not a timing
 MAX_STOPS = 500
 FORK = mp.get_context("fork")
+# the parent reads the child's state (stopped or not) from /proc
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
 
 def version_td(n, version):
