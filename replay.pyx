@@ -582,8 +582,18 @@ cdef class _SegmentTree:
         cdef int rc = RP_OK
         cdef const float[::1] v32
         cdef const double[::1] v64
+        if isinstance(state, tuple) and len(state) == 1 and isinstance(state[0], np.ndarray):
+            # torchrl's compiled trees pickle their leaves as a one-item tuple, and are made
+            # again by ``__new__`` alone (pybind11): a checkpoint torchrl wrote on its own trees,
+            # read where these stand in for them.
+            state = state[0]
         if not isinstance(state, np.ndarray):
             raise TypeError(f"{type(self).__name__} state must be a numpy array, got {type(state).__name__}")
+        if self._tree is None:
+            # made by ``__new__`` without ``__init__``: the leaves give the size
+            if state.ndim != 1:
+                raise ValueError(f"{type(self).__name__} state must be one-dimensional, got shape {state.shape}")
+            type(self).__init__(self, state.shape[0])
         if state.dtype != self._dtype:
             raise TypeError(f"{type(self).__name__} state must have dtype {self._dtype}, got {state.dtype}")
         if state.shape != (self._size,):

@@ -10,7 +10,7 @@
 # (WHEELHOUSE, default build/wheelhouse, make wheel's): the cell's pins, requirements-test.txt
 # less torch and the build tools, and replay-torchrl-compat (for its start-up hooks; the tests
 # import this clone's sources and in-place build, as make test does). setup.py's build tools
-# (setuptools, Cython: the start-up hook tests build the package) come from the same folders
+# (setuptools>=77, Cython: the start-up hook tests build the package) come from the same folders
 # when they hold them, at whatever release they hold. Then runs pytest from the repository
 # root with NATIVE_TREES_TESTS (the test files) and the arguments given.
 set -eu
@@ -39,9 +39,9 @@ if ! test -f "$stamp" || test "$pins" -nt "$stamp" || test requirements-test.txt
         || { echo "native-trees: installing $cell from $wheels and $wheelhouse failed (make wheel, and MATRIX_WHEELS=<the folder make test-matrix downloaded into>)" >&2; exit 1; }
     touch "$stamp"
 fi
-if ! "$venv/bin/python" -c "import Cython, setuptools" 2>/dev/null; then
-    "$venv/bin/python" $pip_offline setuptools Cython \
-        || echo "native-trees: no Cython wheel in $wheels: the tests that build the package will error" >&2
+if ! "$venv/bin/python" -c "import sys, Cython, setuptools; sys.exit(int(setuptools.__version__.split('.')[0]) < 77)" 2>/dev/null; then
+    "$venv/bin/python" $pip_offline "setuptools>=77" Cython \
+        || echo "native-trees: no setuptools>=77 / Cython wheel in $wheels: the tests that build the package will error" >&2
 fi
 "$venv/bin/python" -c "import sys, torch, torchrl; print('native-trees:', '$cell', 'python', sys.version.split()[0], 'torch', torch.__version__, 'torchrl', torchrl.__version__)"
 exec "$venv/bin/python" -m pytest ${NATIVE_TREES_TESTS:-tests/test_native_tree_differential.py} -q -p no:cacheprovider "$@"

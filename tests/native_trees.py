@@ -5,7 +5,8 @@ torch 2.15 for torchrl 0.14.1 (make test-matrix); not with make test's torch 2.1
 torchrl's samplers run on ``replay``'s trees. Where they load they take tensors of their own
 float type only, and torchrl's ``PrioritizedSampler`` hands them the other: float64 priorities
 to an fp32 tree (``update_priority``), the float32 masses of a draw to an fp64 tree
-(``sample``, with or without a generator). torchrl then raises ``RuntimeError: expected scalar
+(``sample`` with a generator, whose ``torch.rand`` is float32; without one, numpy's float64
+masses go through). torchrl then raises ``RuntimeError: expected scalar
 type Double but found Float`` (or the reverse). That is torchrl's bug, not ours (our trees take
 either type): a comparison meeting it on torchrl's side, ours having run, is an expected
 failure.

@@ -5,6 +5,12 @@ path; the parent kills it at moments spread over a dump's duration. Whatever the
 path then loads, with every item of one version: the one dumped before the kill or the one
 being dumped. The partial directories of killed dumps are removed by the next dump, but never
 the one a live concurrent dump is writing.
+
+Where a kill lands does not depend on the machine's speed: the parent stops the child
+(SIGSTOP) some time after it reports that a dump started (or ended), reads from shared memory
+whether it is inside ``dumps``, and kills it only if that is the phase the trial wants (else
+lets it go on and stops it again at a later dump). Two thirds of the kills land inside a dump,
+the others while the child writes the next version.
 """
 import multiprocessing as mp
 import os
@@ -12,6 +18,7 @@ import shutil
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -25,7 +32,12 @@ from torchrl_compat import _checkpoint_publish
 CAPACITY = 4096
 TRIALS = 8
 TIMEOUT = 60
+# stops of the child before a kill lands in the phase a trial wants (a dump is a large part of
+# each version's time, so a few stops are usually enough): a guard, not a timing
+MAX_STOPS = 500
 FORK = mp.get_context("fork")
+# the parent reads the child's state (stopped or not) from /proc
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (Linux)")
 
 
 def version_td(n, version):
@@ -151,8 +163,9 @@ CASES = {
 TORCHRL_READS = ("tensordict", "pytree", "memmap", "memmap in place", "compressed")
 
 
-def _dump_versions(case, path, conn):
-    """The child: versions 1, 2, ... each written, then dumped to ``path``."""
+def _dump_versions(case, path, conn, dumping):
+    """The child: versions 1, 2, ... each written, then dumped to ``path``. ``dumping`` holds
+    the version being dumped while ``dumps`` runs, 0 otherwise."""
     torch.set_num_threads(1)  # a forked child must not enter the parent's OpenMP pool
     storage = case.make(path)
     version = 0
@@ -160,7 +173,9 @@ def _dump_versions(case, path, conn):
         version += 1
         case.write(storage, version)
         conn.send(("start", version, time.monotonic()))
+        dumping.value = version
         storage.dumps(path)
+        dumping.value = 0
         conn.send(("done", version, time.monotonic()))
 
 
@@ -170,72 +185,115 @@ def _load(case, path, lib=ours):
     return case.version(storage)
 
 
-def kill_during(case, path, kill_after, version_to_kill):
-    """Runs the child until it starts dumping ``version_to_kill``, waits ``kill_after``
-    seconds, kills it; returns (last version started, last version done, pid)."""
+def _wait_stopped(pid):
+    """Returns once process ``pid`` is stopped (state T in /proc), not reaping it."""
+    for _ in range(TIMEOUT * 1000):
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return
+        if state in ("Z", "X"):
+            raise AssertionError(f"the dumping child {pid} exited (state {state})")
+        time.sleep(0.001)
+    raise AssertionError(f"the dumping child {pid} did not stop")
+
+
+def kill_during(case, path, delays, version_to_kill, inside=True):
+    """Runs the child until it dumps ``version_to_kill``; then, for each of ``delays`` in turn,
+    waits for the child's next report that a dump started (``inside``) or ended (not
+    ``inside``), stops it that many seconds later, and kills it there if it is inside a dump
+    (``inside``) or outside one; else lets it go on. Returns (last version started, last
+    version done, whether the kill landed inside a dump)."""
     parent, child = FORK.Pipe()
-    process = FORK.Process(target=_dump_versions, args=(case, path, child), daemon=True)
+    dumping = FORK.Value("q", 0, lock=False)
+    process = FORK.Process(target=_dump_versions, args=(case, path, child, dumping), daemon=True)
     process.start()
     started = done = 0
+    anchor = "start" if inside else "done"
+
+    def receive():
+        nonlocal started, done
+        assert parent.poll(TIMEOUT), "the dumping child stopped reporting"
+        event, version, _ = parent.recv()
+        if event == "start":
+            started = version
+        else:
+            done = version
+        return event, version
+
     try:
-        while True:
-            assert parent.poll(TIMEOUT), "the dumping child stopped reporting"
-            event, version, _ = parent.recv()
-            if event == "start":
-                started = version
-                if version == version_to_kill:
+        for stops, delay in enumerate(delays):
+            assert stops < MAX_STOPS, f"no stop of {MAX_STOPS} landed {'inside' if inside else 'outside'} a dump"
+            while True:  # the newest report of the anchor event, from version_to_kill on
+                event, version = receive()
+                if event == anchor and version >= version_to_kill and not parent.poll():
                     break
-            else:
-                done = version
-        time.sleep(kill_after)
-        os.kill(process.pid, signal.SIGKILL)
+            time.sleep(delay)
+            os.kill(process.pid, signal.SIGSTOP)
+            _wait_stopped(process.pid)
+            in_dump = dumping.value != 0
+            if in_dump == inside:
+                os.kill(process.pid, signal.SIGKILL)
+                break
+            os.kill(process.pid, signal.SIGCONT)
         process.join(TIMEOUT)
         while parent.poll():
-            event, version, _ = parent.recv()
-            if event == "start":
-                started = version
-            else:
-                done = version
+            receive()
     finally:
         if process.is_alive():
             process.kill()
             process.join(TIMEOUT)
     assert process.exitcode == -signal.SIGKILL
-    return started, done
+    return started, done, in_dump
 
 
-def dump_duration(case, path):
-    """How long one dump takes in the child (the median of a few)."""
+def phase_durations(case, path):
+    """How long a dump, and the write of a version between two dumps, take in the child (the
+    medians of a few): the scales of the delays."""
     parent, child = FORK.Pipe()
-    process = FORK.Process(target=_dump_versions, args=(case, path, child), daemon=True)
+    process = FORK.Process(target=_dump_versions, args=(case, path, child, FORK.Value("q", 0)), daemon=True)
     process.start()
-    durations, start = [], None
+    dumps, writes, last = [], [], None
     try:
-        while len(durations) < 5:
+        while len(dumps) < 5 or len(writes) < 5:
             assert parent.poll(TIMEOUT)
             event, _, at = parent.recv()
-            if event == "start":
-                start = at
-            elif start is not None:
-                durations.append(at - start)
+            if last is not None:
+                (dumps if event == "done" else writes).append(at - last)
+            last = at
     finally:
         process.kill()
         process.join(TIMEOUT)
-    return sorted(durations)[len(durations) // 2]
+    return sorted(dumps)[len(dumps) // 2], sorted(writes)[len(writes) // 2]
+
+
+def spread_delays(duration, trial, trials):
+    """The delays of one trial's stops after their anchor event: the first spread over
+    ``duration`` by trial, the next ones anywhere in it (seeded, so a run repeats)."""
+    np.random.seed(trial)
+    yield duration * (trial + 0.5) / trials
+    while True:
+        yield duration * np.random.uniform()
 
 
 def kill_spread(case, path, timing_path, trials, check):
-    """Kills a child dumping ``case`` to ``path`` ``trials`` times, at moments spread over a
-    dump and a little past it; ``check(trial, started, done)`` after each kill (the last
-    version started and the last one done)."""
-    duration = dump_duration(case, timing_path)
+    """Kills a child dumping ``case`` to ``path`` ``trials`` times, two thirds of them inside a
+    dump and the others while it writes the next version, at moments spread over each phase;
+    ``check(trial, started, done)`` after each kill (the last version started and the last
+    one done)."""
+    dump, write = phase_durations(case, timing_path)
     mid_dump = 0
     for trial in range(trials):
-        kill_after = duration * 1.5 * (trial + 0.5) / trials
-        started, done = kill_during(case, path, kill_after, version_to_kill=2 + trial % 3)
-        mid_dump += done < started
+        inside = trial % 3 != 2
+        delays = spread_delays(dump if inside else write, trial, trials)
+        started, done, in_dump = kill_during(case, path, delays, version_to_kill=2 + trial % 3, inside=inside)
+        assert in_dump == inside
+        if in_dump:
+            # killed inside dumps: the version it was dumping never reported done
+            assert done < started, (trial, done, started)
+            mid_dump += 1
         check(trial, started, done)
-    assert mid_dump >= trials // 3, f"only {mid_dump} of {trials} kills landed during a dump"
+    assert mid_dump == len([t for t in range(trials) if t % 3 != 2])
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -258,9 +316,9 @@ def test_killed_dumps_keep_a_complete_checkpoint(tmp_path, name):
 def test_killed_dumps_leave_nothing_once_dumped_again(tmp_path):
     case = CASES["tensordict"]
     path = tmp_path / "ckpt"
-    duration = dump_duration(case, tmp_path / "timing")
+    dump, _ = phase_durations(case, tmp_path / "timing")
     for trial in range(4):
-        kill_during(case, path, duration * (trial + 0.5) / 4, version_to_kill=2)
+        kill_during(case, path, spread_delays(dump, trial, 4), version_to_kill=2, inside=True)
     storage = case.make(path)
     case.write(storage, 9)
     storage.dumps(path)

@@ -406,15 +406,7 @@ GOLDEN_SCRIPTS = {
 }
 # Committed goldens known to differ from what their script makes on torchrl's own trees, and
 # why; the test fails once they no longer differ (then drop the entry).
-KNOWN_DIFFERENCES = {
-    "make_golden_prioritized_014.py": (
-        "the committed files were made on replay's trees from float64 priorities; torchrl's own "
-        "fp32 trees refuse those, so the script now hands them float32 ones: 5 leaves round an "
-        "ulp apart (pow in float32), and with them one draw's weight; its state_dict pickles "
-        "torchrl's trees, whose state (a 1-tuple holding the leaves) replay's __setstate__ "
-        "refuses, so test_samplers_releases.py's golden tests fail on the regenerated files"
-    ),
-}
+KNOWN_DIFFERENCES: dict = {}
 
 
 def _state_dict_differences(made, committed, what):

@@ -219,11 +219,12 @@ def test_torchrl_on_replays_trees_draws_what_it_draws_on_its_own():
 
 @pytest.mark.skipif(not os.path.exists(REFERENCE_PYTHON), reason="needs torch 2.9, where torchrl's trees load")
 def test_golden_file_is_what_torchrl_draws_today():
-    """Regenerates the golden scenarios with torchrl's compiled trees and compares."""
+    """Regenerates the golden scenarios with torchrl's compiled trees and compares (the
+    golden file came from another machine: within its ulps, the indices to the bit)."""
     fresh = _draws_in_a_fresh_interpreter(REFERENCE_PYTHON, ON_TORCHRLS_TREES)
     golden = _golden()
     for name in SCENARIOS:
-        _assert_same(fresh[name], golden[name])
+        _assert_same(fresh[name], golden[name], exact=False)
 
 
 # ---------------------------------------------------------------------------- beyond torchrl

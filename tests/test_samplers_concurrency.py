@@ -2,11 +2,12 @@
 
 The trajectory scan reads the end signal (or the trajectory ids) more than once: counting,
 then filling. Over memory another process writes, the two reads disagree unless the scan
-works on a copy of its own. Each test runs a real writer process against a sampling loop,
-long enough to catch the race (it showed in 0.1-5% of the calls without the copy).
+works on a copy of its own. Each test runs a real writer process against a sampling loop
+until enough calls have overlapped a write to catch the race (it showed in 0.1-5% of the calls
+without the copy). Calls are counted, not timed: a slow machine takes longer, and a writer that
+never runs during the sampling fails the test instead of passing it unseen.
 """
 import multiprocessing as mp
-import time
 
 import pytest
 import torch
@@ -17,7 +18,9 @@ import torchrl_compat.samplers as ours
 import torchrl_compat.storages as our_storages
 
 SIZE = 1 << 15
-SECONDS = 1.0
+# calls during which the writer completed at least one write (the storage changed under them)
+OVERLAPPED_CALLS = 150
+MAX_CALLS = 50 * OVERLAPPED_CALLS  # a guard against a writer that never runs, not a timing
 JOIN_TIMEOUT = 60
 
 
@@ -28,7 +31,7 @@ def _data(rows, generator, episode_start=0):
     return TensorDict({"obs": rows.float(), ("next", "done"): done, "episode": episode}, [n])
 
 
-def _writer(storage, stop, ready, seed):
+def _writer(storage, stop, ready, writes, seed):
     generator = torch.Generator().manual_seed(seed)
     episode = 1 << 20
     ready.set()
@@ -37,6 +40,7 @@ def _writer(storage, stop, ready, seed):
         rows = (torch.arange(512) + start) % SIZE
         storage.set(rows, _data(rows, generator, episode))
         episode += 1000
+        writes.value += 1  # the one writer: no lock needed
 
 
 def _shared_full_storage(kind):
@@ -61,24 +65,29 @@ def test_slice_sampling_while_another_process_writes(kind, key, sampler_cls):
         sampler.update_priority(torch.arange(SIZE), torch.rand(SIZE) + 0.1)
     context = mp.get_context("fork")
     stop, ready = context.Event(), context.Event()
-    writer = context.Process(target=_writer, args=(storage, stop, ready, 1), daemon=True)
+    writes = context.Value("q", 0, lock=False)
+    writer = context.Process(target=_writer, args=(storage, stop, ready, writes, 1), daemon=True)
     writer.start()
-    errors, calls = [], 0
+    errors, calls, overlapped = [], 0, 0
     try:
         assert ready.wait(JOIN_TIMEOUT)
-        deadline = time.monotonic() + SECONDS
-        while time.monotonic() < deadline:
+        while overlapped < OVERLAPPED_CALLS and calls < MAX_CALLS:
             calls += 1
+            before = writes.value
             try:
                 (index,), info = sampler.sample(storage, 64)
             except Exception as err:  # every failure is counted, then reported below
                 errors.append(repr(err))
                 continue
+            finally:
+                overlapped += writes.value != before
             assert index.shape == (64,) and bool(((index >= 0) & (index < SIZE)).all())
     finally:
         stop.set()
         writer.join(JOIN_TIMEOUT)
         if writer.is_alive():
             writer.kill()
-    assert calls > 20
-    assert not errors, f"{len(errors)} of {calls} calls failed, e.g. {errors[0]}"
+    assert not errors, f"{len(errors)} of {calls} calls failed ({overlapped} overlapped a write), e.g. {errors[0]}"
+    assert overlapped >= OVERLAPPED_CALLS, (
+        f"only {overlapped} of {calls} calls overlapped a write ({writes.value} writes in all)"
+    )

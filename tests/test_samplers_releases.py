@@ -330,8 +330,9 @@ def _golden():
 
 
 def test_golden_014_checkpoints_load():
-    """dumps and state_dict written by torchrl 0.14.1 (tests/data/make_golden_prioritized_014.py):
-    loaded by ours (in either release's mode), the same trees, maximum and draws."""
+    """dumps and state_dict written by torchrl 0.14.1 on its own compiled trees
+    (tests/data/make_golden_prioritized_014.py; the state_dict pickles those trees): loaded by
+    ours (in either release's mode), the same trees, maximum and draws."""
     golden = _golden()
     from_dumps = ours.PrioritizedSampler(24, alpha=0.7, beta=0.4, max_priority_within_buffer=True)
     from_dumps.loads(GOLDEN / "golden_prioritized_sampler_014")
@@ -353,7 +354,9 @@ def test_golden_014_is_what_we_write():
 
     ours_sampler = ours.PrioritizedSampler(24, alpha=0.7, beta=0.4, max_priority_within_buffer=True)
     generator = torch.Generator().manual_seed(14)
-    ours_sampler.update_priority(torch.arange(20), torch.rand(20, generator=generator, dtype=torch.float64) * 5)
+    # float32 priorities, as the script hands torchrl's compiled fp32 trees (they refuse float64)
+    priority = (torch.rand(20, generator=generator, dtype=torch.float64) * 5).to(torch.float32)
+    ours_sampler.update_priority(torch.arange(20), priority)
     ours_sampler.update_priority(torch.tensor([3, 7]), torch.tensor([9.0, 0.0]))
     ours_sampler.mark_update(torch.arange(20, 24))
     warns = since("prioritized_alpha_change_warns") and not since("prioritized_alpha_retransforms")

@@ -755,3 +755,24 @@ def test_scan_at_exact_prefix_boundaries(cls, size):
     got = tree.scan_lower_bound(masses)
     np.testing.assert_array_equal(got, expected)
     assert (values[got] > 0).all()
+
+
+@pytest.mark.parametrize("cls", [replay.SumSegmentTreeFp32, replay.SumSegmentTreeFp64,
+                                 replay.MinSegmentTreeFp32, replay.MinSegmentTreeFp64])
+def test_state_in_torchrls_pickle_format(cls):
+    """torchrl's compiled trees pickle as ``__new__`` alone and a one-item tuple of leaves
+    (pybind11): a checkpoint written on them unpickles into ours, with the size the leaves
+    give; a wrong shape or dtype is refused by name."""
+    dtype = np.float64 if cls.__name__.endswith("64") else np.float32
+    leaves = np.random.default_rng(3).random(37).astype(dtype)
+    tree = cls.__new__(cls)
+    tree.__setstate__((leaves,))
+    assert tree.size == 37
+    np.testing.assert_array_equal(np.asarray(tree[np.arange(37)]), leaves)
+    reference = cls(37)
+    reference[np.arange(37)] = leaves
+    assert tree.query(0, 37) == reference.query(0, 37)
+    with pytest.raises(ValueError, match=r"one-dimensional, got shape \(2, 2\)"):
+        cls.__new__(cls).__setstate__((np.zeros((2, 2), dtype=dtype),))
+    with pytest.raises(TypeError, match="must have dtype"):
+        cls.__new__(cls).__setstate__((np.zeros(3, dtype=np.int64),))

@@ -2,12 +2,14 @@
 and writer, against torchrl.
 
 Same method as ``test_torchrl_matrix.py``: one scenario, run on torchrl's classes and on what
-torchrl's modules expose after ``install()``, compared step by step. Samplers that shuffle
-with ``replay``'s permutation kernel (``SHUFFLING_SAMPLERS``) draw other permutations than
-``torch.randperm`` by design: for those the record keeps what must not depend on the
-permutation (each epoch's indices, sorted, and the batch sizes).
+torchrl's modules expose after ``install()``, compared step by step. The samplers without
+replacement draw each epoch's ``torch.randperm`` as torchrl's do: their batches are compared
+in order, and their ``state_dict`` crosses over mid-epoch (torchrl's into ours here,
+both ways in ``test_without_replacement_state_dict_crosses_over``).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -22,10 +24,11 @@ from torchrl_matrix_support import (
     make_data,
     make_sampler,
     max_size,
+    must_run,
     raises_saying,
     returns,
     SAMPLERS,
-    SHUFFLING_SAMPLERS,
+    torchrl_own_classes,
     tree_leaves,
 )
 from torchrl_matrix_support import installed_for_the_module, known_gaps  # noqa: F401 (autouse fixtures)
@@ -34,36 +37,9 @@ from torchrl_matrix_support import WARNING_FILTERS
 pytestmark = WARNING_FILTERS
 
 
-def _flat_index(index, ndim):
-    """A buffer's sampled index as one flat tensor (ndim == 2 gives one tensor per dim)."""
-    if isinstance(index, tuple):
-        if len(index) == 1:
-            return index[0]
-        return index[0] * COLS + index[1] if ndim == 2 else torch.stack(index, -1)
-    return index
-
-
-def _slice_start_episodes(batch, info):
-    """The episode each slice of a slice sampler's batch starts in (slices end where
-    ``("next", "truncated")`` is set)."""
-    ends = info[("next", "truncated")].flatten()
-    starts = torch.cat([torch.zeros(1, dtype=torch.long), ends.nonzero().flatten()[:-1] + 1])
-    return batch["episode"].flatten()[starts]
-
-
-def _epoch(record, label, rb, ndim, ordered):
-    """One pass of ``for batch in rb``: every batch when ``ordered``, else what is invariant:
-    the batch count and the sorted indices drawn (for slices: the episodes they start in)."""
-    batches = list(_iterate_with_info(rb))
-    if ordered:
-        record(label, batches)
-        return
-    record(f"{label}: batches", len(batches))
-    if "Slice" in type(rb.sampler).__name__:
-        drawn = [_slice_start_episodes(batch, info) for batch, info in batches]
-    else:
-        drawn = [_flat_index(info["index"], ndim).flatten() for _, info in batches]
-    record(f"{label}: drawn, sorted", torch.cat(drawn).sort().values if drawn else [])
+def _epoch(record, label, rb):
+    """One pass of ``for batch in rb``, every batch with its info."""
+    record.call(label, lambda: list(_iterate_with_info(rb)))
 
 
 def _iterate_with_info(rb):
@@ -80,20 +56,20 @@ def _iterate_with_info(rb):
 # =============================================================================
 # Sampling
 # =============================================================================
+@must_run(
+    "extend 6", "extend 4", "len", "sample 0", "sample 1", "sample 2", "sample 3",
+    "sampler state_dict", "sampler load_state_dict", "sample 0, loaded sampler", "empty",
+    must_raise=("sample, emptied",),
+)
 def sampling(record, C, *, buffer, sampler, storage, kind, ndim, peer=None):
     rb = make_buffer(C, record, buffer, storage, kind, ndim, sampler=sampler)
-    shuffled = sampler in SHUFFLING_SAMPLERS
     record.call("extend 6", rb.extend, make_data(kind, 6, ndim, start=0))
     record.call("extend 4", rb.extend, make_data(kind, 4, ndim, start=6))  # wraps around
     record("len", len(rb))
-    if shuffled:
-        _epoch(record, "epoch 1", rb, ndim, ordered=False)
-        _epoch(record, "epoch 2", rb, ndim, ordered=False)
-    else:
-        for k in range(4):
-            record.call(f"sample {k}", rb.sample, return_info=True)
-        # Slices of length 1 (batch_size == num_slices): test_slice_len_one.
-        record.call("sample 6 items", rb.sample, 6, return_info=True)
+    for k in range(4):
+        record.call(f"sample {k}", rb.sample, return_info=True)
+    # Slices of length 1 (batch_size == num_slices): test_slice_len_one.
+    record.call("sample 6 items", rb.sample, 6, return_info=True)
     if "Prioritized" in sampler:
         index = torch.arange(max_size(ndim) // 2)
         if ndim == 2:
@@ -103,17 +79,26 @@ def sampling(record, C, *, buffer, sampler, storage, kind, ndim, peer=None):
             record.call(f"sample {k} after update_priority", rb.sample, return_info=True)
         record("sum tree", tree_leaves(rb.sampler._sum_tree))
         record("min tree", tree_leaves(rb.sampler._min_tree))
+    # A sampler without replacement is mid-epoch here: the state carries the rest of it.
     state = record.call_quietly("sampler state_dict", rb.sampler.state_dict)
-    if state is not None and not shuffled:
+    if state is not None:
+        # Ours load torchrl's state (torchrl's run, its own).
+        saved = os.path.join(record.dir("sampler"), "state.pt")
+        torch.save(state, saved)
+        if peer is not None:
+            saved = os.path.join(peer, "sampler", "state.pt")
         fresh = make_sampler(C, sampler, ndim)
-        record.call("sampler load_state_dict", fresh.load_state_dict, state)
+        # a fresh copy for each load: torchrl's PrioritizedSampler pops the trees out of it
+        record.call("sampler load_state_dict", fresh.load_state_dict, torch.load(saved, weights_only=False))
         rb2 = make_buffer(C, record, buffer, storage, kind, ndim, sampler=fresh)
         rb2.extend(make_data(kind, 6, ndim, start=0))
         rb2.extend(make_data(kind, 4, ndim, start=6))
         if "Prioritized" in sampler:
             # extend() gave the new items the maximal priority; put the loaded leaves back.
-            fresh.load_state_dict(state)
-        record.call("sample, loaded sampler", rb2.sample, return_info=True)
+            fresh.load_state_dict(torch.load(saved, weights_only=False))
+        for k in range(3):  # the rest of the epoch, then a new one
+            record.call(f"sample {k}, loaded sampler", rb2.sample, return_info=True)
+            record.call(f"sample {k + 4}", rb.sample, return_info=True)
     record.call("empty", rb.empty)
     record.call("sample, emptied", rb.sample)
 
@@ -134,12 +119,31 @@ def _sampling_cases():
                     yield pytest.param(buffer, sampler, storage, kind, ndim, id=f"{sampler}-{storage}-{kind}-ndim{ndim}")
 
 
+def sampling_raises(sampler, storage, kind, ndim):
+    """The decisive steps of ``sampling`` that torchrl refuses (ours do as torchrl does):
+    label (``*``: every label starting so) -> exception type."""
+    if "Slice" in sampler and kind == "tensorclass":
+        # torchrl's slice samplers read no trajectory out of a tensorclass:
+        # "ValueError: Invalid indexing arguments: episode."
+        return {"sample *": "ValueError"}
+    if sampler.startswith("SliceSamplerWithoutReplacement") and storage == "TensorStorage" and ndim == 2:
+        # torchrl's slice sampler without replacement on a preallocated 2-d storage:
+        # "RuntimeError: shape '[8, 2]' is invalid for input of size 8"
+        return {"sample *": "RuntimeError"}
+    if sampler == "SliceSampler-span" and kind == "tensordict":
+        # torchrl's span=True on this wrapped storage, at the third draw: "IndexError: index
+        # is out of bounds for dimension with size 0"
+        return {"sample 2": "IndexError"}
+    return {}
+
+
 @pytest.mark.parametrize("buffer,sampler,storage,kind,ndim", list(_sampling_cases()))
 def test_sampling(tmp_path, buffer, sampler, storage, kind, ndim):
     torchrl_fails = {}
     if "Slice" in sampler:
         # An emptied storage. torchrl: "IndexError: index -1 is out of bounds for dimension 0
-        # with size 0" (PrioritizedSliceSampler, or an end signal), "RuntimeError: random_
+        # with size 0" (PrioritizedSliceSampler, or an end signal; torchrl 0.14: "RuntimeError:
+        # Cannot recover trajectory boundaries from an empty (T=0) input."), "RuntimeError: random_
         # expects 'from' to be less than 'to'" (SliceSampler on trajectory ids), "Cannot
         # sample from an empty storage." (SliceSamplerWithoutReplacement), or (it reads no
         # trajectory out of a tensorclass) "ValueError: Invalid indexing arguments:
@@ -147,13 +151,15 @@ def test_sampling(tmp_path, buffer, sampler, storage, kind, ndim):
         if kind != "tensordict":
             error = "ValueError"
         elif sampler == "PrioritizedSliceSampler" or "end_key" in sampler:
-            error = "IndexError"
+            error = ("IndexError", "RuntimeError")
         else:
             error = "RuntimeError"
         torchrl_fails["sample, emptied"] = (error, raises_saying("Cannot sample from an empty storage"))
-    check_same(sampling, tmp_path, torchrl_fails, buffer=buffer, sampler=sampler, storage=storage, kind=kind, ndim=ndim)
+    raises = sampling_raises(sampler, storage, kind, ndim)
+    check_same(sampling, tmp_path, torchrl_fails, raises, buffer=buffer, sampler=sampler, storage=storage, kind=kind, ndim=ndim)
 
 
+@must_run("sample")
 def slice_len_one(record, C, *, sampler, strict_length, peer=None):
     kwargs = dict(num_slices=2, traj_key="episode", strict_length=strict_length)
     if sampler.startswith("Prioritized"):
@@ -225,20 +231,17 @@ def test_prioritized_one_step_slices_against_model():
 # =============================================================================
 # Iteration: for batch in rb
 # =============================================================================
+@must_run("extend", "epoch 1", "ran_out", "epoch 2", "epoch 3", "list(rb)")
 def iteration(record, C, *, buffer, sampler, storage, kind, ndim, batch_size, peer=None):
     rb = make_buffer(C, record, buffer, storage, kind, ndim, sampler=sampler, batch_size=batch_size)
     record.call("extend", rb.extend, make_data(kind, 7, ndim, start=0))
-    ordered = sampler not in SHUFFLING_SAMPLERS
-    _epoch(record, "epoch 1", rb, ndim, ordered)
+    _epoch(record, "epoch 1", rb)
     record("ran_out", rb.sampler.ran_out)
-    _epoch(record, "epoch 2", rb, ndim, ordered)
+    _epoch(record, "epoch 2", rb)
     # A storage that grows between epochs.
     record.call("extend more", rb.extend, make_data(kind, 1, ndim, start=7))
-    _epoch(record, "epoch 3", rb, ndim, ordered)
-    if ordered:
-        record.call("list(rb)", lambda: list(rb))
-    else:
-        record.call("len(list(rb))", lambda: len(list(rb)))
+    _epoch(record, "epoch 3", rb)
+    record.call("list(rb)", lambda: list(rb))
 
 
 def _iteration_cases():
@@ -259,6 +262,62 @@ def test_iteration(tmp_path, buffer, sampler, storage, kind, ndim, batch_size):
     check_same(iteration, tmp_path, buffer=buffer, sampler=sampler, storage=storage, kind=kind, ndim=ndim, batch_size=batch_size)
 
 
+def _without_replacement_buffer(C, sampler, ndim):
+    rb = make_buffer(C, None, "TensorDictReplayBuffer", "LazyTensorStorage", "tensordict", ndim, sampler=sampler)
+    rb.extend(make_data("tensordict", CAP, ndim, start=0))
+    return rb
+
+
+def _indices(rb, count):
+    """The indices of ``count`` batches (one flat tensor per batch, ndim > 1 stacked)."""
+    out = []
+    for _ in range(count):
+        index = rb.sample(return_info=True)[1]["index"]
+        out.append(torch.stack(index, -1) if isinstance(index, tuple) else index)
+    return out
+
+
+def _assert_same_batches(expected, got, what):
+    assert len(expected) == len(got), what
+    for k, (e, g) in enumerate(zip(expected, got)):
+        assert e.dtype == g.dtype and torch.equal(e, g), f"{what}, batch {k}: torchrl {e.tolist()}, ours {g.tolist()}"
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("sampler", ["SamplerWithoutReplacement", "SliceSamplerWithoutReplacement"])
+def test_without_replacement_state_dict_crosses_over(sampler, ndim):
+    """Mid-epoch, torchrl's sampler state loads into ours and ours into torchrl's: the rest of
+    the epoch, and the next one (drawn from the same generator state), are the same batches,
+    index for index, as the sampler the state came from draws."""
+    # torchrl's objects run with torchrl's classes in its modules (its methods look their
+    # base classes up there).
+    with torchrl_own_classes():
+        theirs = _without_replacement_buffer(CLASSES, sampler, ndim)
+        first = _indices(theirs, 1)
+        state = theirs.sampler.state_dict()
+    ours = _without_replacement_buffer(CLASSES, sampler, ndim)
+    # One batch of BATCH items (slices: 2 of 2 steps) into an epoch of at least 2.
+    _assert_same_batches(first, _indices(ours, 1), "the epoch's first batch")
+    assert not ours.sampler.ran_out
+    ours_from_theirs = _without_replacement_buffer(CLASSES, sampler, ndim)
+    ours_from_theirs.sampler.load_state_dict(state)
+    count = 6  # the rest of the epoch and into the next
+    with torchrl_own_classes():
+        theirs_from_ours = _without_replacement_buffer(CLASSES, sampler, ndim)
+        theirs_from_ours.sampler.load_state_dict(ours.sampler.state_dict())
+        assert not theirs.sampler.ran_out
+        # The loaded buffers' generators are not where the originals are: re-seed all alike.
+        for rb in (theirs, theirs_from_ours):
+            rb.set_rng(torch.Generator().manual_seed(11))
+        reference = _indices(theirs, count)
+        from_ours = _indices(theirs_from_ours, count)
+    for rb in (ours, ours_from_theirs):
+        rb.set_rng(torch.Generator().manual_seed(11))
+    _assert_same_batches(reference, _indices(ours, count), "ours, after the state was taken")
+    _assert_same_batches(reference, _indices(ours_from_theirs, count), "ours, loaded with torchrl's state")
+    _assert_same_batches(reference, from_ours, "torchrl's, loaded with ours")
+
+
 # =============================================================================
 # Priorities: update_priority / update_tensordict_priority / mark_update
 # =============================================================================
@@ -268,6 +327,10 @@ def _with_feature_priority(data):
     return data
 
 
+@must_run(
+    "extend", "sample 0", "update_tensordict_priority 0", "sample 2", "extend, wrapping",
+    "sample 0 after wrap", "sample 1 after wrap", "mark_update",
+)
 def priorities(record, C, *, buffer, sampler, storage, ndim, reduction, within_buffer, peer=None):
     if buffer == "TensorDictPrioritizedReplayBuffer":
         rb = make_buffer(C, record, buffer, storage, "tensordict", ndim, reduction=reduction, priority_key="p3")
@@ -286,6 +349,9 @@ def priorities(record, C, *, buffer, sampler, storage, ndim, reduction, within_b
         # torchrl's extend() hands a per-feature priority to the sampler unreduced (and
         # fails): the reduction happens in update_tensordict_priority.
         index = record.call("extend", rb.extend, data, update_priority=False)
+        if index is not None and ndim == 2:
+            # one (time, env) row per item, time first as stored: back to data's [env, time]
+            index = index.reshape(-1, COLS, 2).transpose(0, 1)
         data["index"] = index
         record.call("update_tensordict_priority, extended", rb.update_tensordict_priority, data)
     else:
@@ -333,7 +399,13 @@ def _priority_cases():
 
 @pytest.mark.parametrize("buffer,sampler,storage,ndim,reduction,within_buffer", list(_priority_cases()))
 def test_priorities(tmp_path, buffer, sampler, storage, ndim, reduction, within_buffer):
-    check_same(priorities, tmp_path, buffer=buffer, sampler=sampler, storage=storage, ndim=ndim, reduction=reduction, within_buffer=within_buffer)
+    raises = {}
+    if buffer == "TensorDictPrioritizedReplayBuffer" and ndim == 2:
+        # torchrl reduces the per-feature priority of a batch sampled from a 2-d storage
+        # with the wrong count: "unflatten: Provided sizes [4] don't multiply up to the
+        # size of dim 0 (12)" (the extended data's update, laid out as stored, runs)
+        raises["update_tensordict_priority 0"] = "RuntimeError"
+    check_same(priorities, tmp_path, raises=raises, buffer=buffer, sampler=sampler, storage=storage, ndim=ndim, reduction=reduction, within_buffer=within_buffer)
 
 
 # =============================================================================
@@ -351,6 +423,10 @@ WRITERS = {
 }
 
 
+@must_run(
+    "extend 0", "add 1", "extend 2", "extend 3", "rb[:] 3", "writer state_dict",
+    "writer load_state_dict", "empty", "extend after empty", "rb[:] after empty",
+)
 def writing(record, C, *, writer, storage, ndim, peer=None):
     rb = make_buffer(C, record, "TensorDictReplayBuffer", storage, "tensordict", ndim, writer=WRITERS[writer], sampler="SamplerWithoutReplacement-ordered")
     for k, (n, start) in enumerate(((5, 0), (1, 5), (4, 6), (3, 20))):
@@ -368,14 +444,14 @@ def writing(record, C, *, writer, storage, ndim, peer=None):
     record.call("writer state_dict", rb._writer.state_dict)
     fresh = WRITERS[writer](C)
     fresh.register_storage(rb._storage)
-    record.call("writer load_state_dict", fresh.load_state_dict, rb._writer.state_dict())
+    record.call("writer load_state_dict", lambda: fresh.load_state_dict(rb._writer.state_dict()))
     dump = record.dir("writer")
     if record.succeeds("writer dumps", rb._writer.dumps, dump):
         record.files("writer dumps files", dump)
         loaded = WRITERS[writer](C)
         loaded.register_storage(rb._storage)
         record.call("writer loads", loaded.loads, dump)
-        record("writer state_dict, loaded", loaded.state_dict())
+        record.call("writer state_dict, loaded", loaded.state_dict)
     record.call("empty", rb.empty)
     record.call("extend after empty", rb.extend, make_data("tensordict", 2, ndim, start=40))
     record.call("rb[:] after empty", rb.__getitem__, slice(None))
@@ -392,9 +468,18 @@ def _writer_cases():
 
 @pytest.mark.parametrize("writer,storage,ndim", list(_writer_cases()))
 def test_writers(tmp_path, writer, storage, ndim):
-    check_same(writing, tmp_path, writer=writer, storage=storage, ndim=ndim)
+    raises = {}
+    if "MaxValue" in writer:
+        # torchrl's TensorDictMaxValueWriter has no state_dict / load_state_dict
+        raises.update({"writer state_dict*": "NotImplementedError", "writer load_state_dict": "NotImplementedError"})
+    if ndim == 2:
+        # torchrl's add() of one time step to a 2-d storage: "expand_as_right requires the
+        # destination tensor to have less dimensions than the input tensor"
+        raises["add 1"] = "RuntimeError"
+    check_same(writing, tmp_path, raises=raises, writer=writer, storage=storage, ndim=ndim)
 
 
+@must_run("len", "rb[:]", "epoch", "writer state_dict")
 def immutable(record, C, *, kind, peer=None):
     """A dataset: a full TensorStorage behind an ImmutableDatasetWriter."""
     full = make_data(kind, CAP, 1)

@@ -3,9 +3,12 @@
 Every matrix case runs one scenario twice, from the same seeds: once with the installed
 torchrl's own classes in torchrl's modules (``torchrl_compat`` uninstalled for the run), once with
 ``torchrl_compat.install()`` in force, each time taking every class from torchrl's modules
-by name, as torchrl code does. The scenario records what each step returns (or the type of
-exception it raises); the two records must be equal, tensor for tensor. A case that a
-feature of the installed torchrl ours lack so far fails is an expected failure (``GAPS``).
+by name, as torchrl code does. The scenario records what each step returns (or the type and
+message of the exception it raises); the two records must be equal, tensor for tensor. Two
+equal failures prove nothing: each scenario declares (:func:`must_run`) the steps that must
+return on torchrl's side, and each case the ones torchrl is meant to refuse there
+(``check_same(..., raises=...)``); a scenario that itself raises fails the case. A case that
+a feature of the installed torchrl ours lack so far fails is an expected failure (``GAPS``).
 """
 from __future__ import annotations
 
@@ -188,13 +191,15 @@ def difference(a, b, path=""):
 class Record:
     """What one run of a scenario returned, step by step: ``(label, value, message)``.
 
-    ``message`` is the text of a raised exception: shown on failure, never compared (only
-    the exception type is).
+    ``message`` is the last line of a raised exception's text, the run's directory and the
+    modules of torchrl's and ours named alike (:func:`_same_words`): compared as well as the
+    exception type.
     """
 
     def __init__(self, directory) -> None:
         self.steps = []
         self._directory = directory
+        self._fresh_dirs = 0
 
     def __call__(self, label, value):
         self._add(label, canon(value), None)
@@ -227,12 +232,17 @@ class Record:
 
     def raised(self, label, err):
         message = "".join(traceback.format_exception_only(err)).strip()
-        self._add(label, ("raises", type(err).__name__), message[-500:])
+        self._add(label, ("raises", type(err).__name__), _same_words(message, self._directory)[-500:])
 
     def dir(self, name):
         path = os.path.join(self._directory, name)
         os.makedirs(path, exist_ok=True)
         return path
+
+    def fresh_dir(self, name):
+        """A new directory ``name-<k>`` (each storage of a run writes in its own)."""
+        self._fresh_dirs += 1
+        return self.dir(f"{name}-{self._fresh_dirs}")
 
     def files(self, label, path):
         """Records the relative paths of the files under ``path``."""
@@ -269,18 +279,38 @@ def run(scenario, directory, **params) -> Record:
     return record
 
 
+# torchrl's class paths and ours (torchrl.data.replay_buffers.storages.ListStorage,
+# torchrl_compat.storages.ListStorage): the same class to a reader of an error message.
+_MODULE_PATH = re.compile(r"\btorchrl(?:_compat)?(?:\.\w+)*\.(?=[A-Z_])")
+
+
+def _same_words(message, directory):
+    """What an error message says, without the directory of a run (its own or the other's,
+    beside it) or the module of a class."""
+    lines = message.strip().splitlines()
+    last = lines[-1] if lines else ""
+    last = re.sub(re.escape(os.path.dirname(os.path.abspath(directory))) + r"/[^/\s]+", "<run>", last)
+    return _MODULE_PATH.sub("", last)
+
+
 def _short(value, limit=600):
     text = repr(value)
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _raises_one_of(value, names) -> bool:
+    names = (names,) if isinstance(names, str) else tuple(names)
+    return isinstance(value, tuple) and len(value) == 2 and value[0] == "raises" and value[1] in names
 
 
 def assert_records_equal(expected: Record, got: Record, torchrl_fails=None) -> None:
     """Fails listing every step where ``got`` (ours) differs from ``expected`` (torchrl).
 
     ``torchrl_fails`` maps the label of a step where torchrl raises on valid input (a bug
-    of some torchrl release) to ``(exception type name, check)``: where the installed
-    torchrl raises that type there, ``check(value, message)`` must accept what ours did
-    instead; where it does not (a release with the bug fixed), ours must match it.
+    of some torchrl release) to ``(exception type name, check)`` (or a tuple of names, one
+    per release): where the installed torchrl raises that type there, ``check(value,
+    message)`` must accept what ours did instead; where it does not (a release with the bug
+    fixed), ours must match it.
     """
     torchrl_fails = torchrl_fails or {}
     theirs = {label: (value, message) for label, value, message in expected.steps}
@@ -290,13 +320,15 @@ def assert_records_equal(expected: Record, got: Record, torchrl_fails=None) -> N
         if label not in ours:
             problems.append(f"{label}: torchrl_compat never got there (torchrl: {_short(value)})")
             continue
-        if label in torchrl_fails and value == ("raises", torchrl_fails[label][0]):
+        if label in torchrl_fails and _raises_one_of(value, torchrl_fails[label][0]):
             # A torchrl bug of the installed release: ours must do what the check accepts.
             # Where the installed release has it fixed, ours must do what torchrl does.
             if not torchrl_fails[label][1](*ours[label]):
                 problems.append(f"{label}: torchrl_compat {_short(ours[label])} where torchrl raises {message}")
             continue
         found = difference(ours[label][0], value)
+        if not found and message is not None and ours[label][1] != message:
+            found = "the same exception type, another message"
         if found:
             notes = " ".join(f"[{who}: {m}]" for who, m in (("ours", ours[label][1]), ("torchrl", message)) if m)
             problems.append(f"{label}: ours vs torchrl {found} {notes}")
@@ -313,8 +345,81 @@ def run_both(scenario, tmp_path, **params):
     return expected, got
 
 
-def check_same(scenario, tmp_path, torchrl_fails=None, **params):
+def must_run(*labels, must_raise=()):
+    """Declares a scenario's decisive steps: ``labels`` must return on torchrl's side (and,
+    the records being equal, on ours), ``must_raise`` must raise there, in every case
+    unless the case says otherwise (``check_same(..., raises=...)``).
+
+    A label ending in ``*`` stands for every step whose label starts with the rest.
+    """
+
+    def declare(scenario):
+        scenario.must_run = tuple(labels)
+        scenario.must_raise = tuple(must_raise)
+        return scenario
+
+    return declare
+
+
+def _matches(pattern, label):
+    return label.startswith(pattern[:-1]) if pattern.endswith("*") else label == pattern
+
+
+def assert_ran(scenario, record: Record, raises=None, torchrl_fails=None) -> None:
+    """Fails where torchrl's run of ``scenario`` (``record``) proves nothing: the scenario
+    raised itself (``"uncaught"``), a step of ``must_run`` is missing or raised, or one of
+    ``must_raise`` returned, except as the case's ``raises`` (label -> exception type name:
+    the decisive steps torchrl refuses in that case, meant to; a label ending in ``*`` stands
+    for every step whose label starts with the rest; ``None``: a step that an earlier
+    refusal keeps the scenario from) says, or a torchrl bug of
+    ``torchrl_fails`` (see :func:`assert_records_equal`) that the installed release has."""
+    steps = {label: value for label, value, _ in record.steps}
+    messages = {label: message for label, _, message in record.steps}
+    problems = []
+    declared = {}  # label -> the exception type the case declares there
+    for pattern, name in (raises or {}).items():
+        found = [label for label in steps if _matches(pattern, label)]
+        if name is None:  # a step an earlier refusal keeps the scenario from
+            problems += [f"{label}: meant never to be reached" for label in found]
+            declared[pattern] = None
+            continue
+        if not found:
+            problems.append(f"{pattern}: meant to raise {name}, never got there")
+        for label in found:
+            declared[label] = name
+            if steps[label] != ("raises", name):
+                problems.append(f"{label}: meant to raise {name}, got {_short(steps[label])}")
+    for label, (names, _) in (torchrl_fails or {}).items():
+        if _raises_one_of(steps.get(label), names):
+            declared.setdefault(label, steps[label][1])
+    raises = declared
+    if "uncaught" in steps and "uncaught" not in raises:
+        problems.append(f"the scenario raised: {messages['uncaught']}")
+    for pattern in getattr(scenario, "must_run", ()):
+        found = [label for label in steps if _matches(pattern, label)]
+        if not found and not (pattern in raises and raises[pattern] is None):
+            problems.append(f"{pattern}: never got there")
+        problems += [
+            f"{label}: raised {messages[label]}" for label in found
+            if messages[label] is not None and label not in raises
+        ]
+    for pattern in getattr(scenario, "must_raise", ()):
+        found = [label for label in steps if _matches(pattern, label)]
+        if not found:
+            problems.append(f"{pattern}: never got there")
+        problems += [f"{label}: returned where it must raise" for label in found if messages[label] is None]
+    if problems:
+        raise AssertionError("\n".join(["torchrl's run of the scenario proves nothing there:", *problems]))
+
+
+def check_same(scenario, tmp_path, torchrl_fails=None, raises=None, **params):
+    """Runs ``scenario`` on torchrl's classes and ours; fails where the records differ (see
+    :func:`assert_records_equal`) or where torchrl's run proves nothing (:func:`assert_ran`).
+    A scenario of the matrix files must declare its decisive steps (:func:`must_run`)."""
+    if scenario.__module__.startswith("test_torchrl_matrix"):
+        assert hasattr(scenario, "must_run"), f"{scenario.__name__} declares no must_run"
     expected, got = run_both(scenario, tmp_path, **params)
+    assert_ran(scenario, expected, raises, torchrl_fails)
     assert_records_equal(expected, got, torchrl_fails)
     return expected, got
 
@@ -351,7 +456,7 @@ def make_storage(C, record, name, kind, ndim):
         # Preallocated: the full capacity of zeroed items.
         return C.TensorStorage(zeros_for_storage(kind, ndim), ndim=ndim)
     if name == "LazyMemmapStorage":
-        return C.LazyMemmapStorage(max_size(ndim), ndim=ndim, scratch_dir=record.dir("scratch"))
+        return C.LazyMemmapStorage(max_size(ndim), ndim=ndim, scratch_dir=record.fresh_dir("scratch"))
     return getattr(C, name)(max_size(ndim), ndim=ndim)
 
 
@@ -370,8 +475,6 @@ SAMPLERS = {
     "SliceSamplerWithoutReplacement-ordered": ("SliceSamplerWithoutReplacement", dict(SLICE, shuffle=False)),
     "PrioritizedSliceSampler": ("PrioritizedSliceSampler", dict(SLICE, alpha=0.7, beta=0.5)),
 }
-# Samplers whose draws are not torchrl's, by design: replay's permutation kernel shuffles.
-SHUFFLING_SAMPLERS = ("SamplerWithoutReplacement", "SliceSamplerWithoutReplacement")
 
 
 def make_sampler(C, name, ndim):
@@ -383,7 +486,9 @@ def make_sampler(C, name, ndim):
 
 def make_buffer(C, record, buffer, storage, kind, ndim, sampler=None, writer=None, **kwargs):
     kwargs.setdefault("batch_size", BATCH)
-    kwargs["generator"] = torch.Generator().manual_seed(7)
+    generator = torch.Generator().manual_seed(7)
+    if buffer != "PrioritizedReplayBuffer":  # which takes no generator= (set_rng below)
+        kwargs["generator"] = generator
     kwargs["storage"] = make_storage(C, record, storage, kind, ndim)
     if buffer in TD_BUFFERS:
         kwargs.setdefault("priority_key", "p")
@@ -395,7 +500,10 @@ def make_buffer(C, record, buffer, storage, kind, ndim, sampler=None, writer=Non
         kwargs["sampler"] = sampler
     if writer is not None:
         kwargs["writer"] = writer(C) if callable(writer) else writer
-    return getattr(C, buffer)(**kwargs)
+    rb = getattr(C, buffer)(**kwargs)
+    if buffer == "PrioritizedReplayBuffer":
+        rb.set_rng(generator)
+    return rb
 
 
 def dumps_and_loads(record, rb, build, peer) -> bool:
