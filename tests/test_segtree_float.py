@@ -9,20 +9,15 @@ The model, from segtree.h / segtree_impl.h:
 
 - 16-ary levels in one buffer: level 0 the leaves, entry j of level t + 1 the reduction of
   entries 16j .. 16j + 15 of level t; each level padded with the identity to a multiple of 16,
-  the top level one node. A sum tree also stores, after the levels, the inclusive prefix sums
-  of every node of the levels from 2 up.
-- A parent of a sum tree is node_sum: its 16 children in double, the even and the odd ones
-  summed pairwise apart, ((e0 + e2) + (e4 + e6)) + ((e8 + e10) + (e12 + e14)), added last,
-  then rounded to the tree's dtype. A min tree's parent is the min of its children.
-- A node's prefix sums are scalar_prefix: in the tree's dtype, four running sums of four
-  entries, then the quads' running totals added to the quads after the first.
-- query(l, r): the whole tree is the root's last prefix sum; any other range climbs from
-  both ends, summing the partial nodes of each level in double (range_sum: four running sums
-  over steps of four, the rest into the first, (s0 + s1) + (s2 + s3)).
-- scan_lower_bound(v): v in the tree's dtype; 0 for v <= 0, ``size`` past the whole-tree
-  total; otherwise a descent: at each node the child is the number of prefix sums below the
-  largest dtype value <= the remaining mass, which then loses the prefix before that child;
-  where all 16 are below (rounding), the last positive child is taken with its whole value.
+  the top level one node. A sum tree also stores, after the levels, the binary mini-heap of
+  every node of the levels from 2 up: 16 slots, slot 0 = 0, slot 1 the node's total, 2..3 its
+  octets, 4..7 its quads, 8..15 its pairs (p_i = e_2i + e_2i+1, then each slot k the sum of
+  slots 2k and 2k + 1), all in the tree's dtype.
+- A parent of a sum tree is node_sum: torchrl's binary additions over its 16 children in the
+  tree's dtype, ((e0 + e1) + (e2 + e3)) + ((e4 + e5) + (e6 + e7)), the same for e8..e15, the
+  two added last (slot 1 of the mini-heap). A min tree's parent is the min of its children.
+- query(l, r) and scan_lower_bound(v) of a sum tree are torchrl's (tests/torchrl_heap.py) over
+  the laid-out leaves: capacity the power of two above them, the whole tree its root.
 - The buffer holds ``size`` leaves until a leaf in [size, capacity) is written; it is then
   laid out again for ``capacity`` leaves (the parents rebuilt).
 - A batch update writes its leaves in order (a repeated index keeps its last value), and
@@ -33,9 +28,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import replay
+from torchrl_heap import BinaryHeapSumTree
 
 FANOUT = 16
-PREFIX_FROM = 2  # the lowest level that keeps its prefix sums (RP_SEGTREE_PREFIX_FROM)
+PREFIX_FROM = 2  # the lowest level that keeps its mini-heaps (RP_SEGTREE_PREFIX_FROM)
 ALL_CLASSES = [
     replay.SumSegmentTreeFp32,
     replay.SumSegmentTreeFp64,
@@ -64,41 +60,18 @@ def _ceil16(n):
     return -(-n // FANOUT) * FANOUT
 
 
+def node_heap(nodes):
+    """The binary mini-heap of every row of ``nodes`` (shape (n, 16)), in their dtype."""
+    heap = np.zeros_like(nodes)
+    heap[:, 8:] = nodes[:, 0::2] + nodes[:, 1::2]
+    for k in range(7, 0, -1):
+        heap[:, k] = heap[:, 2 * k] + heap[:, 2 * k + 1]
+    return heap
+
+
 def node_sum(nodes, dtype):
-    """node_sum of every row of ``nodes`` (shape (n, 16)), rounded to ``dtype``."""
-    e = nodes.astype(np.float64)
-    even = ((e[:, 0] + e[:, 2]) + (e[:, 4] + e[:, 6])) + ((e[:, 8] + e[:, 10]) + (e[:, 12] + e[:, 14]))
-    odd = ((e[:, 1] + e[:, 3]) + (e[:, 5] + e[:, 7])) + ((e[:, 9] + e[:, 11]) + (e[:, 13] + e[:, 15]))
-    return (even + odd).astype(dtype)
-
-
-def scalar_prefix(nodes):
-    """scalar_prefix of every row of ``nodes`` (shape (n, 16)), in their dtype."""
-    q = nodes.reshape(-1, 4, 4)
-    out = np.empty_like(q)
-    out[:, :, 0] = q[:, :, 0]
-    for i in range(1, 4):
-        out[:, :, i] = out[:, :, i - 1] + q[:, :, i]
-    o1 = out[:, 0, 3]
-    o2 = o1 + out[:, 1, 3]
-    o3 = o2 + out[:, 2, 3]
-    out[:, 1, :] += o1[:, None]
-    out[:, 2, :] += o2[:, None]
-    out[:, 3, :] += o3[:, None]
-    return out.reshape(-1, FANOUT)
-
-
-def range_sum(entries, a, b):
-    s = [0.0, 0.0, 0.0, 0.0]
-    j = a
-    while j + 4 <= b:
-        for k in range(4):
-            s[k] += float(entries[j + k])
-        j += 4
-    while j < b:
-        s[0] += float(entries[j])
-        j += 1
-    return (s[0] + s[1]) + (s[2] + s[3])
+    """node_sum of every row of ``nodes`` (shape (n, 16)), in ``dtype``."""
+    return node_heap(nodes.astype(dtype))[:, 1]
 
 
 class LayoutModel:
@@ -143,70 +116,31 @@ class LayoutModel:
         levels = self.levels()
         parts = list(levels)
         if self.is_sum:
-            parts += [scalar_prefix(lvl.reshape(-1, FANOUT)).ravel() for lvl in levels[PREFIX_FROM:]]
+            parts += [node_heap(lvl.reshape(-1, FANOUT)).ravel() for lvl in levels[PREFIX_FROM:]]
         return np.concatenate(parts)
 
     # --- reads ---------------------------------------------------------------------------
+    def heap(self):
+        """torchrl's binary heap over the laid-out leaves (the padding past them is 0)."""
+        return BinaryHeapSumTree(self.leaves[: self.allocated], size=self.allocated, dtype=self.dtype)
+
     def total(self):
-        """The whole-tree sum as the kernels read it: the root's last prefix sum."""
-        return float(scalar_prefix(self.levels()[-1].reshape(1, FANOUT))[0, -1])
+        """The whole-tree sum: torchrl's root."""
+        return float(self.heap().root)
 
     def query(self, l, r):
         """query(l, r) with int bounds: a float (double), as the tree returns it."""
-        levels = self.levels()
         if l <= 0 and r >= self.size:
             l, r = 0, self.allocated
-        l, r = max(l, 0), min(r, self.allocated)
         if not self.is_sum:
+            l, r = max(l, 0), min(r, self.allocated)
             return float(self.leaves[l:r].min()) if l < r else float(self.identity)
-        if l >= r:
-            return 0.0
-        if (l, r) == (0, self.allocated):
-            return self.total()
-        acc, a, b, t, top = 0.0, l, r, 0, len(levels) - 1
-        while a < b:
-            lvl = levels[t]
-            if t == top or a >> 4 == (b - 1) >> 4:
-                acc += range_sum(lvl, a, b)
-                break
-            if a & 15:
-                acc += range_sum(lvl, a, (a | 15) + 1)
-                a = (a >> 4) + 1
-            else:
-                a >>= 4
-            if b & 15:
-                acc += range_sum(lvl, b & ~15, b)
-            b >>= 4
-            t += 1
-        return acc
+        return float(self.heap().query(l, r))
 
     def scan(self, masses):
-        """scan_lower_bound of every mass (given in the tree's dtype), vectorised."""
-        levels = self.levels()
-        x = np.asarray(masses, dtype=self.dtype).astype(np.float64)
-        out = np.zeros(x.shape, dtype=np.int64)
-        total = self.total()
-        out[x > total] = self.size
-        down = (x > 0) & (x <= total)
-        v, node = x[down], np.zeros(int(down.sum()), dtype=np.int64)
-        for lvl in reversed(levels):
-            entries = lvl.reshape(-1, FANOUT)[node]
-            prefix = scalar_prefix(entries)
-            bound = v.astype(self.dtype)  # round_down: the largest dtype value <= v
-            over = bound.astype(np.float64) > v
-            bound[over] = np.nextafter(bound[over], self.dtype.type(-np.inf))
-            child = (prefix < bound[:, None]).sum(axis=1)
-            rows = np.arange(child.size)
-            before = np.where(child > 0, prefix[rows, np.maximum(child - 1, 0)].astype(np.float64), 0.0)
-            past = child == FANOUT
-            # past every prefix (rounding): the last positive child, with all of its mass
-            positive = entries[past] > 0
-            last = np.where(positive.any(axis=1), FANOUT - 1 - np.argmax(positive[:, ::-1], axis=1), 0)
-            child[past] = last
-            v = np.where(past, 0.0, v - before)
-            v[past] = entries[past, last].astype(np.float64)
-            node = FANOUT * node + child
-        out[down] = node
+        """scan_lower_bound of every mass (given in the tree's dtype)."""
+        out = self.heap().scan_lower_bound(np.asarray(masses, dtype=self.dtype))
+        out[out == self.allocated] = self.size  # past the total: ``size``, grown or not
         return out
 
 
@@ -337,12 +271,13 @@ def test_scan_lower_bound_at_and_next_to_prefix_sums(cls, size, seed, grow):
     )
     assert [tree.scan_lower_bound(float(m)) for m in masses[:20]] == list(expected[:20])
     # the documented promises, independent of the layout: 0 for a mass <= 0, size past the
-    # total, else a positive leaf, non-decreasing with the mass
+    # total, else a leaf below the capacity (torchrl's descent can end on a zero-valued one),
+    # non-decreasing with the mass
     x = masses.astype(np.float64)
     total = model.total()
     assert np.all(got[x <= 0] == 0) and np.all(got[x > total] == size)
     inside = (x > 0) & (x <= total)
-    assert np.all(model.leaves[got[inside]] > 0)
+    assert np.all(got[inside] < model.capacity)
     order = np.argsort(x[inside], kind="stable")
     assert np.all(np.diff(got[inside][order]) >= 0)
     # away from every prefix-sum boundary (more than the rounding of a sum could move it), the
