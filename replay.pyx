@@ -629,7 +629,7 @@ cdef class _SegmentTree:
             f"largest finite {self._dtype} ({float(np.finfo(self._dtype).max)}): the tree is unchanged")
 
     def _py_buffer(self):
-        """Test hook: a copy of the whole buffer (every level, and the prefix sums of a sum tree)."""
+        """Test hook: a copy of the whole buffer (every level, and the mini-heaps of a sum tree)."""
         with self._lock:
             return self._tree.copy()
 
