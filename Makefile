@@ -274,3 +274,12 @@ print("total: {passed} passed, {failed} failed, {skipped} skipped".format(**coun
 sys.exit(1 if counts["failed"] or missing else 0)
 endef
 export JUNIT_TOTAL
+
+# Mutation score of the writers, trajectory ends, prioritized sampler and tensor storages
+# (tests/MUTATION.md): mutmut 3 on one core, config in pyproject.toml ([tool.mutmut]); takes
+# hours on 2 cores. `$(VENV)/bin/mutmut results` lists the survivors afterwards.
+.PHONY: mutation
+mutation:
+	$(PYTHON) -m pip install -q -r requirements-mutation.txt
+	$(VENV)/bin/mutmut run --max-children 1
+	$(VENV)/bin/mutmut results
