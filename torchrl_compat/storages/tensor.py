@@ -639,6 +639,23 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
 
     @_rewrites_items
     def load_state_dict(self, state_dict):
+        """Loads what :meth:`state_dict` returned, from this library or torchrl.
+
+        .. note::
+          A ``_len`` outside ``[0, max_size]`` raises a ``ValueError`` naming it, and nothing is
+          loaded. torchrl (0.11 to 0.14) saves one for a wrapped ``ndim > 1`` storage of tensors
+          (it counts the feature dims into the capacity) and loads it as it is, leaving a length
+          past the storage's slots.
+        """
+        length = int(state_dict["_len"])
+        if not 0 <= length <= self.max_size:
+            # torchrl (0.11 to 0.14) counts the feature dims of an ndim > 1 storage into its
+            # capacity, so a wrapped one saves a length past its slots: refused before anything
+            # changes, as loads refuses it.
+            raise ValueError(
+                f"The state_dict has _len={length}, outside [0, {self.max_size}] for this storage "
+                f"of max_size={self.max_size}: nothing was loaded."
+            )
         _storage = copy(state_dict["_storage"])
         if isinstance(_storage, torch.Tensor):
             if isinstance(self._storage, torch.Tensor):
