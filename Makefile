@@ -130,12 +130,7 @@ build/venv-torchrl-%/.setup-done: requirements-torchrl-%.txt $(SETUP_INPUTS)
 # $(call release_tests,RELEASE): the suite run in that release's environment.
 release_tests = $(call versions_line,build/venv-torchrl-$(1)/bin/python) \
 	&& build/venv-torchrl-$(1)/bin/python -m pytest tests -q -p no:cacheprovider
-# make test's run against 0.14.1 goes in a shuffled order (pytest-randomly, installed in that
-# environment only: files, then the tests inside each, with the seed printed in the header), so a
-# test that passes only after another has run fails there; the suite's own run keeps file order.
-# (Another order: make test TEST_ORDER_SEED=N.)
-TEST_ORDER_SEED ?= 20261207
-TORCHRL14_TESTS = $(call release_tests,0.14) --randomly-seed=$(TEST_ORDER_SEED)
+TORCHRL14_TESTS = $(call release_tests,0.14)
 # What make test's run against 0.14.1 leaves out: tests that no torchrl release changes (the
 # kernels, which the debug build runs again; the build, the README, the demo), run once already.
 RELEASE_FREE_TESTS = $(KERNEL_TESTS) tests/test_build.py tests/test_readme.py tests/test_demo.py

@@ -130,9 +130,12 @@ def outcomes(tmp_path_factory):
             stderr=stderr,
             text=True,
             env=env,
+            # a session of its own: the watchdog stops the forked child too, which holds
+            # the stdout pipe open (the reads below would wait on it for ever)
+            start_new_session=True,
         )
         processes[name] = (process, stderr)
-    watchdog = threading.Timer(TIMEOUT, lambda: [p.kill() for p, _ in processes.values()])
+    watchdog = threading.Timer(TIMEOUT, lambda: [_kill_group(p) for p, _ in processes.values()])
     watchdog.start()
     results = {}
     try:
@@ -154,10 +157,17 @@ def outcomes(tmp_path_factory):
     finally:
         watchdog.cancel()
         for process, stderr in processes.values():
-            if process.poll() is None:
-                process.kill()
+            _kill_group(process)
             stderr.close()
     return results
+
+
+def _kill_group(process):
+    """Kills what is left of ``process``'s session (it, and a child it forked)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _exists(report):
