@@ -316,7 +316,9 @@ def test_killed_dumps_keep_a_complete_checkpoint(tmp_path, name):
 def test_killed_dumps_leave_nothing_once_dumped_again(tmp_path):
     case = CASES["tensordict"]
     path = tmp_path / "ckpt"
-    dump, _ = phase_durations(case, tmp_path / "timing")
+    # (the timing dumps are killed at any moment: their partials stay inside "timing")
+    (tmp_path / "timing").mkdir()
+    dump, _ = phase_durations(case, tmp_path / "timing" / "ckpt")
     for trial in range(4):
         kill_during(case, path, spread_delays(dump, trial, 4), version_to_kill=2, inside=True)
     storage = case.make(path)
