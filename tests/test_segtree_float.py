@@ -205,18 +205,28 @@ def test_updates_build_the_model_tree(cls, size, seed, data):
         assert_same_tree(tree, model)
 
 
+def filled_tree_and_model(cls, size, grow, rng, some_positive=False):
+    """A tree of ``size`` leaves and its model, every leaf written with random priorities (up to
+    the capacity when ``grow``: the buffer is laid out again past ``size``); with
+    ``some_positive``, at least one leaf is positive. Returns ``(tree, model, leaves written)``."""
+    tree, model = cls(size), LayoutModel(cls, size)
+    reach = model.capacity if grow else size
+    index = np.arange(reach, dtype=np.int64)
+    values = random_priorities(reach, _dtype(cls), rng)
+    if some_positive and not values.any():
+        values[rng.randint(0, reach)] = _dtype(cls).type(0.7)
+    tree[index] = values
+    model.update(index, values)
+    return tree, model, reach
+
+
 @pytest.mark.parametrize("cls", ALL_CLASSES)
 @settings(max_examples=25, deadline=None)
 @given(size=SIZES, seed=st.integers(0, 2**32 - 1), grow=st.booleans())
 def test_queries_match_the_model(cls, size, seed, grow):
     np.random.seed(seed)
     rng = np.random
-    tree, model = cls(size), LayoutModel(cls, size)
-    reach = model.capacity if grow else size
-    index = np.arange(reach, dtype=np.int64)
-    values = random_priorities(reach, _dtype(cls), rng)
-    tree[index] = values
-    model.update(index, values)
+    tree, model, reach = filled_tree_and_model(cls, size, grow, rng)
     assert_same_tree(tree, model)
     bounds = [(0, size), (-3, size + 5), (0, reach), (0, 1), (size - 1, size), (0, 0)]
     bounds += [tuple(sorted(rng.randint(-2, reach + 3, 2))) for _ in range(40)]
@@ -254,14 +264,7 @@ def boundary_masses(model, rng, limit=400):
 def test_scan_lower_bound_at_and_next_to_prefix_sums(cls, size, seed, grow):
     np.random.seed(seed)
     rng = np.random
-    tree, model = cls(size), LayoutModel(cls, size)
-    reach = model.capacity if grow else size
-    index = np.arange(reach, dtype=np.int64)
-    values = random_priorities(reach, _dtype(cls), rng)
-    if not values.any():
-        values[rng.randint(0, reach)] = _dtype(cls).type(0.7)
-    tree[index] = values
-    model.update(index, values)
+    tree, model, reach = filled_tree_and_model(cls, size, grow, rng, some_positive=True)
     masses = boundary_masses(model, rng)
     got = tree.scan_lower_bound(masses)
     expected = model.scan(masses)
