@@ -26,7 +26,7 @@ TIMEOUT = 120
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, signal, sys
+    import json, os, signal, sys, time
     sys.path.insert(0, {root!r})
     import torch
     from tensordict import TensorDict
@@ -46,6 +46,11 @@ SCRIPT = textwrap.dedent(
             storages[name].set(range(2), data)
         return storages
 
+    def wait_for_a_signal():
+        # not signal.pause(): a signal landing just before it blocks would wait for another
+        while True:
+            time.sleep(0.05)
+
     def exists(storages):
         return {{name: os.path.exists(s.scratch_dir) for name, s in storages.items()}}
 
@@ -56,7 +61,7 @@ SCRIPT = textwrap.dedent(
         "registered": {{name: s in ours._MEMMAP_STORAGE_REGISTRY for name, s in storages.items()}},
     }}), flush=True)
     if stop == "signal":
-        signal.pause()
+        wait_for_a_signal()
     elif stop == "fork":
         # a forked child inherits the registry and both libraries' handlers; stopping it
         # removes its own files, not its parent's
@@ -66,7 +71,7 @@ SCRIPT = textwrap.dedent(
             own = ours.LazyMemmapStorage(4, scratch_dir=os.path.join(tmp, "child"), auto_cleanup=True)
             own.set(range(2), data)
             queue.put(own.scratch_dir)
-            signal.pause()
+            wait_for_a_signal()
 
         context = mp.get_context("fork")
         queue = context.Queue()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -58,7 +59,15 @@ def _child_fill_and_wait(cls_name, kwargs, n, queue):
     storage = getattr(ours, cls_name)(16, **kwargs)
     storage.set(range(n), make_td(n))
     queue.put(storage.scratch_dir)
-    signal.pause() if hasattr(signal, "pause") else None
+    wait_for_a_signal()
+
+
+def wait_for_a_signal():
+    # Not signal.pause(): a signal that lands after the last check for pending signals and
+    # before pause() blocks leaves its handler waiting for a second signal (the parent sends
+    # SIGTERM as soon as it has the path). A sleep ends and lets the handler run.
+    while True:
+        time.sleep(0.05)
 
 
 def _child_fill_and_return(cls_name, kwargs, n, queue):
