@@ -247,6 +247,22 @@ def test_a_write_of_k_rows_reads_k_rows(cls_name):
     assert ends.scanned == capacity
 
 
+def test_a_write_through_a_mask_reads_the_rows_it_selects():
+    capacity = 200
+    rng = np.random.default_rng(2)
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.05)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    mask = torch.from_numpy(rng.random(capacity) < 0.1)
+    count = int(mask.sum())
+    before = ends.read
+    storage.set(mask, make_td(rng.random(count) < 0.5))
+    check(ends, storage)
+    # the selected rows, not another scan of the whole signal
+    assert ends.read - before == count
+    assert ends.scanned == capacity
+
+
 @pytest.mark.parametrize("from_ids", [False, True])
 def test_round_robin_runs_read_each_row_once(from_ids):
     capacity = 1000
@@ -466,6 +482,12 @@ def test_plain_pickle_gets_its_own_counter():
     clone = pickle.loads(pickle.dumps(ends))
     assert clone.end_key == KEY and clone._count is None
     check(clone, storage)
+    by_ids = pickle.loads(pickle.dumps(TrajectoryEnds(IDS_KEY, from_ids=True)))
+    assert by_ids.end_key == IDS_KEY and by_ids.from_ids is True
+    # a tracker pickled before ``from_ids`` existed reads done flags
+    older = TrajectoryEnds.__new__(TrajectoryEnds)
+    older.__setstate__({"end_key": KEY})
+    assert older.end_key == KEY and older.from_ids is False
 
 
 # -----------------------------------------------------------------------------
