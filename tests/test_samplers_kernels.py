@@ -81,6 +81,33 @@ def test_prioritized_kernel_errors_match_torch_path():
         assert sampler._sum_tree.values()[:4].tolist() == [0.0, 1.0, 0.0, 2.0]
 
 
+BAD_UPDATES = {
+    "NaN after a skipped -1": (torch.tensor([-1, 0, 3]), torch.tensor([1.0, float("nan"), 1.0])),
+    "negative at index 0": (torch.tensor([0, -1, 2]), torch.tensor([-2.0, 1.0, 1.0])),
+    "index past the trees after a -1": (torch.tensor([-1, 0, 40]), torch.tensor([1.0, 1.0, 1.0])),
+    "past float32 at index 0": (torch.tensor([0, 1]), torch.tensor([1e39, 1.0], dtype=torch.float64)),
+    "infinite scalar": (torch.tensor([0, -1]), torch.tensor(float("inf"))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_UPDATES))
+def test_refused_updates_say_the_same_on_both_paths(case):
+    """The torch-op path refuses a bad batch on the device, then explains it with the checked
+    path's words: the same exception and text as the kernels, the ``-1`` entries left out."""
+    index, priority = BAD_UPDATES[case]
+    errors = []
+    for sampler in _pair(ours.PrioritizedSampler, 10, 1.0, 0.5):
+        sampler.update_priority(torch.tensor([5]), torch.tensor([2.0]))
+        before = sampler._sum_tree.values().copy()
+        with pytest.raises(Exception) as info:
+            sampler.update_priority(index, priority)
+        errors.append((type(info.value), str(info.value)))
+        np.testing.assert_array_equal(sampler._sum_tree.values(), before)
+        assert float(sampler._max_priority[0]) == 2.0
+    assert errors[0] == errors[1]
+    assert errors[0][0] in (IndexError, ValueError)
+
+
 def test_prioritized_global_seed_reproduces():
     """Without a generator the masses come from numpy's global RNG, as in torchrl: seeding
     numpy reproduces a batch, whatever torch's RNG does in between."""

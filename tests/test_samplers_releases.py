@@ -7,6 +7,7 @@ other float type is torchrl's failure (``native_trees``). Seeds are set as users
 (``np.random.seed``, ``torch.manual_seed``, a buffer generator).
 """
 import contextlib
+import multiprocessing as mp
 import warnings
 
 import numpy as np
@@ -196,6 +197,10 @@ def test_state_dict_schema_and_copies():
     sd = ref.state_dict()
     loaded = ours.PrioritizedSampler(8, alpha=0.7, beta=1.0, max_priority_within_buffer=True)
     loaded.load_state_dict(sd)
+    # the largest priority travels: new items get the same default priority
+    assert float(loaded._max_priority[0]) == float(mine._max_priority[0]) == float(ref._max_priority[0])
+    assert int(loaded._max_priority[1]) == int(mine._max_priority[1]) == 1
+    assert float(loaded.default_priority) == float(mine.default_priority) == float(ref.default_priority)
     if since("prioritized_load_state_dict_copies"):
         assert "_sum_tree" in sd  # the caller's dict is left whole ...
         sd["_max_priority"][0].fill_(100.0)  # ... and shares nothing with the sampler
@@ -208,6 +213,36 @@ def test_state_dict_schema_and_copies():
     assert float(loaded._max_priority[0]) == pytest.approx(float(ref._max_priority[0]), rel=1e-6)
     if since("prioritized_state_schema"):
         assert float(loaded._max_priority[0]) == pytest.approx(5.0, rel=1e-5)
+
+
+def test_state_dict_of_another_capacity_is_refused():
+    """torchrl takes trees of another capacity as they are (its sampler then holds 8 leaves for
+    a capacity of 16); ours refuses them, naming both capacities, and keeps its own."""
+    source = ours.PrioritizedSampler(8, alpha=0.7, beta=1.0)
+    source.update_priority(torch.arange(4), torch.tensor([1.0, 5.0, 2.0, 3.0]))
+    ref, mine = _pair(16, alpha=0.7, beta=1.0)
+    ref.load_state_dict(source.state_dict())
+    assert len(ref._sum_tree) == 8
+    with pytest.raises(
+        RuntimeError, match=r"^max capacity of loaded trees \(8\) differs from self._max_capacity \(16\)\.$"
+    ):
+        mine.load_state_dict(source.state_dict())
+    assert len(mine._sum_tree) == 16 and mine._max_priority == (None, None)
+
+
+def _refusal_to_spawn(sampler):
+    process = mp.get_context("spawn").Process(target=print, args=(sampler,))
+    with pytest.raises(RuntimeError) as info:
+        process.start()
+    return str(info.value).replace(str(type(sampler)), "<its class>")
+
+
+def test_sharing_with_a_spawned_process_is_refused_in_torchrls_words():
+    ref, mine = _pair(8, alpha=0.7, beta=1.0)
+    refusal = _refusal_to_spawn(mine)
+    assert refusal == _refusal_to_spawn(ref)
+    assert refusal.startswith("Samplers of type <its class> cannot be shared between processes.")
+    assert ("sync=False" in refusal) == since("multiprocess_errors_name_fix")
 
 
 def test_dumps_carry_the_schema_version(tmp_path):

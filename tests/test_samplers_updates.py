@@ -131,7 +131,14 @@ UPDATES = {
     "2-d index past the rows": lambda s: s.update_priority(torch.tensor([[4, 0]]), torch.tensor([1.0]), storage=_storage_2d()),
     "2-d index with -1": lambda s: s.update_priority(torch.tensor([[-1, -1], [1, 1]]), torch.tensor([1.0, 2.0]), storage=_storage_2d()),
     "2-d index, no storage": lambda s: s.update_priority(torch.tensor([[0, 1]]), torch.tensor([1.0])),
+    "2-d index, storage without a shape": lambda s: s.update_priority(torch.tensor([[0, 1]]), torch.tensor([1.0]), storage=object()),
+    "list index, [1, N] priorities": lambda s: s.update_priority([3, 5], torch.tensor([[1.0, 2.0]])),
+    "list index, one priority in a list": lambda s: s.update_priority([4], torch.tensor([3.0])),
 }
+# Where torchrl's message says what is wrong, ours is the same text (elsewhere ours names the
+# bad value where torchrl's does not, or torchrl crashes in torch).
+SAME_MESSAGE = {"2-d index, no storage", "2-d index, storage without a shape", "empty index, 3 priorities",
+                "mismatched priorities"}
 
 
 @pytest.mark.usefixtures("torchrl_trees")
@@ -153,6 +160,44 @@ def test_update_matches_torchrl(case, dtype, path):
         return
     assert _outcome(lambda: UPDATES[case](mine)) is outcome
     assert _snapshot(mine) == _snapshot(ref)
+    if case in SAME_MESSAGE:
+        assert _message(lambda: UPDATES[case](mine)) == _message(lambda: UPDATES[case](ref))
+
+
+def _message(fn):
+    try:
+        fn()
+    except Exception as err:
+        return str(err)
+    raise AssertionError("no exception raised")
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("path", PATHS)
+def test_tuple_index_updates_the_positions_it_names(path):
+    """A tuple of per-dimension indices, which torchrl's sampler refuses (TypeError) and its
+    buffer stacks before calling it: ours stacks it too, the same update as the stacked index."""
+    rows, cols = torch.tensor([0, 2, 3]), torch.tensor([1, 3, 0])
+    priority = torch.tensor([1.0, 4.0, 2.0])
+    with pytest.raises(TypeError):
+        trl.PrioritizedSampler(16, 0.7, 0.5).update_priority((rows, cols), priority, storage=_storage_2d())
+    by_tuple, stacked = _ours(16, 0.7, 0.5, path=path), _ours(16, 0.7, 0.5, path=path)
+    by_tuple.update_priority((rows, cols), priority, storage=_storage_2d())
+    stacked.update_priority(torch.stack([rows, cols], -1), priority, storage=_storage_2d())
+    assert _snapshot(by_tuple) == _snapshot(stacked)
+    assert _leaves(by_tuple)[0][[1, 11, 12]].tolist() == pytest.approx([(p + 1e-8) ** 0.7 for p in (1.0, 4.0, 2.0)])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_2d_index_with_priorities_of_its_shape_is_refused(path):
+    """One position of a 2-D storage given one priority per coordinate: torchrl fails inside
+    torch ("Boolean value of Tensor ... is ambiguous"); ours names the shapes, and changes nothing."""
+    sampler = _ours(16, 0.7, 0.5, path=path)
+    sampler.update_priority(torch.tensor([5, 6]), torch.tensor([0.25, 0.75]))
+    before = _snapshot(sampler)
+    with pytest.raises(ValueError, match=r"got value of shape \(1, 2\) and index of shape \(1,\)"):
+        sampler.update_priority(torch.tensor([[0, 1]]), torch.tensor([[1.0, 2.0]]), storage=_storage_2d())
+    assert _snapshot(sampler) == before
 
 
 # --------------------------------------------------------------------- rejected updates

@@ -364,7 +364,7 @@ class _TorchSegmentTree:
         values = self._as_values(value).reshape(-1)
         if values.numel() != 1 and values.numel() != idx.numel():
             raise ValueError(
-                f"value must be a scalar or have as many elements as index, got value of "
+                f"value must be a scalar or hold as many elements as index, got value of "
                 f"shape {tuple(np.shape(value))} and index of shape {tuple(np.shape(index))}"
             )
         self._check_index(idx)
@@ -426,7 +426,7 @@ class _TorchSegmentTree:
             values = values.expand(idx.shape)
         elif values.numel() != idx.numel():
             raise ValueError(
-                f"value must be a scalar or have as many elements as index, got value of "
+                f"value must be a scalar or hold as many elements as index, got value of "
                 f"shape {tuple(value.shape)} and index of shape {tuple(index.shape)}"
             )
         return idx, values
