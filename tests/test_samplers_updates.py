@@ -200,6 +200,16 @@ def test_2d_index_with_priorities_of_its_shape_is_refused(path):
     assert _snapshot(sampler) == before
 
 
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("path", PATHS)
+def test_only_skipped_entries_on_a_fresh_sampler_leave_no_largest_priority(path):
+    ref, mine = trl.PrioritizedSampler(10, 0.7, 0.5), _ours(10, 0.7, 0.5, path=path)
+    for sampler in (ref, mine):
+        sampler.update_priority(torch.tensor([-1, -1]), torch.tensor([3.0, 4.0]))
+    assert mine._max_priority == (None, None)
+    assert _snapshot(mine) == _snapshot(ref)
+
+
 # --------------------------------------------------------------------- rejected updates
 
 
