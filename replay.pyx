@@ -1138,7 +1138,7 @@ cdef object _value_data(object x, _SegmentTree tree, str name, const void **data
     return owner
 
 
-def update_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index, value, priority):
+def update_priority_pair(_SumSegmentTree sum_tree not None, _SegmentTree min_tree not None, index, value, priority):
     """Write one prioritized-replay update into a sum tree and its min tree, checked first.
 
     The update step of :class:`~torchrl.data.PrioritizedSampler` in one call: the indices,
@@ -1264,7 +1264,7 @@ cdef int _scan_priorities(const int64_t *iptr, int64_t n, int64_t size, const fl
 cdef int64_t _MAX_FILL_RUNS = 2
 
 
-def fill_priority_pair(_SumSegmentTree sum_tree, _SegmentTree min_tree, index, value):
+def fill_priority_pair(_SumSegmentTree sum_tree not None, _SegmentTree min_tree not None, index, value):
     """Set the leaves ``index`` of a sum tree and its min tree to one value, written as ranges.
 
     The write of a default priority for new items: the rows a round-robin writer fills are

@@ -172,6 +172,13 @@ def test_rejected_fill_changes_nothing(sum_cls, min_cls):
         replay.fill_priority_pair(sum_tree, sum_cls(8), np.arange(2), 1.0)
     with pytest.raises(TypeError, match="share a size and dtype"):
         replay.fill_priority_pair(sum_tree, min_cls(9), np.arange(2), 1.0)
+    # a missing tree is refused by name (it crashed the process)
+    for name, pair in (("sum_tree", (None, min_tree)), ("min_tree", (sum_tree, None))):
+        with pytest.raises(TypeError, match=f"Argument '{name}' has incorrect type .*got NoneType"):
+            replay.fill_priority_pair(*pair, np.arange(2), 1.0)
+        with pytest.raises(TypeError, match=f"Argument '{name}' has incorrect type .*got NoneType"):
+            replay.update_priority_pair(*pair, np.arange(2), np.ones(2), np.ones(2))
+    np.testing.assert_array_equal(sum_tree._py_buffer(), before[0])
 
 
 @pytest.mark.parametrize("sum_cls,min_cls", PAIRS)
