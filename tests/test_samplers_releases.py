@@ -164,12 +164,44 @@ def test_alpha_from_zero_keeps_the_stored_values():
     ref, mine = _pair(8, alpha=0.0, beta=1.0)
     for sampler in (ref, mine):
         sampler.update_priority(torch.arange(4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mine.alpha = 1.0
+    said = []
+    for sampler in (ref, mine):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            sampler.alpha = 1.0
+        said.append([str(w.message) for w in caught])
+    assert said[1] == said[0]  # torchrl's warning, word for word
     if since("prioritized_alpha_retransforms"):
-        assert any("away from 0" in str(w.message) for w in caught)
+        assert any("away from 0" in message for message in said[1])
     assert mine._sum_tree[np.arange(4)].tolist() == [1.0, 1.0, 1.0, 1.0]
+
+
+OLD_CHECKPOINTS = {
+    # alpha, eps, priorities written, the largest priority the old checkpoint holds
+    "alpha 1, large eps": (1.0, 0.5, [1.0, 5.0, 2.0], (5.5, 1)),
+    "alpha 0.7": (0.7, 1e-8, [1.0, 5.0, 2.0], ((5.0 + 1e-8) ** 0.7, 1)),
+    "values below 1": (1.0, 0.0, [0.25, 0.5], (0.5, 1)),
+    "empty trees": (0.7, 0.0, [0.0, 0.0], (3.0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OLD_CHECKPOINTS))
+def test_old_within_buffer_checkpoint_loads_as_torchrls(case):
+    """A within-buffer state dict written before the schema version (its largest priority a
+    stored value): the release's rebuild from the trees, compared exactly with torchrl's."""
+    alpha, eps, priorities, stored_max = OLD_CHECKPOINTS[case]
+    ref, mine = _pair(8, alpha=alpha, beta=1.0, eps=eps, max_priority_within_buffer=True)
+    _update_both(ref, mine, torch.arange(len(priorities)), torch.tensor(priorities))
+    old = dict(mine.state_dict(), _max_priority=(torch.tensor(stored_max[0]), torch.tensor(stored_max[1])))
+    old.pop("_schema_version", None)
+    for sampler in (ref, mine):
+        sampler.load_state_dict(dict(old))
+    if ref._max_priority[0] is None:
+        assert mine._max_priority == (None, None)
+    else:
+        assert float(mine._max_priority[0]) == float(ref._max_priority[0])
+        assert int(mine._max_priority[1]) == int(ref._max_priority[1])
+    assert float(mine.default_priority) == float(ref.default_priority)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.7])
