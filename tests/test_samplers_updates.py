@@ -210,6 +210,49 @@ def test_only_skipped_entries_on_a_fresh_sampler_leave_no_largest_priority(path)
     assert _snapshot(mine) == _snapshot(ref)
 
 
+WRITTEN_INDICES = {
+    "int, the largest": 3,
+    "int, another": 2,
+    "slice over it": slice(2, 5),
+    "slice past it": slice(4, 6),
+    "slice with a step": slice(1, 8, 2),
+    "1-d tensor over it": torch.tensor([1, 3]),
+    "1-d tensor past it": torch.tensor([1, 4]),
+    "2-d tensor, a row equal to it": torch.tensor([[3, 3], [1, 1]]),
+    "2-d tensor, no row equal to it": torch.tensor([[3, 0], [1, 1]]),
+    "tuple": (torch.tensor([3]), torch.tensor([0])),
+    "list": [3],
+}
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("case", sorted(WRITTEN_INDICES))
+def test_writing_over_the_largest_priority_forgets_it_as_torchrl_does(case):
+    """With ``max_priority_within_buffer``, a write over the item holding the largest priority
+    forgets it (new items then get the default again); each kind of index as torchrl reads it,
+    and its refusal of other kinds in its words."""
+    ref = trl.PrioritizedSampler(8, 0.7, 0.5, max_priority_within_buffer=True)
+    mine = _ours(8, 0.7, 0.5, max_priority_within_buffer=True)
+    outcomes = []
+    for sampler in (ref, mine):
+        sampler.update_priority(torch.tensor([1, 3, 5]), torch.tensor([1.0, 9.0, 2.0]))
+        try:
+            sampler.extend(WRITTEN_INDICES[case])
+            outcomes.append(None)
+        except Exception as err:
+            outcomes.append((type(err), str(err)))
+    if isinstance(WRITTEN_INDICES[case], slice):
+        # torchrl's check passes the slice's bounds to range() as one tuple and fails
+        # ("'tuple' object cannot be interpreted as an integer"); ours reads the slice
+        assert outcomes[0][0] is TypeError and outcomes[1] is None
+        forgotten = 3 in range(*WRITTEN_INDICES[case].indices(8))
+        assert (mine._max_priority == (None, None)) == forgotten
+        assert forgotten or int(mine._max_priority[1]) == 3
+        return
+    assert outcomes[1] == outcomes[0]
+    assert _snapshot(mine) == _snapshot(ref)
+
+
 # --------------------------------------------------------------------- rejected updates
 
 
