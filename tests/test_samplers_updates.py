@@ -333,3 +333,12 @@ def test_failed_slice_draw_consumes_no_random_numbers(path):
         (mi,), minfo = samplers["ours"].sample(storage, 12)
         assert torch.equal(ri, mi)
         assert torch.equal(rinfo["priority_weight"], minfo["priority_weight"])
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("eps", [float("inf"), float("-inf"), float("nan")])
+def test_a_non_finite_eps_is_refused(eps):
+    """torchrl takes it, and every stored value ``(p + eps) ** alpha`` is then infinite or NaN."""
+    trl.PrioritizedSampler(8, 0.7, 0.5, eps=eps)
+    with pytest.raises(ValueError, match=rf"^eps must be a finite number, got eps={eps}$"):
+        ours.PrioritizedSampler(8, 0.7, 0.5, eps=eps)

@@ -144,7 +144,10 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         the capacity (where torchrl writes outside its trees), a NaN, negative or infinite
         priority, one whose stored value ``(priority + eps) ** alpha`` overflows the trees'
         dtype, and priorities whose sum would overflow it (where torchrl's draws all land on
-        one leaf) raise before anything changes, the largest priority included.
+        one leaf) raise before anything changes, the largest priority included. So do a NaN
+        ``alpha`` or ``beta`` and a non-finite ``eps`` (torchrl takes them, and then stores
+        NaN or infinite values), and a state dict whose trees are of another capacity (torchrl
+        takes its trees as they are).
 
     .. note:: torchrl's fp64 trees take float64 values only: its fp64 sampler fails on the
         float32 priorities of ``mark_update`` (so inside any replay buffer) and on the float32
