@@ -81,6 +81,22 @@ def test_prioritized_kernel_errors_match_torch_path():
         assert sampler._sum_tree.values()[:4].tolist() == [0.0, 1.0, 0.0, 2.0]
 
 
+def test_prioritized_draws_on_a_2d_storage_match_torch_path():
+    """A storage of two dimensions: both paths give its draws as one index per dimension."""
+    storage = LazyTensorStorage(24, ndim=2)
+    storage.set(torch.arange(6), TensorDict({"obs": torch.zeros(6, 4)}, [6, 4]))
+    fast, slow = _pair(ours.PrioritizedSampler, 24, 0.7, 0.5)
+    for sampler in (fast, slow):
+        sampler.update_priority(torch.arange(24), torch.linspace(0.5, 3.0, 24))
+        sampler._rng = generator(7)
+    (fi, finfo), (si, sinfo) = fast.sample(storage, 32), slow.sample(storage, 32)
+    assert isinstance(fi, tuple) and isinstance(si, tuple) and len(fi) == len(si) == 2
+    for a, b in zip(fi, si):
+        assert torch.equal(a, b)
+    assert int(fi[0].max()) < 6 and int(fi[1].max()) < 4
+    torch.testing.assert_close(finfo["priority_weight"], sinfo["priority_weight"])
+
+
 BAD_UPDATES = {
     "NaN after a skipped -1": (torch.tensor([-1, 0, 3]), torch.tensor([1.0, float("nan"), 1.0])),
     "negative at index 0": (torch.tensor([0, -1, 2]), torch.tensor([-2.0, 1.0, 1.0])),
