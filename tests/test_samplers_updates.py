@@ -342,3 +342,13 @@ def test_a_non_finite_eps_is_refused(eps):
     trl.PrioritizedSampler(8, 0.7, 0.5, eps=eps)
     with pytest.raises(ValueError, match=rf"^eps must be a finite number, got eps={eps}$"):
         ours.PrioritizedSampler(8, 0.7, 0.5, eps=eps)
+
+
+@pytest.mark.usefixtures("torchrl_trees")
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+def test_a_nan_alpha_or_beta_is_refused(name):
+    """torchrl takes it (its check is ``< 0``), and every weight or stored value is then NaN."""
+    kwargs = {"alpha": 0.7, "beta": 0.5, name: float("nan")}
+    trl.PrioritizedSampler(8, **kwargs)
+    with pytest.raises(ValueError, match=rf"^{name} must be greater or equal (than|to) 0, got {name}=nan$"):
+        ours.PrioritizedSampler(8, **kwargs)
