@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_compat as O
+from torchrl_compat._releases import since
 
 from test_storages_multiprocess import JOIN_TIMEOUT, join
 
@@ -140,6 +141,51 @@ def test_prefetch_threads():
         assert sample.shape == (10,)
         assert_consistent(sample, rb)
         assert torch.equal(sample["obs"][:, 0].long(), sample["index"])
+
+
+class _HeldRandomSampler(O.RandomSampler):
+    """A random sampler whose draws after the first wait for ``release``: prefetches stay in
+    flight, their generator draws not yet made, for as long as a test wants."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.draws = 0
+
+    def sample(self, storage, batch_size):
+        self.draws += 1
+        if self.draws > 1:
+            assert self.release.wait(JOIN_TIMEOUT)
+        return super().sample(storage, batch_size)
+
+
+@pytest.mark.skipif(not since("buffer_prefetch_state"), reason="the release saves no prefetched batches")
+def test_dumps_waits_for_prefetches_in_flight(tmp_path):
+    # dumps read the generator before the prefetches still drawing had drawn: the restored
+    # buffer then started from an earlier state and drew other batches (seen as a flake of
+    # torchrl 0.14's test_replay_buffer_prefetch_dumps_roundtrip under load; caught here
+    # with the dump's capture of the prefetch state moved back after the generator's)
+    def make(sampler, seed):
+        rb = O.ReplayBuffer(storage=O.LazyTensorStorage(20), sampler=sampler, batch_size=3, prefetch=2,
+                            generator=torch.Generator().manual_seed(seed))
+        rb.extend(torch.arange(20))
+        return rb
+
+    held = _HeldRandomSampler()
+    source = make(held, 0)
+    source.sample()  # the two prefetches now wait
+    dump = threading.Thread(target=source.dumps, args=(tmp_path,))
+    dump.start()
+    dump.join(0.5)  # a dump that does not wait has read the generator by now
+    held.release.set()
+    dump.join(JOIN_TIMEOUT)
+    assert not dump.is_alive()
+    restored = make(O.RandomSampler(), 1)
+    restored.loads(tmp_path)
+    for _ in range(4):
+        (a, info_a), (b, info_b) = source.sample(return_info=True), restored.sample(return_info=True)
+        assert torch.equal(info_a["index"], info_b["index"])
+        assert torch.equal(a, b)
 
 
 # ---------------------------------------------------------------------- processes

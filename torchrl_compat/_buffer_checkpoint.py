@@ -53,25 +53,29 @@ def dump_buffer(buffer, path) -> None:
     ``path`` that are not part of a buffer checkpoint are carried into the new directory.
     """
     path = Path(path).absolute()
-    rng = buffer._rng
-    transform_state = buffer._transform.state_dict()
-    metadata = {"batch_size": buffer._batch_size, **buffer._release_metadata()}
-    previous = published_path(path)
+    # held still for the whole dump: a prefetch still drawing would otherwise move the
+    # generator (and the sampler) after their states were read, and the restored buffer
+    # would draw other batches than this one
+    with buffer._held_for_dump() as dump_release_entries:
+        rng = buffer._rng
+        transform_state = buffer._transform.state_dict()
+        metadata = {"batch_size": buffer._batch_size, **buffer._release_metadata()}
+        previous = published_path(path)
 
-    def write(directory: Path) -> None:
-        carry_over(previous, directory, skip=BUFFER_ENTRIES)
-        buffer._storage.dumps(directory / STORAGE_DIR)
-        buffer._sampler.dumps(directory / SAMPLER_DIR)
-        buffer._writer.dumps(directory / WRITER_DIR)
-        if rng is not None:
-            TensorDict(rng_state=rng.get_state().clone(), device=rng.device).memmap(directory / RNG_STATE_DIR)
-        if transform_state:
-            torch.save(transform_state, directory / TRANSFORM_FILE)
-        with open(directory / BUFFER_METADATA_FILE, "w") as file:
-            json.dump(metadata, file)
-        buffer._dump_release_entries(directory)
+        def write(directory: Path) -> None:
+            carry_over(previous, directory, skip=BUFFER_ENTRIES)
+            buffer._storage.dumps(directory / STORAGE_DIR)
+            buffer._sampler.dumps(directory / SAMPLER_DIR)
+            buffer._writer.dumps(directory / WRITER_DIR)
+            if rng is not None:
+                TensorDict(rng_state=rng.get_state().clone(), device=rng.device).memmap(directory / RNG_STATE_DIR)
+            if transform_state:
+                torch.save(transform_state, directory / TRANSFORM_FILE)
+            with open(directory / BUFFER_METADATA_FILE, "w") as file:
+                json.dump(metadata, file)
+            dump_release_entries(directory)
 
-    write_aside(path, write)
+        write_aside(path, write)
 
 
 def _read_generator(directory: Path) -> torch.Generator | None:

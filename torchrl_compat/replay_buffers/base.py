@@ -1527,10 +1527,17 @@ class ReplayBuffer(*_TWIN):
             return {"consume_after_n_samples": self._consume_after_n_samples}
         return {}
 
-    def _dump_release_entries(self, directory) -> None:
-        if since("buffer_prefetch_state"):
-            with self._capture_prefetch_state(clone_queue=False) as prefetch_state:
-                self._dump_prefetch_state(directory, prefetch_state)
+    @contextlib.contextmanager
+    def _held_for_dump(self):
+        """Holds the buffer still (prefetches settled, the replay lock taken) while ``dumps``
+        reads its parts, where the release saves the prefetched batches; yields what writes
+        the release's own entries into a directory."""
+        if not since("buffer_prefetch_state"):
+            # the release saves no prefetched batches: its dumps holds nothing still
+            yield lambda directory: None
+            return
+        with self._capture_prefetch_state(clone_queue=False) as prefetch_state:
+            yield lambda directory: self._dump_prefetch_state(directory, prefetch_state)
 
     def _read_release_entries(self, path) -> dict | None:
         if not since("buffer_prefetch_state"):
