@@ -2056,6 +2056,83 @@ def patch_ends_run(ends, lo, hi, flags):
     return out[:n_out] if changed else ends
 
 
+# Rows of ends a scan makes room for at first (doubled while they come).
+cdef int64_t _SCAN_FIRST_ROOM = 1 << 12
+
+
+def scan_ends(signal, *, from_ids=False):
+    """The sorted rows where a 1-D end signal is nonzero, or where trajectory ids change: what
+    ``np.flatnonzero(signal)`` (``np.flatnonzero(ids[:-1] != ids[1:])``) gives, in one pass
+    over the signal, without copying it or building a temporary of its size.
+
+    Args:
+        signal (np.ndarray or torch.Tensor): a 1-D array on the CPU, of any strides: integer
+            or (without ``from_ids``) bool or float values, in native byte order. A bool
+            byte other than 0 and 1 counts as an end, as ``find_start_stop_traj`` reads it.
+
+    Keyword Args:
+        from_ids (bool, optional): if ``True``, ``signal`` holds integer trajectory ids and
+            row ``t`` is listed when ``signal[t] != signal[t + 1]``. Defaults to ``False``.
+
+    Returns:
+        the strictly increasing int64 rows.
+
+    Raises:
+        ValueError: for a signal that is not 1-D.
+        TypeError: for a dtype not read here (complex, float or bool ids, objects,
+            non-native byte order), named in the message: ``np.flatnonzero`` reads those.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.scan_ends(np.array([0, 1, 0, 0, 3])).tolist()
+        [1, 4]
+        >>> replay.scan_ends(np.array([7, 7, 2, 2, 2, 5]), from_ids=True).tolist()
+        [1, 4]
+
+    .. note:: The scan releases the GIL and reads each element once: a signal written
+        meanwhile (by another thread or process) gives rows from its old and new values,
+        never an error.
+    """
+    cdef int64_t length, stride, row = 0, stop, n = 0, got = 0, room
+    cdef int width
+    cdef uint64_t mask
+    cdef bint ids = bool(from_ids)
+    cdef const void *data
+    cdef int64_t[::1] out_view
+    arr = _as_array(signal)
+    if arr.ndim != 1:
+        raise ValueError(f"scan_ends() needs a 1-D signal, got one of shape {tuple(arr.shape)}")
+    dtype = arr.dtype
+    width = dtype.itemsize
+    kind = dtype.kind
+    if not dtype.isnative or width not in (1, 2, 4, 8) or not (
+            kind in "iu" or (kind in "bf" and not ids)):
+        what = "trajectory ids" if ids else "an end signal"
+        raise TypeError(f"scan_ends() does not read {what} of dtype {dtype}")
+    # floats: every bit but the sign, so that -0.0 is zero and NaN is not
+    mask = (~<uint64_t>0) >> (64 - 8 * width) if kind != "f" else (~<uint64_t>0) >> (65 - 8 * width)
+    length = arr.shape[0]
+    stride = arr.strides[0]
+    stop = length - 1 if ids else length
+    room = min(max(stop, 0), _SCAN_FIRST_ROOM)
+    out = np.empty(room, dtype=np.int64)
+    data = <const void *><uintptr_t>arr.ctypes.data
+    while row < stop:
+        if n == room:
+            room = min(2 * room, stop)
+            grown = np.empty(room, dtype=np.int64)
+            grown[:n] = out[:n]
+            out = grown
+        out_view = out
+        with nogil:
+            row = rp_slice_scan_ends(data, length, stride, width, mask, ids, row,
+                                     &out_view[n], room - n, &got)
+        if row < 0:  # the arguments were checked above
+            raise ValueError(f"scan_ends() could not read a signal of dtype {dtype}")
+        n += got
+    return out[:n].copy() if n < room // 2 else out[:n]
+
+
 cdef object _flag_bytes(object flags):
     """``flags`` as a C-contiguous 1-D uint8 array, nonzero where true: bool arrays are viewed
     as their bytes (not copied), other dtypes compared with 0."""

@@ -673,3 +673,65 @@ int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bo
     *n_out = n;
     return RP_OK;
 }
+
+/* rp_slice_scan_ends for elements of type T: `row` is the first row to examine and `stop` one
+ * past the last; ends are written while there is room. With ids the previous element stays in a
+ * register, so each element is read once. */
+#define RP_SCAN_ENDS(T)                                                                      \
+    do {                                                                                     \
+        const T m = (T)mask;                                                                 \
+        if (from_ids) {                                                                      \
+            T prev;                                                                          \
+            memcpy(&prev, base + row * stride, sizeof prev);                                 \
+            for (; row < stop && n < room; ++row) {                                          \
+                T next;                                                                      \
+                memcpy(&next, base + (row + 1) * stride, sizeof next);                       \
+                if ((prev ^ next) & m) out[n++] = row;                                       \
+                prev = next;                                                                 \
+            }                                                                                \
+        } else {                                                                             \
+            for (; row < stop && n < room; ++row) {                                          \
+                T value;                                                                     \
+                memcpy(&value, base + row * stride, sizeof value);                           \
+                if (value & m) out[n++] = row;                                               \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+int64_t rp_slice_scan_ends(const void *signal, int64_t length, int64_t stride, int width,
+                           uint64_t mask, bool from_ids, int64_t from, int64_t *out, int64_t room,
+                           int64_t *n_out) {
+    *n_out = 0;
+    if (from < 0 || room < 0 || (width != 1 && width != 2 && width != 4 && width != 8)) return -1;
+    const char *base = (const char *)signal;
+    const int64_t stop = from_ids ? length - 1 : length;
+    int64_t row = from, n = 0;
+    if (row >= stop) return row;
+    if (width == 1 && stride == 1 && !from_ids && (uint8_t)mask == 0xFF) {
+        /* bool columns: ends are sparse, so skip 8 zero bytes at a time */
+        const uint8_t *bytes = (const uint8_t *)base;
+        while (row < stop && n < room) {
+            if (row + 8 <= stop) {
+                uint64_t word;
+                memcpy(&word, bytes + row, sizeof word);
+                if (word == 0) {
+                    row += 8;
+                    continue;
+                }
+            }
+            if (bytes[row]) out[n++] = row;
+            ++row;
+        }
+    } else if (width == 1) {
+        RP_SCAN_ENDS(uint8_t);
+    } else if (width == 2) {
+        RP_SCAN_ENDS(uint16_t);
+    } else if (width == 4) {
+        RP_SCAN_ENDS(uint32_t);
+    } else {
+        RP_SCAN_ENDS(uint64_t);
+    }
+    *n_out = n;
+    return row;
+}
+#undef RP_SCAN_ENDS

@@ -184,6 +184,21 @@ int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bo
                              int64_t offset, int64_t total, int64_t *out, int64_t out_len,
                              int64_t *n_out);
 
+/* The rows of a 1-D signal that end a trajectory, read in one pass with no copy: the signal
+ * holds `length` elements of `width` bytes (1, 2, 4 or 8) `stride` bytes apart, compared under
+ * `mask` (every bit for integers and bools; every bit but the sign for floats, so that -0.0 is
+ * zero and NaN is not, as numpy's nonzero reads them). Without from_ids an end is a row whose
+ * element is nonzero; with from_ids (trajectory ids, integers) a row t < length - 1 whose id
+ * differs from row t + 1's. Scans from row `from`, writes the ends found in increasing order to
+ * out[0..room), their count to *n_out, and returns the row where it stopped: the scan's end
+ * (length, or length - 1 with from_ids) or, when out filled, the first row not examined (call
+ * again from there; a `from` at or past the scan's end is returned as it is). Each element is read once: a signal written meanwhile by another thread or
+ * process gives a mix of old and new rows, never an error. Returns -1 (nothing written,
+ * *n_out = 0) for a width other than 1, 2, 4 or 8 or a negative from or room. O(rows scanned). */
+int64_t rp_slice_scan_ends(const void *signal, int64_t length, int64_t stride, int width,
+                           uint64_t mask, bool from_ids, int64_t from, int64_t *out, int64_t room,
+                           int64_t *n_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -406,6 +406,72 @@ SORTED_END_CASES = dict(
 )
 
 
+SCAN_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.int64, np.uint64,
+               np.float16, np.float32, np.float64]
+
+
+@SETTINGS
+@given(
+    size=st.integers(0, 300),
+    density=st.sampled_from([0.0, 0.01, 0.3, 1.0]),
+    step=st.integers(1, 3),
+    dtype=st.sampled_from(SCAN_DTYPES),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_scan_ends_matches_numpy(size, density, step, dtype, seed):
+    # numpy's own reading is the reference: nonzero rows, ids that change from one row to the next
+    rng = np.random.default_rng(seed)
+    flags = rng.random(size * step) < density
+    values = (flags * rng.integers(1, 100, size * step)).astype(dtype)
+    if np.dtype(dtype).kind == "f" and size * step >= 3:
+        values[:3] = [-0.0, np.nan, -np.inf]  # -0.0 is no end, NaN and infinities are
+    signal = values[::step]  # strided views are read in place
+    np.testing.assert_array_equal(replay.scan_ends(signal), np.flatnonzero(signal))
+    assert replay.scan_ends(torch.from_numpy(signal.copy())).tolist() == np.flatnonzero(signal).tolist()
+    if np.dtype(dtype).kind in "iu":
+        ids = np.cumsum(flags).astype(dtype)[::step]
+        np.testing.assert_array_equal(
+            replay.scan_ends(ids, from_ids=True), np.flatnonzero(ids[:-1] != ids[1:]))
+
+
+def test_scan_ends_grows_its_output_and_reads_every_bool_byte():
+    # every row an end: the output is grown many times over
+    n = (1 << 16) + 3
+    np.testing.assert_array_equal(replay.scan_ends(np.ones(n, dtype=bool)), np.arange(n))
+    np.testing.assert_array_equal(replay.scan_ends(np.arange(n), from_ids=True), np.arange(n - 1))
+    # uninitialized bool rows may hold bytes other than 0 and 1; ends past a run of zero words
+    raw = np.zeros(40, dtype=np.uint8)
+    raw[[7, 8, 17, 39]] = [2, 255, 1, 128]
+    assert replay.scan_ends(raw.view(np.bool_)).tolist() == [7, 8, 17, 39]
+    # ids on either side of 2^32 and of the sign bit: all 8 bytes compared
+    ids = np.array([1, 1 + 2**32, 1 + 2**32, -(1 + 2**32), 2**63 - 1], dtype=np.int64)
+    assert replay.scan_ends(ids, from_ids=True).tolist() == [0, 2, 3]
+
+
+@pytest.mark.parametrize("size", [0, 1, 2])
+def test_scan_ends_short_signals(size):
+    assert replay.scan_ends(np.ones(size, dtype=bool)).tolist() == list(range(size))
+    assert replay.scan_ends(np.arange(size), from_ids=True).tolist() == list(range(size - 1))
+    assert replay.scan_ends(np.arange(size), from_ids=True).dtype == np.int64
+
+
+@pytest.mark.parametrize(
+    "signal, from_ids, error, match",
+    [
+        (np.zeros((2, 3)), False, ValueError, r"1-D signal, got one of shape \(2, 3\)"),
+        (np.zeros(()), False, ValueError, r"shape \(\)"),
+        (np.zeros(3, dtype=complex), False, TypeError, "end signal of dtype complex128"),
+        (np.zeros(3, dtype=">i4"), False, TypeError, "dtype >i4"),
+        (np.zeros(3, dtype=object), False, TypeError, "dtype object"),
+        (np.zeros(3, dtype=np.float32), True, TypeError, "trajectory ids of dtype float32"),
+        (np.zeros(3, dtype=bool), True, TypeError, "trajectory ids of dtype bool"),
+    ],
+)
+def test_scan_ends_refuses_what_it_does_not_read(signal, from_ids, error, match):
+    with pytest.raises(error, match=match):
+        replay.scan_ends(signal, from_ids=from_ids)
+
+
 @SETTINGS
 @given(**SORTED_END_CASES)
 def test_bounds_from_ends_match_find_start_stop_traj(length, density, forced, limit_cut, seed):

@@ -744,3 +744,63 @@ def test_pairs_touched_and_written_rows_match_plain_numpy(size, data):
     np.testing.assert_array_equal(te_module._pairs_touched(written, size), expected)
     assert te_module._written_rows([torch.tensor([size])], size) is None
     assert te_module._written_rows([torch.tensor([-size - 1, 0])], size) is None
+
+
+# -----------------------------------------------------------------------------
+# the full scan
+# -----------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [3, 1 << 20])
+@pytest.mark.parametrize(
+    "key, values, from_ids",
+    [
+        # dtypes replay.scan_ends does not read: numpy scans them a block at a time
+        (KEY, lambda n: torch.tensor([0, 1j, 0, -0.0, 2, 0, 0, 1, 0, 0, 0, 3])[:n].unsqueeze(-1), False),
+        (IDS_KEY, lambda n: (torch.arange(n) // 2).double().neg().add(0.5), True),
+        # and those it reads, for comparison
+        (KEY, lambda n: (torch.arange(n) % 3 == 1).unsqueeze(-1), False),
+        (IDS_KEY, lambda n: torch.arange(n) // 3, True),
+    ],
+    ids=["complex-done", "float-ids", "bool-done", "int-ids"],
+)
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 12])
+def test_full_scan_of_every_dtype_matches_the_full_read(monkeypatch, block, key, values, from_ids, n):
+    monkeypatch.setattr(te_module, "_SCAN_BLOCK", block)
+    storage = make_storage("LazyTensorStorage", 12)
+    storage.set(torch.arange(12), TensorDict({key: values(12)}, [12]))
+    if n < 12:  # a storage not full: the rows written after the first 12 are the reads' limit
+        storage = make_storage("LazyTensorStorage", 12)
+        if n:
+            storage.set(torch.arange(n), TensorDict({key: values(n)}, [n]))
+    if not storage.initialized:
+        return
+    ends = TrajectoryEnds(key, from_ids=from_ids)
+    if from_ids:
+        check_ids(ends, storage)
+    else:
+        check(ends, storage)
+    signal = te_module._signal_view(storage._storage.get(key), 12)
+    expected = np.flatnonzero(signal[:-1] != signal[1:]) if from_ids else np.flatnonzero(signal)
+    np.testing.assert_array_equal(ends._scan(signal), expected)
+
+
+def test_full_scan_copies_nothing_of_the_column_size():
+    # the first sample after a fill reads the whole column: at 2^22 int64 ids (32 MiB), a copy
+    # or a temporary of its size (the comparison of neighbours: 4 MiB of bools) shows in numpy's
+    # traced allocations; the ends themselves (here 2^22 / 1000 rows) are all that is made
+    import tracemalloc
+
+    capacity = 1 << 22
+    storage = make_storage("LazyTensorStorage", capacity)
+    ids = torch.arange(capacity) // 1000
+    done = (torch.arange(capacity) % 1000 == 999).unsqueeze(-1)
+    storage.set(torch.arange(capacity), TensorDict({IDS_KEY: ids, KEY: done}, [capacity]))
+    for key, from_ids in [(IDS_KEY, True), (KEY, False)]:
+        ends = TrajectoryEnds(key, from_ids=from_ids)
+        tracemalloc.start()
+        try:
+            assert ends.update(storage)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert ends._ends.size == capacity // 1000
+        assert peak < capacity // 8, f"{key}: {peak} bytes allocated by the scan of {capacity} rows"

@@ -315,14 +315,16 @@ class TrajectoryEnds:
     def _scan(self, signal: np.ndarray) -> np.ndarray:
         """All the rows where ``signal`` is nonzero (ids: differs from the next row). O(capacity).
 
-        The scan runs on a copy: numpy's nonzero counts, then fills, and another process
-        writing the storage's memory between the two raises "number of non-zero array
-        elements changed".
+        One pass of ``replay.scan_ends`` over the signal itself: no copy of the column nor
+        temporary of its size (a first sample after filling 2^26 rows otherwise spent most of
+        its time writing fresh memory), and each element read once, so another process writing
+        the storage meanwhile cannot make it fail. Dtypes the kernel does not read (complex,
+        float ids) are scanned by numpy in blocks.
         """
-        signal = signal.copy()
-        if self.from_ids:
-            return np.flatnonzero(signal[:-1] != signal[1:]).astype(np.int64, copy=False)
-        return np.flatnonzero(signal).astype(np.int64, copy=False)
+        try:
+            return replay.scan_ends(signal, from_ids=self.from_ids)
+        except TypeError:
+            return _scan_in_blocks(signal, self.from_ids)
 
     def _read(self, signal: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Whether ``signal`` is nonzero (ids: differs from the next row) at each of ``rows``.
@@ -337,6 +339,28 @@ class TrajectoryEnds:
         if not rows.size:
             return self._ends
         return replay.patch_ends(self._ends, rows, self._read(signal, rows))
+
+
+# Rows numpy reads at a time where replay.scan_ends cannot: the temporaries stay this small.
+_SCAN_BLOCK = 1 << 20
+
+
+def _scan_in_blocks(signal: np.ndarray, from_ids: bool) -> np.ndarray:
+    """``replay.scan_ends`` by numpy, a block of rows at a time (each block copied first:
+    numpy's nonzero counts, then fills, and another process writing the storage between the
+    two raises "number of non-zero array elements changed")."""
+    size = signal.shape[0]
+    stop = size - 1 if from_ids else size
+    parts = [_NO_ENDS]
+    for lo in range(0, max(stop, 0), _SCAN_BLOCK):
+        hi = min(lo + _SCAN_BLOCK, stop)
+        if from_ids:
+            block = signal[lo : hi + 1].copy()
+            rows = np.flatnonzero(block[:-1] != block[1:])
+        else:
+            rows = np.flatnonzero(signal[lo:hi].copy())
+        parts.append(rows.astype(np.int64, copy=False) + lo)
+    return np.concatenate(parts)
 
 
 def _written_last(storage):
