@@ -361,31 +361,35 @@ def test_stops_give_the_bounds():
 def test_full_reads_happen_when_needed():
     storage = filled("LazyTensorStorage", 20, torch.arange(12) % 5 == 4)
     ends = CountingEnds(KEY)
-    check(ends, storage)
-    assert ends.scanned == 20
+    read = 0
+
+    def check_full_read(storage):
+        # a full read reads the filled rows, not the whole capacity
+        nonlocal read
+        check(ends, storage)
+        read += min(len(storage), storage.max_size)
+        assert ends.scanned == read
+
+    check_full_read(storage)
+    assert read == 12
     for _ in range(70):  # more than the journal holds
         storage.set(3, make_td(torch.tensor([True]))[0])
-    check(ends, storage)
-    assert ends.scanned == 40
+    check_full_read(storage)
     storage._empty()
     storage.set(torch.arange(3), make_td(torch.tensor([False, True, False])))
-    check(ends, storage)
-    assert ends.scanned == 60
+    check_full_read(storage)
     # the data replaced behind the storage's back: a new end tensor
     storage._storage = storage._storage.clone()
     storage._storage[KEY][5] = True
-    check(ends, storage)
-    assert ends.scanned == 80
+    check_full_read(storage)
     # the length decreased without a recorded write
     storage._len = 2
-    check(ends, storage)
-    assert ends.scanned == 100
+    check_full_read(storage)
     # another storage
     other = filled("LazyTensorStorage", 20, torch.arange(20) % 3 == 0)
+    check_full_read(other)
     check(ends, other)
-    assert ends.scanned == 120
-    check(ends, other)
-    assert ends.scanned == 120
+    assert ends.scanned == read
 
 
 def test_results_are_shared_until_the_next_write():
@@ -443,12 +447,12 @@ def test_forked_child_write_is_seen(tmp_path, cls_name):
     now, cursors = storage._writes_since(count)
     assert now == count + 1 and cursors is None  # not in this process's journal
     got = check(ends, storage)
-    assert ends.scanned == 40
+    assert ends.scanned == 12 + 16  # the filled rows, twice
     assert 14 in got[1].flatten().tolist()
     # the parent's own writes are followed again afterwards
     storage.set(torch.arange(16, 18), make_td(torch.tensor([True, False])))
     check(ends, storage)
-    assert ends.scanned == 40 and ends.read == 2
+    assert ends.scanned == 28 and ends.read == 2
 
 
 def test_spawned_child_write_is_counted(tmp_path):
@@ -459,7 +463,7 @@ def test_spawned_child_write_is_counted(tmp_path):
     _run(mp.get_context("spawn"), _child_write, (storage, 3, [False, True]))
     assert storage._writes_since(count) == (count + 1, None)
     got = check(ends, storage)
-    assert ends.scanned == 40
+    assert ends.scanned == 3 + 5  # the filled rows, twice
     assert got[1].flatten().tolist() == [1, 4]
 
 
@@ -804,3 +808,35 @@ def test_full_scan_copies_nothing_of_the_column_size():
             tracemalloc.stop()
         assert ends._ends.size == capacity // 1000
         assert peak < capacity // 8, f"{key}: {peak} bytes allocated by the scan of {capacity} rows"
+
+
+@pytest.mark.parametrize("from_ids", [False, True])
+def test_rows_past_the_length_are_read_once_the_length_reaches_them(from_ids):
+    # a storage of 2^20 rows filled to 1,000: the first read reads 1,000 rows (not 2^20), each
+    # write after it its own rows once (the growth of the length reads nothing twice)
+    capacity = 1 << 20
+    storage = make_storage("LazyTensorStorage", capacity)
+    key = IDS_KEY if from_ids else KEY
+    checker = check_ids if from_ids else check
+
+    def rows(start, n):
+        step = torch.arange(start, start + n)
+        value = step // 7 if from_ids else (step % 7 == 6).unsqueeze(-1)
+        return TensorDict({key: value}, [n])
+
+    storage.set(torch.arange(1000), rows(0, 1000))
+    ends = CountingEnds(key, from_ids=from_ids)
+    checker(ends, storage)
+    assert ends.scanned == 1000 and ends.read == 0
+    storage.set(torch.arange(1000, 1100), rows(1000, 100))  # an index tensor: rows listed
+    checker(ends, storage)
+    assert write_rows(storage, 1100, torch.arange(1100, 1150), rows(1100, 50))  # a round-robin run
+    checker(ends, storage)
+    # the rows written, once (ids: the pairs of rows, the first of each write's shared with
+    # the row before it, the last's read when the length grows past it)
+    assert ends.scanned == 1000 and ends.read == 150
+    # rows written past the length (by hand), then the length set over them
+    storage.set(torch.arange(2000, 2010), rows(1150, 10), set_cursor=False)
+    storage._len = 2100
+    checker(ends, storage)
+    assert ends.scanned == 1000 and ends.read == 150 + 950

@@ -99,6 +99,7 @@ class TrajectoryEnds:
         self._signal_layout = None  # (data_ptr, shape) of that tensor
         self._count = None  # the storage's write count at the last read
         self._length = 0  # len(storage) at the last read
+        self._scanned = 0  # the rows [0, _scanned) of the signal were read (and followed since)
         # sorted rows (over the whole capacity) where end != 0; with ids, the rows t whose id
         # differs from row t + 1's
         self._signal = None  # the numpy view of that tensor's rows
@@ -258,11 +259,18 @@ class TrajectoryEnds:
             self._forget()
             return None
         length = len(storage)
+        # rows past the length hold stale or uninitialized data that no result reads: the
+        # scan stops at the length (a storage of 2^30 rows filled to 2^20 reads 2^20), and the
+        # rows the length grows over are read when it does
+        filled = min(length, signal.shape[0])
         ends = None
         if cursors is not None and same_signal and length >= self._length:
-            ends = self._follow(signal, cursors) if cursors else self._ends
+            ends = self._follow(signal, cursors, self._scanned) if cursors else self._ends
+            if ends is not None and filled > self._scanned:
+                ends = self._read_grown(signal, ends, self._scanned, filled)
         if ends is None:
-            ends = self._scan(signal)
+            ends = self._scan(signal[:filled])
+        self._scanned = max(self._scanned, filled) if cursors is not None and same_signal else filled
         if self.from_ids:
             last = min(length, signal.shape[0]) - 1
             self._last_differs = last > 0 and bool(signal[last] != signal[0])
@@ -277,14 +285,18 @@ class TrajectoryEnds:
         self._ends = ends
         return length
 
-    def _follow(self, signal: np.ndarray, cursors: list) -> np.ndarray | None:
+    def _follow(self, signal: np.ndarray, cursors: list, scanned: int) -> np.ndarray | None:
         """The ends after the writes at ``cursors``, read at the rows they touched only;
         ``None`` when they cannot be followed (the caller then reads everything).
 
+        Only rows below ``scanned`` are read: the ends hold nothing past it, and the rows
+        past it are read when the length grows over them (:meth:`_read_grown`).
         Round-robin writes (:class:`~torchrl_compat._storage_journal.RowRun`) are read
         again run by run, each merged in one C call (no row list, sort or gather); other
         cursors (or more than a few runs) become one sorted list of the rows written."""
         size = signal.shape[0]
+        # the rows (ids: the pairs of rows, named by their first) the ends cover
+        covered = max(scanned - 1, 0) if self.from_ids else scanned
         if len(cursors) <= _MAX_RUNS and all(type(cursor) is RowRun for cursor in cursors):
             ends = self._ends
             for run in cursors:
@@ -293,7 +305,8 @@ class TrajectoryEnds:
                 for lo, hi in run.pieces(size):
                     if self.from_ids:
                         # the pairs (t, t + 1) of rows a write of [lo, hi) may change
-                        lo, hi = max(lo - 1, 0), min(hi, size - 1)
+                        lo = max(lo - 1, 0)
+                    hi = min(hi, covered)
                     if lo < hi:
                         ends = replay.patch_ends_run(ends, lo, hi, self._read_run(signal, lo, hi))
             return ends
@@ -302,7 +315,15 @@ class TrajectoryEnds:
             return None
         if self.from_ids:
             rows = _pairs_touched(rows, size)
-        return self._patch(signal, rows)
+        return self._patch(signal, rows[: np.searchsorted(rows, covered)])
+
+    def _read_grown(self, signal: np.ndarray, ends: np.ndarray, scanned: int, filled: int) -> np.ndarray:
+        """The ends with the rows ``[scanned, filled)`` the length has grown over read (ids:
+        the pairs of rows they take part in). O(filled - scanned)."""
+        lo, hi = (max(scanned - 1, 0), filled - 1) if self.from_ids else (scanned, filled)
+        if lo >= hi:
+            return ends
+        return replay.patch_ends_run(ends, lo, hi, self._read_run(signal, lo, hi))
 
     def _read_run(self, signal: np.ndarray, lo: int, hi: int) -> np.ndarray:
         """Whether ``signal`` is nonzero (ids: differs from the next row) at rows ``lo`` to
@@ -313,7 +334,8 @@ class TrajectoryEnds:
         return part if part.dtype == np.uint8 else part != 0
 
     def _scan(self, signal: np.ndarray) -> np.ndarray:
-        """All the rows where ``signal`` is nonzero (ids: differs from the next row). O(capacity).
+        """All the rows where ``signal`` (the filled rows of the end entry) is nonzero (ids:
+        differs from the next row). O(rows).
 
         One pass of ``replay.scan_ends`` over the signal itself: no copy of the column nor
         temporary of its size (a first sample after filling 2^26 rows otherwise spent most of
