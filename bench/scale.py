@@ -151,10 +151,23 @@ def _time_loops(torch, TensorDict, rb, rb_slice, filled, steps, slice_steps, rec
         start = time.perf_counter()
         rb_slice.sample()
         slices.append(time.perf_counter() - start)
+    # the samplers' part alone (the indices drawn, no row read): what is left of a step is
+    # the storage's (rows read from memory or, past the page cache, from disk)
+    draws = {}
+    for name, buffer, count in (("prioritized", rb, steps), ("slice", rb_slice, slice_steps)):
+        times = []
+        for _ in range(count):
+            start = time.perf_counter()
+            buffer._sampler.sample(buffer._storage, BATCH)
+            times.append(time.perf_counter() - start)
+        draws[name] = statistics.median(times) if times else float("nan")
     size = len(rb)
     p, s = statistics.median(prioritized), statistics.median(slices) if slices else float("nan")
     record(size, "prioritized_step_s", p, "s", f"prioritized step {p * 1e6:,.0f} us (median of {steps})")
+    record(size, "prioritized_draw_s", draws["prioritized"], "s",
+           f"  of which the sampler's draw {draws['prioritized'] * 1e6:,.0f} us")
     record(size, "slice_step_s", s, "s", f"slice step {s * 1e6:,.0f} us (median of {slice_steps})")
+    record(size, "slice_draw_s", draws["slice"], "s", f"  of which the sampler's draw {draws['slice'] * 1e6:,.0f} us")
     record(size, "rss_gib", _rss_gib(), "GiB", f"RSS {_rss_gib():.2f} GiB")
     return filled
 
@@ -223,15 +236,20 @@ def run(argv=None) -> int:
             rb.dumps(home / "checkpoint")
             seconds = time.perf_counter() - start
             record(len(rb), "dumps_s", seconds, "s", f"dumps {seconds:.2f} s")
-            del rb_slice
+            # as a new process would: the buffer dumped is gone (its trees alone take 9 GiB at
+            # 2^30 rows) before another is built and loaded
+            length, last = len(rb), rb[len(rb) - 1]["episode"].clone()
+            del rb, rb_slice
             gc.collect()
             restored = _make(lib, torch, capacity, home / "restored")
             start = time.perf_counter()
             restored.loads(home / "checkpoint")
             seconds = time.perf_counter() - start
             record(len(restored), "loads_s", seconds, "s", f"loads {seconds:.2f} s")
-            assert len(restored) == len(rb)
-            assert torch.equal(restored[len(rb) - 1]["episode"], rb[len(rb) - 1]["episode"])
+            record(len(restored), "peak_rss_gib", _peak_rss_gib(), "GiB", f"peak RSS {_peak_rss_gib():.2f} GiB")
+            assert len(restored) == length
+            assert torch.equal(restored[length - 1]["episode"], last)
+            assert restored.sample().batch_size == (BATCH,)
     finally:
         if args.scratch_dir is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -10,6 +10,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -22,6 +23,7 @@ import torchrl.data.replay_buffers.samplers as trl
 
 import replay
 import torchrl_compat.samplers as ours
+from torchrl_compat import _sampler_trees
 
 # The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
 TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
@@ -272,9 +274,18 @@ PRIORITIZED_DAMAGE = {
 }
 
 
+@pytest.fixture(params=["one block", "blocks of 4"])
+def leaf_block(request, monkeypatch):
+    """The trees' files read, checked and written a block of leaves at a time: in one block, as
+    at every capacity up to 2^22, or in blocks of 4 leaves (what a tree of 2^30 leaves gets)."""
+    if request.param == "blocks of 4":
+        monkeypatch.setattr(_sampler_trees, "LEAF_BLOCK", 4)
+    return request.param
+
+
 @pytest.mark.parametrize("damage", sorted(PRIORITIZED_DAMAGE))
 @pytest.mark.parametrize("slice_sampler", [False, True])
-def test_damaged_prioritized_checkpoint_is_refused_whole(damage, slice_sampler, tmp_path):
+def test_damaged_prioritized_checkpoint_is_refused_whole(damage, slice_sampler, tmp_path, leaf_block):
     edit, error, message = PRIORITIZED_DAMAGE[damage]
 
     def make():
@@ -296,7 +307,7 @@ def test_damaged_prioritized_checkpoint_is_refused_whole(damage, slice_sampler, 
     assert _directory_state(tmp_path / "ckpt") == files  # nothing written while loading
 
 
-def test_prioritized_checkpoint_loads_whole(tmp_path):
+def test_prioritized_checkpoint_loads_whole(tmp_path, leaf_block):
     source = ours.PrioritizedSampler(16, 0.7, 0.4, eps=1e-3)
     source.update_priority(torch.arange(16), torch.arange(1.0, 17.0))
     source.dumps(tmp_path / "ckpt")
@@ -455,3 +466,34 @@ def test_dumps_refuses_a_file_and_a_missing_parent(tmp_path):
     with pytest.raises(FileNotFoundError, match="the parent directory .*missing does not exist"):
         sampler.dumps(tmp_path / "missing" / "ckpt")
     assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+TREE_DAMAGES = {
+    "nan sum leaf 13": _leaf("sumtree.memmap", 13, np.nan),
+    "negative min leaf 2": _leaf("mintree.memmap", 2, -3.0),
+    "mismatched leaf 1": _leaf("mintree.memmap", 1, 100.0),
+    "tiny priority 9": lambda path: (_leaf("sumtree.memmap", 9, 1e-50)(path), _leaf("mintree.memmap", 9, 1e-50)(path)),
+    "overflowing sum": lambda path: np.full(16, 3e37).tofile(path / "sumtree.memmap"),
+}
+
+
+@pytest.mark.parametrize("second", sorted(TREE_DAMAGES))
+@pytest.mark.parametrize("first", sorted(TREE_DAMAGES))
+def test_tree_files_with_several_faults_name_the_same_one_in_any_blocks(first, second, tmp_path, monkeypatch):
+    # read in blocks, the files' faults are reported as a read of the whole files reports them
+    source = ours.PrioritizedSampler(16, 0.7, 0.4)
+    source.update_priority(torch.arange(16), torch.arange(1.0, 17.0))
+    source.dumps(tmp_path / "ckpt")
+    TREE_DAMAGES[first](tmp_path / "ckpt")
+    TREE_DAMAGES[second](tmp_path / "ckpt")
+    messages = []
+    for block in (1 << 22, 4, 1):
+        monkeypatch.setattr(_sampler_trees, "LEAF_BLOCK", block)
+        with pytest.raises(ValueError) as refused:
+            ours.PrioritizedSampler(16, 0.7, 0.4).loads(tmp_path / "ckpt")
+        message = str(refused.value).replace(str(tmp_path), "")
+        # a sum the trees cannot hold is found in the block that passes it, and named there
+        messages.append(re.sub(r"(sumtree\.memmap: )(leaves \[\d+, \d+\): )?value .*", r"\1value ...", message))
+    assert messages[1] == messages[0] and messages[2] == messages[0], messages
+    if "would make the sum" in str(refused.value):
+        assert re.search(r"sumtree\.memmap: leaves \[\d+, \d+\): value 3e\+37 at position 0", str(refused.value))

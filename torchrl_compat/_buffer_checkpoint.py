@@ -30,7 +30,7 @@ from torchrl_compat._checkpoint_checks import (
 )
 from torchrl_compat._checkpoint_publish import carry_over, published_path, reading, write_aside
 from torchrl_compat._priority_checkpoint_checks import check_cursor_fits_length, check_no_priority_past
-from torchrl_compat._sampler_trees import read_leaves, tree_dtype
+from torchrl_compat._sampler_trees import leaf_blocks, read_leaves, tree_dtype
 from torchrl_compat._storage_checkpoint_checks import StorageCheckpoint
 
 __all__ = ["dump_buffer", "load_buffer"]
@@ -120,10 +120,13 @@ def _check_parts_agree(path: Path, buffer, storage_state, sampler_state, writer_
     if isinstance(buffer._sampler, PrioritizedSampler) and isinstance(sampler_state, dict) and "trees" in sampler_state:
         sum_tree, min_tree = sampler_state["trees"]
         capacity = buffer._sampler._max_capacity
-        leaves = [read_leaves(tree, capacity).to(torch.float64).cpu().numpy() for tree in (sum_tree, min_tree)]
-        check_no_priority_past(
-            path / SAMPLER_DIR, *leaves, tree_dtype(buffer._sampler.dtype), length, storage_state.file
-        )
+        for lo, hi in leaf_blocks(capacity):
+            if hi <= length:
+                continue  # leaves below the length may hold priorities
+            leaves = [read_leaves(tree, hi, lo).to(torch.float64).cpu().numpy() for tree in (sum_tree, min_tree)]
+            check_no_priority_past(
+                path / SAMPLER_DIR, *leaves, tree_dtype(buffer._sampler.dtype), length, storage_state.file, start=lo
+            )
 
 
 def load_buffer(buffer, path) -> None:

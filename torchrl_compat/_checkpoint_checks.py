@@ -34,6 +34,7 @@ __all__ = [
     "load_module_states",
     "read_checkpoint_state",
     "read_count",
+    "check_float64_leaves_file",
     "read_float64_leaves",
     "read_for_loading",
     "read_json_object",
@@ -83,12 +84,17 @@ def read_json_object(file: Path) -> dict:
     return value
 
 
-def read_float64_leaves(file: Path, count: int, *, what: str) -> np.ndarray:
-    """``count`` float64 values from ``file`` (read-only, the size checked first)."""
+def check_float64_leaves_file(file: Path, count: int, *, what: str) -> None:
+    """Checks that ``file`` holds ``count`` float64 values (its size), naming ``what`` needs them."""
     size = _size_of(file)
     if size != 8 * count:
         raise MetadataError(f"{file}: holds {size} bytes, {what} needs {8 * count} ({count} float64)")
-    return np.fromfile(file, dtype=np.float64, count=count)
+
+
+def read_float64_leaves(file: Path, stop: int, *, start: int = 0) -> np.ndarray:
+    """The float64 values ``[start, stop)`` of ``file`` (read-only; its size checked by
+    :func:`check_float64_leaves_file` first)."""
+    return np.fromfile(file, dtype=np.float64, count=stop - start, offset=8 * start)
 
 
 def real_number(file: Path, key: str, value, *, allow_none: bool = False, at_least=None):

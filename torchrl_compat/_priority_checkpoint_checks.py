@@ -6,8 +6,8 @@ written has 0 in the sum tree and the min tree's identity (the largest value of 
 dtype, or ``inf``). A checkpoint whose two files disagree, or whose smallest priority is 0
 once stored in the trees' dtype, loads into a sampler whose every ``sample`` fails ("non-
 positive p_min") or draws by priorities that are not the item's. These checks refuse it at
-``loads`` instead, naming the file, the leaf and its value; they are vectorised (O(capacity),
-once per ``loads``).
+``loads`` instead, naming the file, the leaf and its value; they are vectorised over blocks
+of leaves (O(capacity) once per ``loads``, temporaries the size of a block).
 
 Within a buffer checkpoint the parts must also agree with each other: the writer's cursor
 lies within the storage's capacity and, while the storage is not full, at its length (the
@@ -40,7 +40,8 @@ def _empty_leaves(sum_leaves: np.ndarray, min_leaves: np.ndarray, tree_dtype: to
     return (sum_leaves == 0) & (min_leaves >= largest)
 
 
-def check_priority_leaves(path, sum_leaves: np.ndarray, min_leaves: np.ndarray, tree_dtype: torch.dtype) -> None:
+def check_priority_leaves(path, sum_leaves: np.ndarray, min_leaves: np.ndarray, tree_dtype: torch.dtype,
+                          *, start: int = 0) -> None:
     """Checks that the leaves read from ``path``'s two tree files describe the same items
     with priorities the ``tree_dtype`` trees can draw from (> 0 once stored).
 
@@ -51,6 +52,9 @@ def check_priority_leaves(path, sum_leaves: np.ndarray, min_leaves: np.ndarray, 
         min_leaves (np.ndarray): those of ``mintree.memmap``, already checked >= 0.
         tree_dtype (torch.dtype): the dtype of the trees they will be stored in.
 
+    Keyword Args:
+        start (int, optional): the leaf the arrays start at (a block of the files). Defaults to 0.
+
     Raises:
         MetadataError: naming the file, the leaf and its value.
     """
@@ -59,8 +63,9 @@ def check_priority_leaves(path, sum_leaves: np.ndarray, min_leaves: np.ndarray, 
     mismatch = ~empty & (sum_leaves != min_leaves)
     if mismatch.any():
         pos = int(np.argmax(mismatch))
+        leaf = start + pos
         raise MetadataError(
-            f"{path / MIN_TREE_FILE}: leaf {pos} holds {float(min_leaves[pos])!r}, but leaf {pos} of "
+            f"{path / MIN_TREE_FILE}: leaf {leaf} holds {float(min_leaves[pos])!r}, but leaf {leaf} of "
             f"{path / SUM_TREE_FILE} holds {float(sum_leaves[pos])!r}: an item's priority is the same in "
             "both trees (an empty leaf holds 0 in the sum tree and no priority in the min tree)"
         )
@@ -69,8 +74,8 @@ def check_priority_leaves(path, sum_leaves: np.ndarray, min_leaves: np.ndarray, 
     if unusable.any():
         pos = int(np.argmax(unusable))
         raise MetadataError(
-            f"{path / MIN_TREE_FILE}: leaf {pos} holds the priority {float(min_leaves[pos])!r}, which is 0 "
-            f"in the sampler's {tree_dtype} trees: every sample would fail (non-positive p_min)"
+            f"{path / MIN_TREE_FILE}: leaf {start + pos} holds the priority {float(min_leaves[pos])!r}, which "
+            f"is 0 in the sampler's {tree_dtype} trees: every sample would fail (non-positive p_min)"
         )
 
 
@@ -84,14 +89,15 @@ def check_max_priority_index(file, index, max_capacity: int) -> None:
 
 
 def check_no_priority_past(path, sum_leaves: np.ndarray, min_leaves: np.ndarray, tree_dtype: torch.dtype,
-                           length: int, storage_file) -> None:
+                           length: int, storage_file, *, start: int = 0) -> None:
     """Checks that no leaf from ``length`` on (the storage's length, read from
-    ``storage_file``) holds a priority."""
-    held = ~_empty_leaves(sum_leaves[length:], min_leaves[length:], tree_dtype)
+    ``storage_file``) holds a priority; the arrays hold the leaves from ``start`` on."""
+    skip = min(max(length - start, 0), len(sum_leaves))
+    held = ~_empty_leaves(sum_leaves[skip:], min_leaves[skip:], tree_dtype)
     if held.any():
-        pos = length + int(np.argmax(held))
+        pos = skip + int(np.argmax(held))
         raise MetadataError(
-            f"{Path(path) / SUM_TREE_FILE}: leaf {pos} holds the priority {float(sum_leaves[pos])!r}, past "
+            f"{Path(path) / SUM_TREE_FILE}: leaf {start + pos} holds the priority {float(sum_leaves[pos])!r}, past "
             f"the storage's length {length} ({storage_file}): the sampler and the storage are not "
             "from the same buffer"
         )

@@ -23,7 +23,9 @@ from ._torch_sumtree import (
 )
 
 __all__ = [
+    "LEAF_BLOCK",
     "is_replay_tree",
+    "leaf_blocks",
     "make_trees",
     "moved_trees",
     "read_leaves",
@@ -31,6 +33,7 @@ __all__ = [
     "tree_dtype",
     "trees_fit",
     "write_at",
+    "write_leaf_range",
     "write_leaves",
 ]
 
@@ -81,11 +84,21 @@ def trees_fit(tree, device, cpu_kernels: bool) -> bool:
     return isinstance(tree, _TorchSegmentTree) and tree.device == device
 
 
-def read_leaves(tree, count: int) -> torch.Tensor:
-    """Leaves ``[0, count)`` of a tree (``count`` up to its capacity), as a tensor."""
+def read_leaves(tree, count: int, start: int = 0) -> torch.Tensor:
+    """Leaves ``[start, count)`` of a tree (``count`` up to its capacity), as a tensor."""
     if isinstance(tree, _TorchSegmentTree):
-        return tree._leaves[:count]
-    return torch.as_tensor(tree[np.arange(count, dtype=np.int64)])
+        return tree._leaves[start:count]
+    return torch.as_tensor(tree[np.arange(start, count, dtype=np.int64)])
+
+
+# Leaves read, checked or written at a time by the checkpoints: the temporaries of a tree of
+# 2^30 leaves stay at a few tens of MiB instead of several float64 copies of 8 GiB.
+LEAF_BLOCK = 1 << 22
+
+
+def leaf_blocks(count: int):
+    """The ranges ``(lo, hi)`` of at most :data:`LEAF_BLOCK` leaves covering ``[0, count)``."""
+    return [(lo, min(lo + LEAF_BLOCK, count)) for lo in range(0, count, LEAF_BLOCK)]
 
 
 def write_leaves(tree, values: torch.Tensor) -> None:
@@ -95,6 +108,15 @@ def write_leaves(tree, values: torch.Tensor) -> None:
         tree._set_all(values)
     elif values.numel():
         tree[np.arange(values.numel(), dtype=np.int64)] = values.detach().cpu().numpy()
+
+
+def write_leaf_range(tree, start: int, values: torch.Tensor) -> None:
+    """Sets leaves ``[start, start + len(values))`` of ``tree`` (checked by the tree, written
+    whole or not at all)."""
+    if start == 0:
+        write_leaves(tree, values)
+    else:
+        write_at(tree, torch.arange(start, start + values.numel()), values)
 
 
 def write_at(tree, index: torch.Tensor, values: torch.Tensor) -> None:

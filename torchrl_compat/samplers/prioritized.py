@@ -13,7 +13,13 @@ import numpy as np
 import torch
 
 import replay
-from .._checkpoint_checks import MetadataError, read_float64_leaves, read_json_object, real_number
+from .._checkpoint_checks import (
+    MetadataError,
+    check_float64_leaves_file,
+    read_float64_leaves,
+    read_json_object,
+    real_number,
+)
 from .._checkpoint_publish import write_aside
 from .._priority_checkpoint_checks import check_max_priority_index, check_priority_leaves
 from .._releases import keywords_since
@@ -43,6 +49,7 @@ from .._sampler_priorities import (
 from .._sampler_storage import storage_device
 from .._sampler_trees import (
     is_replay_tree,
+    leaf_blocks,
     make_trees,
     moved_trees,
     read_leaves,
@@ -50,6 +57,7 @@ from .._sampler_trees import (
     tree_dtype,
     trees_fit,
     write_at,
+    write_leaf_range,
     write_leaves,
 )
 from .._torchrl_lookup import torchrl_twin
@@ -914,14 +922,59 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         write_leaves(trees[1], min_leaves)
         return trees
 
+    def _read_trees(self, path: Path):
+        """New trees holding the leaves of ``path``'s two tree files, read, checked and written
+        a block of leaves at a time: a tree of 2^30 leaves loads with no float64 copy of its
+        files in memory. The first fault of each kind is kept and raised once every block is
+        read, in the order the checks would find them on the whole files: values in the sum
+        tree, in the min tree, what the trees refuse, then the two trees against each other."""
+        files = {name: path / f"{name}.memmap" for name in ("sumtree", "mintree")}
+        capacity = self._max_capacity
+        for file in files.values():
+            check_float64_leaves_file(file, capacity, what=f"max_capacity={capacity}")
+        trees = make_trees(capacity, tree_dtype(self.dtype), self._device, cpu_kernels=self._use_cpu_kernels)
+        faults = {}  # the first fault of each kind: values of either file, trees, pairs
+        for lo, hi in leaf_blocks(capacity):
+            block = {}
+            for name, file in files.items():
+                values = read_float64_leaves(file, hi, start=lo)
+                bad = np.isnan(values) | (values < 0)
+                if name == "sumtree":
+                    bad |= ~np.isfinite(values)
+                if name not in faults and bad.any():
+                    pos = int(np.argmax(bad))
+                    faults[name] = MetadataError(f"{file}: leaf {lo + pos} holds {values[pos]}, not a priority")
+                block[name] = values
+            if faults.keys() - {"pairs"}:
+                continue  # nothing more is written; the files are still read for their first fault
+            try:
+                # the trees refuse what they cannot hold (a sum past the dtype's range)
+                for tree, name in zip(trees, files):
+                    write_leaf_range(tree, lo, torch.from_numpy(block[name]))
+            except ValueError as err:
+                # the tree counts positions from the first leaf it was given
+                where = f"leaves [{lo}, {hi}): " if hi - lo < capacity else ""
+                faults["trees"] = MetadataError(f"{files['sumtree']}: {where}{err}")
+                continue
+            if "pairs" not in faults:
+                try:
+                    check_priority_leaves(path, block["sumtree"], block["mintree"], tree_dtype(self.dtype), start=lo)
+                except MetadataError as err:
+                    faults["pairs"] = err
+        for kind in ("sumtree", "mintree", "trees", "pairs"):
+            if kind in faults:
+                raise faults[kind]
+        return trees
+
     def dumps(self, path):
         write_aside(path, self._write_checkpoint)
 
     def _write_checkpoint(self, directory: Path) -> None:
         directory = Path(directory)
         for name, tree in (("sumtree", self._sum_tree), ("mintree", self._min_tree)):
-            leaves = read_leaves(tree, self._max_capacity).to(torch.float64).cpu().numpy()
-            leaves.tofile(directory / f"{name}.memmap")
+            with open(directory / f"{name}.memmap", "wb") as file:
+                for lo, hi in leaf_blocks(self._max_capacity):
+                    read_leaves(tree, hi, lo).to(torch.float64).cpu().numpy().tofile(file)
 
         def to_float(value):
             if value is None:
@@ -968,22 +1021,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             real_number(file, "_max_priority[1]", max_priority[1], allow_none=True, at_least=0),
         )
         check_max_priority_index(file, max_priority[1], self._max_capacity)
-        leaves = {}
-        for name in ("sumtree", "mintree"):
-            leaf_file = path / f"{name}.memmap"
-            values = read_float64_leaves(leaf_file, self._max_capacity, what=f"max_capacity={self._max_capacity}")
-            bad = np.isnan(values) | (values < 0)
-            if name == "sumtree":
-                bad |= ~np.isfinite(values)
-            if bad.any():
-                pos = int(np.argmax(bad))
-                raise MetadataError(f"{leaf_file}: leaf {pos} holds {values[pos]}, not a priority")
-            leaves[name] = torch.from_numpy(values)
-        try:
-            trees = self._trees_holding(leaves["sumtree"], leaves["mintree"])
-        except ValueError as err:
-            raise MetadataError(f"{path / 'sumtree.memmap'}: {err}") from None
-        check_priority_leaves(path, leaves["sumtree"].numpy(), leaves["mintree"].numpy(), tree_dtype(self.dtype))
+        trees = self._read_trees(path)
         version = metadata.get("_schema_version", 0)
         if type(version) is not int:
             raise MetadataError(f"{file}: _schema_version must be an integer, got {version!r}")
