@@ -10,7 +10,9 @@ the end, it times ``--steps`` steps of two loops:
 - slices: ``sample`` 256 rows (8 slices of 32) through a ``SliceSampler(traj_key="episode")`` on
   the same storage, after the prioritized loop's writes.
 
-Then ``dumps`` and ``loads`` (into a fresh buffer) are timed. It prints the fill rate beside the
+Then ``dumps`` and ``loads`` (into a fresh buffer, once the first is gone) are timed; the storage
+lives in the checkpoint's folder (``scratch_dir=<checkpoint>/storage``), so that ``dumps`` links
+its files instead of copying them and ``loads`` reads them in place. It prints the fill rate beside the
 disk's write rate (1 GiB written and synced to the scratch directory first), the RSS, and each
 time per step, and appends every figure to a CSV file (``--out``: library, capacity, rows
 filled, measure, value, unit) that a plot of time per step against rows can be drawn from; runs
@@ -84,6 +86,16 @@ def _library(name):
 def _rss_gib() -> float:
     with open("/proc/self/statm") as file:
         return int(file.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def _anon_rss_gib() -> float:
+    """The anonymous part of the RSS (the trees, the tensors): what the memory-mapped storage's
+    pages, which the kernel can drop, do not count in."""
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 2**20
+    return float("nan")
 
 
 def _peak_rss_gib() -> float:
@@ -169,6 +181,7 @@ def _time_loops(torch, TensorDict, rb, rb_slice, filled, steps, slice_steps, rec
     record(size, "slice_step_s", s, "s", f"slice step {s * 1e6:,.0f} us (median of {slice_steps})")
     record(size, "slice_draw_s", draws["slice"], "s", f"  of which the sampler's draw {draws['slice'] * 1e6:,.0f} us")
     record(size, "rss_gib", _rss_gib(), "GiB", f"RSS {_rss_gib():.2f} GiB")
+    record(size, "rss_anon_gib", _anon_rss_gib(), "GiB", f"  of which anonymous {_anon_rss_gib():.2f} GiB")
     return filled
 
 
@@ -199,7 +212,11 @@ def run(argv=None) -> int:
         record(0, "disk_write_bytes_per_s", disk, "B/s", f"disk writes {disk / 2**30:.2f} GiB/s")
 
         start = time.perf_counter()
-        rb = _make(lib, torch, capacity, home / "storage")
+        # the storage lives in the checkpoint's own folder: dumps links its files there instead
+        # of copying them (a second copy of 25 GiB at 2^30 rows), and the buffer loaded later
+        # reads them in place
+        live = home / "checkpoint" / "storage"
+        rb = _make(lib, torch, capacity, live)
         built = time.perf_counter() - start
         record(0, "build_s", built, "s", f"buffer built in {built:.2f} s, RSS {_rss_gib():.2f} GiB")
         rb_slice = lib.TensorDictReplayBuffer(
@@ -241,7 +258,7 @@ def run(argv=None) -> int:
             length, last = len(rb), rb[len(rb) - 1]["episode"].clone()
             del rb, rb_slice
             gc.collect()
-            restored = _make(lib, torch, capacity, home / "restored")
+            restored = _make(lib, torch, capacity, live)
             start = time.perf_counter()
             restored.loads(home / "checkpoint")
             seconds = time.perf_counter() - start

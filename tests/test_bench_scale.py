@@ -10,7 +10,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "scale.py")
 MEASURES = {"disk_write_bytes_per_s", "build_s", "fill_rows_per_s", "prioritized_step_s", "prioritized_draw_s",
-            "slice_step_s", "slice_draw_s", "rss_gib", "peak_rss_gib", "dumps_s", "loads_s"}
+            "slice_step_s", "slice_draw_s", "rss_gib", "rss_anon_gib", "peak_rss_gib", "dumps_s", "loads_s"}
 
 
 def _run(*args):
