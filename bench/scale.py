@@ -1,9 +1,9 @@
 """How big can it go: a prioritized buffer on disk filled to ``--rows`` rows, its loops timed as it grows.
 
 A ``TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyMemmapStorage(rows,
-scratch_dir=...), batch_size=256)`` of small rows (16 uint8 of observation, an int8 action, a
-float reward, an int32 episode id: 25 bytes) is filled by extends of 2^16 rows of episodes of
-1,000 steps. When the fill passes 2^20, 2^24, 2^27 and 2^30 rows (those below ``--rows``) and at
+scratch_dir=...), batch_size=256)`` of small rows (16 uint8 of observation by default,
+``--obs-bytes``, an int8 action, a float reward, an int32 episode id: 25 bytes) is filled by
+extends of 2^16 rows of episodes of 1,000 steps. When the fill passes 2^20, 2^24, 2^27 and 2^30 rows (those below ``--rows``) and at
 the end, it times ``--steps`` steps of two loops:
 
 - prioritized: ``extend`` 1,024 rows, ``sample`` 256, ``update_tensordict_priority``;
@@ -12,7 +12,10 @@ the end, it times ``--steps`` steps of two loops:
 
 Then ``dumps`` and ``loads`` (into a fresh buffer, once the first is gone) are timed; the storage
 lives in the checkpoint's folder (``scratch_dir=<checkpoint>/storage``), so that ``dumps`` links
-its files instead of copying them and ``loads`` reads them in place. It prints the fill rate beside the
+its files instead of copying them and ``loads`` reads them in place; the storage then moves out
+of the published checkpoint into a copy of its own, so ``dumps`` needs the storage's size again
+plus 16 bytes per row for the trees on the disk (it is skipped, and said so, when they are not
+free). It prints the fill rate beside the
 disk's write rate (1 GiB written and synced to the scratch directory first), the RSS, and each
 time per step, and appends every figure to a CSV file (``--out``: library, capacity, rows
 filled, measure, value, unit) that a plot of time per step against rows can be drawn from; runs
@@ -41,7 +44,7 @@ from pathlib import Path
 
 CHUNK = 2**16
 EPISODE = 1_000
-ROW_BYTES = 16 + 1 + 4 + 4
+OTHER_BYTES = 1 + 4 + 4  # the action, reward and episode id beside the observation
 STOPS = (2**20, 2**24, 2**27, 2**30)
 LOOP_WRITE = 1_024
 BATCH = 256
@@ -67,6 +70,7 @@ def _parse_args(argv):
     parser.add_argument("--steps", type=int, default=100, help="loop steps timed at each size")
     parser.add_argument("--slice-steps", type=int, default=None,
                         help="slice loop steps (default: --steps; torchrl rescans the column at each)")
+    parser.add_argument("--obs-bytes", type=int, default=16, help="uint8 of observation per row")
     parser.add_argument("--no-dumps", action="store_true", help="skip the dumps / loads timing")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
@@ -116,11 +120,11 @@ def disk_write_rate(directory: Path, size: int = 2**30) -> float:
     return size / seconds
 
 
-def _rows(torch, TensorDict, start: int, count: int):
+def _rows(torch, TensorDict, start: int, count: int, obs_bytes: int):
     step = torch.arange(start, start + count)
     return TensorDict(
         {
-            "obs": torch.zeros(count, 16, dtype=torch.uint8),
+            "obs": torch.zeros(count, obs_bytes, dtype=torch.uint8),
             "action": torch.zeros(count, dtype=torch.int8),
             "reward": torch.ones(count),
             "episode": (step // EPISODE).to(torch.int32),
@@ -147,10 +151,11 @@ class _Record:
         print(f"[{self.lib} {filled:>13,} rows] {text}", flush=True)
 
 
-def _time_loops(torch, TensorDict, rb, rb_slice, filled, steps, slice_steps, record):
+def _time_loops(torch, TensorDict, rb, rb_slice, filled, args, slice_steps, record):
+    steps = args.steps
     prioritized = []
     for _ in range(steps):
-        rows = _rows(torch, TensorDict, filled, LOOP_WRITE)
+        rows = _rows(torch, TensorDict, filled, LOOP_WRITE, args.obs_bytes)
         start = time.perf_counter()
         rb.extend(rows)
         sample = rb.sample()
@@ -200,6 +205,7 @@ def run(argv=None) -> int:
     lib = _library(args.lib)
     torch.manual_seed(0)
     capacity = args.rows
+    row_bytes = args.obs_bytes + OTHER_BYTES
     slice_steps = args.steps if args.slice_steps is None else args.slice_steps
     scratch = args.scratch_dir or Path(tempfile.mkdtemp(prefix="replay-scale-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -208,7 +214,7 @@ def run(argv=None) -> int:
     home.mkdir()
     record = _Record(args.out, args.lib, capacity)
     try:
-        disk = disk_write_rate(home, min(2**30, max(capacity * ROW_BYTES, 2**26)))
+        disk = disk_write_rate(home, min(2**30, max(capacity * row_bytes, 2**26)))
         record(0, "disk_write_bytes_per_s", disk, "B/s", f"disk writes {disk / 2**30:.2f} GiB/s")
 
         start = time.perf_counter()
@@ -229,14 +235,14 @@ def run(argv=None) -> int:
         for stop in stops:
             while filled < stop:
                 count = min(CHUNK, stop - filled)
-                rows = _rows(torch, TensorDict, filled, count)
+                rows = _rows(torch, TensorDict, filled, count, args.obs_bytes)
                 begin = time.perf_counter()
                 rb.extend(rows)
                 fill_seconds += time.perf_counter() - begin
                 filled += count
                 if not args.quiet and time.perf_counter() - last_print > 0.5:
                     last_print = time.perf_counter()
-                    rate = filled * ROW_BYTES / fill_seconds / 2**30
+                    rate = filled * row_bytes / fill_seconds / 2**30
                     bar = "#" * int(40 * filled / capacity)
                     print(f"\rfill [{bar:<40}] {filled / capacity:6.1%} {rate:.2f} GiB/s", end="",
                           file=sys.stderr, flush=True)
@@ -244,11 +250,18 @@ def run(argv=None) -> int:
                 print(file=sys.stderr)
             rate = filled / fill_seconds
             record(filled, "fill_rows_per_s", rate, "rows/s",
-                   f"filled at {rate / 1e6:.1f} M rows/s = {rate * ROW_BYTES / 2**30:.2f} GiB/s "
-                   f"({rate * ROW_BYTES / disk:.0%} of the disk's write rate)")
-            filled = _time_loops(torch, TensorDict, rb, rb_slice, filled, args.steps, slice_steps, record)
+                   f"filled at {rate / 1e6:.1f} M rows/s = {rate * row_bytes / 2**30:.2f} GiB/s "
+                   f"({rate * row_bytes / disk:.0%} of the disk's write rate)")
+            filled = _time_loops(torch, TensorDict, rb, rb_slice, filled, args, slice_steps, record)
         record(len(rb), "peak_rss_gib", _peak_rss_gib(), "GiB", f"peak RSS {_peak_rss_gib():.2f} GiB")
-        if not args.no_dumps:
+        # dumps writes the trees (two float64 files) and the storage moves out of the published
+        # checkpoint into a copy of its own
+        needed = 16 * capacity + row_bytes * capacity
+        free = shutil.disk_usage(home).free
+        if not args.no_dumps and free < needed * 1.05:
+            record(len(rb), "dumps_skipped_free_bytes", free, "B",
+                   f"dumps / loads skipped: {free / 2**30:.1f} GiB free, they need {needed / 2**30:.1f} GiB")
+        elif not args.no_dumps:
             start = time.perf_counter()
             rb.dumps(home / "checkpoint")
             seconds = time.perf_counter() - start
