@@ -191,6 +191,10 @@ cdef extern from "ckernels/slices.h" nogil:
     int rp_slice_excluded_starts(const int64_t *lengths, int64_t m, int64_t tail, bint keep_first,
                                  int64_t offset, int64_t total, int64_t *out, int64_t out_len,
                                  int64_t *n_out)
+    int rp_slice_short_trajectories(const int64_t *ends, int64_t n_ends, int64_t limit,
+                                    int64_t length, const int64_t *forced, int64_t n_forced,
+                                    int64_t min_length, int64_t *out, int64_t room,
+                                    int64_t *n_out, int64_t *bad)
     int64_t rp_slice_scan_ends(const void *signal, int64_t length, int64_t stride, int width,
                                uint64_t mask, bint from_ids, int64_t start, int64_t *out,
                                int64_t room, int64_t *n_out)

@@ -2175,6 +2175,47 @@ def bounds_summary(ends, limit, length, forced=()):
     return count, shortest
 
 
+def short_trajectories(ends, limit, length, forced, min_length):
+    """The positions of the trajectories :func:`bounds_from_ends` lists whose length is below
+    ``min_length`` (those a slice sampler with ``strict_length`` leaves out), without listing
+    the trajectories.
+
+    Args:
+        ends, limit, length, forced: as for :func:`bounds_from_ends`.
+        min_length (int): the shortest length kept.
+
+    Returns:
+        the increasing int64 positions, an index into the trajectories listed.
+
+    Raises:
+        ValueError, TypeError: where :func:`bounds_from_ends` raises them.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.short_trajectories(np.array([1, 4, 5, 9]), 10, 10, [], 3).tolist()
+        [2]
+    """
+    cdef const int64_t *ends_ptr = NULL
+    cdef int64_t forced_rows[RP_SLICE_MAX_FORCED]
+    cdef int64_t n_ends, n_forced, c_limit = limit, c_length = length, c_min = min_length
+    cdef int64_t n_out = 0, bad = 0, room = 16
+    cdef int rc
+    cdef int64_t[::1] out_view
+    ends_owner = _int64_data(ends, "ends", &ends_ptr, &n_ends)
+    n_forced = _forced_rows(forced, length, forced_rows)
+    while True:
+        out = np.empty(room, dtype=np.int64)
+        out_view = out
+        with nogil:
+            rc = rp_slice_short_trajectories(ends_ptr, n_ends, c_limit, c_length, forced_rows, n_forced,
+                                             c_min, &out_view[0], room, &n_out, &bad)
+        if rc != RP_OK:
+            raise ValueError(_forced_message(forced, length))
+        if n_out <= room:
+            return out[:n_out]
+        room = n_out
+
+
 # Slices whose trajectory bounds sample_slice_index_from_ends keeps on the stack.
 cdef enum:
     _SMALL_DRAWS = 64

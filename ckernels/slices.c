@@ -597,6 +597,36 @@ int rp_slice_bounds_summary(const int64_t *ends, int64_t n_ends, int64_t limit, 
     return RP_OK;
 }
 
+int rp_slice_short_trajectories(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                                const int64_t *forced, int64_t n_forced, int64_t min_length,
+                                int64_t *out, int64_t room, int64_t *n_out, int64_t *bad) {
+    stop_list s;
+    *n_out = 0;
+    if (stop_list_init(&s, ends, n_ends, limit, length, forced, n_forced) != RP_OK) {
+        *bad = -1;
+        return RP_ERR_VALUE;
+    }
+    int64_t n = 0, start_t;
+    int64_t j = 0; /* the forced rows listed before position k */
+    for (int64_t k = 0; k < s.count; ++k) {
+        while (j < s.n_extra && s.at[j] < k) ++j;
+        int64_t steps;
+        const bool near_forced = (j < s.n_extra && s.at[j] == k) || (j > 0 && s.at[j - 1] == k - 1);
+        if (k == 0 || near_forced) {
+            steps = stop_list_length(&s, k, &start_t); /* wraps, or a forced row at either side */
+        } else {
+            /* trajectories k - 1 and k both stop at ends: the gap between the two */
+            steps = s.ends[k - j] - s.ends[k - 1 - j];
+        }
+        if (steps < min_length) {
+            if (n < room) out[n] = k;
+            ++n;
+        }
+    }
+    *n_out = n;
+    return RP_OK;
+}
+
 int rp_slice_bounds_at(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
                        const int64_t *forced, int64_t n_forced, const int64_t *traj, int64_t n,
                        int64_t *start, int64_t *lengths, int64_t *bad) {

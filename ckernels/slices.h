@@ -158,6 +158,14 @@ int rp_slice_bounds_summary(const int64_t *ends, int64_t n_ends, int64_t limit, 
                             const int64_t *forced, int64_t n_forced, int64_t *count,
                             int64_t *shortest, int64_t *bad);
 
+/* The positions k (in increasing order) of the trajectories rp_slice_bounds_from_ends lists
+ * whose length is below min_length: what a slice sampler with strict_length leaves out. Writes
+ * the first `room` of them to out and their number to *n_out (past room: call again with more).
+ * Returns RP_OK, or RP_ERR_VALUE as above. O(n_ends + n_forced^2). */
+int rp_slice_short_trajectories(const int64_t *ends, int64_t n_ends, int64_t limit, int64_t length,
+                                const int64_t *forced, int64_t n_forced, int64_t min_length,
+                                int64_t *out, int64_t room, int64_t *n_out, int64_t *bad);
+
 /* The first row start[k] and the length lengths[k] of trajectory traj[k] of those
  * rp_slice_bounds_from_ends lists (its start[traj[k]] and lengths[traj[k]]), for k < n.
  * Returns RP_OK; RP_ERR_INDEX with *bad = k (nothing written) when traj[k] is outside

@@ -577,6 +577,28 @@ def test_bounds_summary_and_slices_from_ends_match_the_listed_bounds(length, den
         assert isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
 
 
+@SETTINGS
+@given(**SORTED_END_CASES, min_length=st.integers(0, 12))
+def test_short_trajectories_match_the_listed_bounds(length, density, forced, limit_cut, seed, min_length):
+    # the model: the positions of the listed lengths below min_length
+    rng = np.random.default_rng(seed)
+    ends = np.flatnonzero(rng.random(length) < density).astype(np.int64)
+    forced = [r for r in forced if r < length]
+    limit = max(length - limit_cut, 0)
+    _, _, lengths = replay.bounds_from_ends(ends, limit, length, forced)
+    short = replay.short_trajectories(ends, limit, length, forced, min_length)
+    np.testing.assert_array_equal(short, np.flatnonzero(lengths < min_length))
+    assert short.dtype == np.int64
+
+
+def test_short_trajectories_grow_their_output_and_refuse_bad_forced_rows():
+    # every trajectory short: more positions than the first room of 16
+    ends = np.arange(0, 100, 2)
+    assert replay.short_trajectories(ends, 100, 100, [], 5).tolist() == list(range(50))
+    with pytest.raises(ValueError):
+        replay.short_trajectories(ends, 100, 100, [100], 5)
+
+
 def test_slices_from_ends_wrap_around_a_full_storage():
     # ends at 3 and 7 of 10 rows, cursor row 8 forced: trajectories (4..7), (8..8), (9..3)
     ends = np.array([3, 7])

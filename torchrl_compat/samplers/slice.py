@@ -36,7 +36,7 @@ from .base import Sampler
 # The methods SliceSampler.sample's general path goes through, which _sample_from_ends
 # replaces: a subclass (or an instance) overriding one of them takes the general path.
 _SLICE_SAMPLING_STEPS = frozenset({
-    "_get_stop_and_length", "_trajectory_bounds", "_tracked_bounds", "_find_start_stop_traj",
+    "_get_stop_and_length", "_trajectory_bounds", "_tracked_bounds", "_find_start_stop_traj", "_end_to_start_stop",
     "_check_signal_ndim", "_sample_slices", "_has_shorter", "_get_index", "_kernel_slices",
     "_slices_with_torch",
 })
@@ -844,7 +844,9 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
         The common case: a 1-D storage of ours followed through its write journal, CPU
         kernels, no ``cache_values``, ``compile`` or ``use_gpu``, a span the kernel takes, and
-        every trajectory at least one slice long (so nothing is filtered out or shortened).
+        every trajectory at least one slice long, or the shorter ones left out
+        (``strict_length``: they are found in one pass over the ends, and the draws skip them)
+        where no slice is shortened.
         The same draws are made in the same order (the trajectories, then the starts), and
         only the drawn trajectories' bounds are read (``replay.sample_slice_index_from_ends``),
         where the general path lists the start, stop and length of every trajectory (three
@@ -878,10 +880,24 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             return None
         ends, limit, length, forced = stops
         count, shortest = replay.bounds_summary(ends, limit, length, forced)
+        short = None
         if shortest < seq_length:
-            return None  # trajectories to filter out (strict_length) or slices to shorten
+            if not self.strict_length:
+                return None  # slices to shorten
+            # the trajectories strict_length leaves out (in a full storage, typically the
+            # one the last write cut short): drawn among the others, as the general path
+            # draws among the trajectories it keeps
+            short = replay.short_trajectories(ends, limit, length, forced, seq_length)
+            count -= short.size
+            if not count:
+                return None  # the general path raises its error
         traj_idx = _randint(count, num_slices, _CPU, self._rng)
         uniform = _rand(num_slices, _CPU, self._rng)
+        if short is not None:
+            # the k-th trajectory kept is the k + j-th listed, j the number of trajectories
+            # left out before it: those whose kept predecessors number at most k
+            kept_before = torch.from_numpy(short) - torch.arange(short.size)
+            traj_idx = traj_idx + torch.searchsorted(kept_before, traj_idx, right=True)
         flags = self._kernel_flags(storage)
         storage_length = storage.shape[0]
         try:
