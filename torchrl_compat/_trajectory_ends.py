@@ -36,10 +36,12 @@ class TrajectoryEnds:
 
     Keeps the sorted rows where the ``end_key`` entry of a storage is nonzero. Each call
     asks the storage which cursors were written since the previous one and reads the
-    end signal at those rows only; it reads the whole signal (one vectorised pass) on
+    end signal at those rows only; it reads the whole signal (its rows below the
+    storage's length, in one pass of ``replay.scan_ends`` over the column in place) on
     first use, after a write made in another process, when more writes were made than
     the storage's journal holds, after the storage was initialized, emptied or loaded,
-    when the end tensor was replaced, and when the length decreased.
+    when the end tensor was replaced, and when the length decreased. Rows the length
+    grows over are read when it does.
 
     Only 1-D storages of ``torchrl_compat`` (:class:`~torchrl_compat.TensorStorage` and
     its subclasses) holding a tensordict are followed, with an end entry on the CPU
