@@ -38,3 +38,14 @@ def test_scale_runs_at_two_to_the_16(tmp_path, lib):
 def test_scale_refuses_a_bad_row_count(rows):
     done = _run("--rows", rows)
     assert done.returncode == 2 and "--rows" in done.stderr
+
+
+def test_first_sample_on_disk_runs_at_two_to_the_20(tmp_path):
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "first_sample_on_disk.py"), "--rows", "2**20",
+         "--scratch-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1,048,576 rows (0.01 GiB of int64 ids)" in done.stdout and "first sample" in done.stdout
+    assert not any(tmp_path.iterdir())  # its files are removed
