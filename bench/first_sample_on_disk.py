@@ -23,17 +23,9 @@ CHUNK = 2**22
 EPISODE = 500
 
 
-def _anon_rss_gib() -> float:
-    with open("/proc/self/status") as file:
-        for line in file:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 2**20
-    return float("nan")
-
-
 def run(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from scale import _count
+    from scale import _anon_rss_gib, _count
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=_count, default=2**24, help="the storage's capacity, filled")
