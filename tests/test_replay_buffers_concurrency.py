@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 import torch
@@ -186,6 +187,35 @@ def test_dumps_waits_for_prefetches_in_flight(tmp_path):
         (a, info_a), (b, info_b) = source.sample(return_info=True), restored.sample(return_info=True)
         assert torch.equal(info_a["index"], info_b["index"])
         assert torch.equal(a, b)
+
+
+class _SlowSecondDraw(O.RandomSampler):
+    """A random sampler whose second draw (the first prefetched one) takes 0.3 s to start."""
+
+    def __init__(self):
+        super().__init__()
+        self.draws = 0
+
+    def sample(self, storage, batch_size):
+        self.draws += 1
+        if self.draws == 2:
+            time.sleep(0.3)
+        return super().sample(storage, batch_size)
+
+
+def test_prefetched_samples_draw_in_the_order_they_were_queued():
+    # with one thread per prefetched batch (torchrl's), the third draw ran while the second
+    # slept and took the generator's next numbers: the batches came out swapped (and a buffer
+    # restored from a checkpoint drew other batches than the one dumped, under load)
+    def make(sampler, prefetch):
+        rb = O.ReplayBuffer(storage=O.LazyTensorStorage(50), sampler=sampler, batch_size=3, prefetch=prefetch,
+                            generator=torch.Generator().manual_seed(0))
+        rb.extend(torch.arange(50))
+        return rb
+
+    prefetching, plain = make(_SlowSecondDraw(), 3), make(O.RandomSampler(), None)
+    for _ in range(6):
+        assert torch.equal(prefetching.sample(), plain.sample())
 
 
 # ---------------------------------------------------------------------- processes

@@ -149,18 +149,21 @@ def load_buffer(buffer, path) -> None:
         transform_loads.append((buffer._transform, read_torch_file(transform_file), transform_file))
     batch_size = _read_batch_size(path / BUFFER_METADATA_FILE)
     release_entries = buffer._read_release_entries(path)
-    # the transform may still refuse its state (load_state_dict checks it): first, undone
-    # if what follows fails
-    restore_transform = load_module_states(transform_loads)
-    try:
-        with reading(path):
-            load_storage()
-    except BaseException:
-        restore_transform()
-        raise
-    load_sampler()
-    load_writer()
-    if generator is not None:
-        buffer.set_rng(generator)
-    buffer._batch_size = batch_size
-    buffer._apply_release_entries(release_entries)
+    # held still while the parts change: a prefetch still drawing would otherwise draw from
+    # the loaded generator (or sampler) and move it before the first sample after loads
+    with buffer._held_for_load():
+        # the transform may still refuse its state (load_state_dict checks it): first, undone
+        # if what follows fails
+        restore_transform = load_module_states(transform_loads)
+        try:
+            with reading(path):
+                load_storage()
+        except BaseException:
+            restore_transform()
+            raise
+        load_sampler()
+        load_writer()
+        if generator is not None:
+            buffer.set_rng(generator)
+        buffer._batch_size = batch_size
+        buffer._apply_release_entries(release_entries)

@@ -190,6 +190,15 @@ _ROUTES_SERVICES = since("buffer_service_arguments") and not (
 )
 
 
+
+def _prefetch_executor() -> ThreadPoolExecutor:
+    """The threads prefetched samples run in: one, so that they draw from the generator in the
+    order they were queued (torchrl runs ``prefetch`` threads, and two samples queued back to back
+    may draw in either order: a batch then differs from run to run, and a buffer restored from a
+    checkpoint draws other batches than the one saved). Samples hold the replay lock throughout,
+    so more threads would not run them side by side anyway."""
+    return ThreadPoolExecutor(max_workers=1)
+
 class ReplayBuffer(*_TWIN):
     """A generic, composable replay buffer class.
 
@@ -395,7 +404,7 @@ class ReplayBuffer(*_TWIN):
             raise ValueError("dim_extend must be a positive value.")
         self._dim_extend = dim_extend
         if self._prefetch_cap:
-            self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch_cap)
+            self._prefetch_executor = _prefetch_executor()
         if shared and prefetch:
             fix = " Pass prefetch=0 or shared=False." if since("multiprocess_errors_name_fix") else ""
             raise ValueError("Cannot share prefetched replay buffers." + fix)
@@ -1236,7 +1245,7 @@ class ReplayBuffer(*_TWIN):
         if state.pop("_prefetch_queue_placeholder", 0) is None:
             state["_prefetch_queue"] = collections.deque()
         if state.pop("_prefetch_executor_placeholder", 0) is None:
-            state["_prefetch_executor"] = ThreadPoolExecutor(max_workers=state["_prefetch_cap"])
+            state["_prefetch_executor"] = _prefetch_executor()
         self.__dict__.update(state)
         if rng is not None:
             self.set_rng(rng)
@@ -1526,6 +1535,15 @@ class ReplayBuffer(*_TWIN):
         if since("buffer_prefetch_state"):
             return {"consume_after_n_samples": self._consume_after_n_samples}
         return {}
+
+    @contextlib.contextmanager
+    def _held_for_load(self):
+        """Holds the buffer still (the prefetches in flight and the submitted updates settled,
+        the replay lock taken) while ``loads`` changes its parts."""
+        with self._futures_lock:
+            self._synchronize_futures_locked()
+            with self._replay_lock:
+                yield
 
     @contextlib.contextmanager
     def _held_for_dump(self):
