@@ -840,3 +840,15 @@ def test_rows_past_the_length_are_read_once_the_length_reaches_them(from_ids):
     storage._len = 2100
     checker(ends, storage)
     assert ends.scanned == 1000 and ends.read == 150 + 950
+
+
+def test_a_length_set_lower_then_higher_by_hand_reads_the_rows_again():
+    # a full read after the length decreased covers the new length only: when the length is
+    # set higher again, the rows between are read again (not taken as read before)
+    storage = filled("LazyTensorStorage", 20, torch.arange(20) % 3 == 0)
+    ends = TrajectoryEnds(KEY)
+    check(ends, storage)
+    storage._len = 2
+    check(ends, storage)
+    storage._len = 12
+    check(ends, storage)

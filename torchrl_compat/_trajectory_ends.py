@@ -272,9 +272,11 @@ class TrajectoryEnds:
                 ends = self._read_grown(signal, ends, self._scanned, filled)
         if ends is None:
             ends = self._scan(signal[:filled])
-        self._scanned = max(self._scanned, filled) if cursors is not None and same_signal else filled
+            self._scanned = filled
+        else:
+            self._scanned = max(self._scanned, filled)
         if self.from_ids:
-            last = min(length, signal.shape[0]) - 1
+            last = filled - 1
             self._last_differs = last > 0 and bool(signal[last] != signal[0])
         if not same_storage:
             self._storage_ref = weakref.ref(storage)
