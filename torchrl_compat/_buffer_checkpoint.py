@@ -151,7 +151,7 @@ def load_buffer(buffer, path) -> None:
     release_entries = buffer._read_release_entries(path)
     # held still while the parts change: a prefetch still drawing would otherwise draw from
     # the loaded generator (or sampler) and move it before the first sample after loads
-    with buffer._held_for_load():
+    with buffer._held_still():
         # the transform may still refuse its state (load_state_dict checks it): first, undone
         # if what follows fails
         restore_transform = load_module_states(transform_loads)

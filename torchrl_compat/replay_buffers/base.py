@@ -190,7 +190,6 @@ _ROUTES_SERVICES = since("buffer_service_arguments") and not (
 )
 
 
-
 def _prefetch_executor() -> ThreadPoolExecutor:
     """The threads prefetched samples run in: one, so that they draw from the generator in the
     order they were queued (torchrl runs ``prefetch`` threads, and two samples queued back to back
@@ -198,6 +197,7 @@ def _prefetch_executor() -> ThreadPoolExecutor:
     checkpoint draws other batches than the one saved). Samples hold the replay lock throughout,
     so more threads would not run them side by side anyway."""
     return ThreadPoolExecutor(max_workers=1)
+
 
 class ReplayBuffer(*_TWIN):
     """A generic, composable replay buffer class.
@@ -1481,12 +1481,10 @@ class ReplayBuffer(*_TWIN):
     def _capture_prefetch_state(self, *, clone_queue: bool = True):
         """The prefetch state, with the buffer held still (futures settled, the replay lock
         taken) while the caller saves the other parts."""
-        with self._futures_lock:
-            self._synchronize_futures_locked()
+        with self._held_still():
             results = tuple(future.result() for future in self._prefetch_queue) if self._prefetch else ()
-            with self._replay_lock:
-                queue = tuple(_prefetch.clone_result(result) for result in results) if clone_queue else results
-                yield {"version": _prefetch.PREFETCH_STATE_VERSION, "capacity": int(self._prefetch_cap), "queue": queue}
+            queue = tuple(_prefetch.clone_result(result) for result in results) if clone_queue else results
+            yield {"version": _prefetch.PREFETCH_STATE_VERSION, "capacity": int(self._prefetch_cap), "queue": queue}
 
     def _clear_prefetch_queue_locked(self) -> None:
         futures = tuple(self._prefetch_queue)
@@ -1537,9 +1535,9 @@ class ReplayBuffer(*_TWIN):
         return {}
 
     @contextlib.contextmanager
-    def _held_for_load(self):
+    def _held_still(self):
         """Holds the buffer still (the prefetches in flight and the submitted updates settled,
-        the replay lock taken) while ``loads`` changes its parts."""
+        the replay lock taken): while ``loads`` changes its parts, or its state is read."""
         with self._futures_lock:
             self._synchronize_futures_locked()
             with self._replay_lock:
