@@ -43,6 +43,7 @@ cdef extern from "ckernels/segtree.h" nogil:
         int64_t offset[17]
         int64_t length[17]
         int64_t prefix[17]
+        int64_t ready
     int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bint with_prefix)
 
     ctypedef struct rp_segtree_zeroed:
@@ -51,8 +52,6 @@ cdef extern from "ckernels/segtree.h" nogil:
         const double *value[17]
     int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exclude)
 
-    void rp_segtree_fill_f32(const rp_segtree_layout *layout, float *tree, float identity)
-    void rp_segtree_fill_f64(const rp_segtree_layout *layout, double *tree, double identity)
     int rp_segtree_get_f32(const rp_segtree_layout *layout, const float *tree, const int64_t *index, int64_t n, float *out, int64_t *bad)
     int rp_segtree_get_f64(const rp_segtree_layout *layout, const double *tree, const int64_t *index, int64_t n, double *out, int64_t *bad)
     void rp_sumtree_build_f32(const rp_segtree_layout *layout, float *tree)
@@ -119,6 +118,7 @@ cdef class _SegmentTree:
 
     cdef _setup(self, object size, bint fp64, bint is_min)
     cdef _allocate(self, int64_t leaves)
+    cdef void _reach(self, int64_t stop) noexcept nogil
     cdef bint _grow_for(self, int64_t index) except -1
     cdef void _rebuild(self) noexcept nogil
     cdef void _draw_range(self, int64_t num_valid, int64_t *mass_end, int64_t *limit) noexcept

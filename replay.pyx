@@ -12,6 +12,7 @@ import threading
 import numpy as np
 
 from libc.stdint cimport int64_t, uint64_t, uint32_t, uintptr_t
+from libc.float cimport DBL_MAX, FLT_MAX
 
 INT64_MAX = 9223372036854775807
 
@@ -203,12 +204,19 @@ cdef inline bint _is_scalar_real(object x):
     return isinstance(x, (float, int, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
 
 
-cdef object _aligned_empty(int64_t n, object dtype):
-    """A 64-byte aligned 1-D array of ``n`` elements and the array that owns its memory."""
+cdef object _aligned_empty(int64_t n, object dtype, bint zeroed=False):
+    """A 64-byte aligned 1-D array of ``n`` elements and the array that owns its memory
+    (``zeroed``: all zeros, from pages the kernel hands out zeroed and maps when first touched)."""
     itemsize = np.dtype(dtype).itemsize
-    storage = np.empty(n + _ALIGN_BYTES // itemsize, dtype=dtype)
+    storage = (np.zeros if zeroed else np.empty)(n + _ALIGN_BYTES // itemsize, dtype=dtype)
     shift = (-storage.ctypes.data % _ALIGN_BYTES) // itemsize
     return storage, storage[shift:shift + n]
+
+
+# A min tree this many leaves or more writes its leaves' identity as they are first reached
+# (_SegmentTree._reach), by chunks of _REACH_CHUNK leaves, instead of all of them when built.
+cdef int64_t _LAZY_LEAVES = 1 << 16
+cdef int64_t _REACH_CHUNK = 1 << 12
 
 
 cdef int64_t _capacity_for(int64_t size) noexcept:
@@ -252,7 +260,13 @@ cdef class _SegmentTree:
         self._allocate(size)
 
     cdef _allocate(self, int64_t leaves):
-        """Lay out and allocate the buffer for ``leaves`` leaves, every entry the identity."""
+        """Lay out and allocate the buffer for ``leaves`` leaves, every entry the identity.
+
+        Nothing of a sum tree is written (its identity, 0, is what fresh pages hold): a tree
+        of 2^30 leaves costs no time until its leaves are written, and those pages are touched
+        once, by the write. A large min tree writes its identity above the leaves (1/15 of the
+        buffer) and leaves the leaves to ``_reach``.
+        """
         cdef rp_segtree_layout layout
         cdef float[::1] v32
         cdef double[::1] v64
@@ -260,20 +274,45 @@ cdef class _SegmentTree:
             raise ValueError(f"size={leaves} is too large")
         nbytes = layout.total * self._dtype.itemsize
         try:
-            storage, tree = _aligned_empty(layout.total, self._dtype)
+            storage, tree = _aligned_empty(layout.total, self._dtype, not self._is_min)
         except MemoryError:
             raise MemoryError(f"cannot allocate {nbytes} bytes for a segment tree of {leaves} leaves")
+        ready = layout.ready  # every leaf, as laid out
+        if self._is_min:
+            identity = self.identity_element
+            if layout.size >= _LAZY_LEAVES:
+                ready = 0
+                tree[layout.offset[1] if layout.top >= 1 else layout.length[0]:] = identity
+            else:
+                tree[:] = identity
         if self._fp64:
             v64 = tree
-            rp_segtree_fill_f64(&layout, &v64[0], self.identity_element)
             self._t64 = &v64[0]
         else:
             v32 = tree
-            rp_segtree_fill_f32(&layout, &v32[0], self.identity_element)
             self._t32 = &v32[0]
+        layout.ready = ready
         self._layout = layout
         self._storage = storage
         self._tree = tree
+
+    cdef void _reach(self, int64_t stop) noexcept nogil:
+        """Write the identity into the leaves a min tree has not reached yet below ``stop``
+        (rounded up to a chunk; hold the lock). Its levels above hold the identity from the
+        start, so leaves ``[layout.ready, size)`` read as the identity everywhere but in memory."""
+        cdef int64_t i, end
+        if stop <= self._layout.ready:
+            return
+        end = (stop + _REACH_CHUNK - 1) // _REACH_CHUNK * _REACH_CHUNK
+        if end > self._layout.length[0] or end < stop or stop >= self._layout.size:
+            end = self._layout.length[0]  # the last node's padding too: its min reads them
+        if self._fp64:
+            for i in range(self._layout.ready, end):
+                self._t64[i] = DBL_MAX
+        else:
+            for i in range(self._layout.ready, end):
+                self._t32[i] = FLT_MAX
+        self._layout.ready = end
 
     cdef bint _grow_for(self, int64_t index) except -1:
         """Lays the buffer out for ``capacity`` leaves when ``index`` lies past the allocated
@@ -282,8 +321,10 @@ cdef class _SegmentTree:
             return False
         with self._lock:
             if self._layout.size < self._capacity:
+                self._reach(self._layout.size)
                 leaves = self._tree[:self._layout.size].copy()
                 self._allocate(self._capacity)
+                self._reach(self._layout.size)
                 self._tree[:leaves.shape[0]] = leaves
                 with nogil:
                     self._rebuild()
@@ -299,6 +340,12 @@ cdef class _SegmentTree:
         """The smallest power of two strictly greater than ``size`` (torchrl's capacity): leaves
         ``[0, capacity)`` can be read and written."""
         return self._capacity
+
+    @property
+    def nbytes(self):
+        """The bytes of the tree's buffer: every level, and the mini-heaps of a sum tree (a min
+        tree's leaves count before they are first written)."""
+        return self._layout.total * self._dtype.itemsize
 
     @property
     def identity_element(self):
@@ -331,7 +378,7 @@ cdef class _SegmentTree:
                 raise IndexError(_index_message(index, -1, self._size, self._capacity))
             i = index
             with self._lock:
-                if i >= self._layout.size:
+                if i >= self._layout.size or i >= self._layout.ready:  # past the allocated leaves, or not reached
                     return self.identity_element
                 return float(self._t64[i]) if self._fp64 else float(self._t32[i])
         shape = np.shape(index) if not _is_tensor(index) else tuple(index.shape)
@@ -341,6 +388,8 @@ cdef class _SegmentTree:
         if n:
             idx = arr
             with self._lock:
+                if self._layout.ready < self._layout.size:
+                    self._reach(min(int(arr.max()) + 1, self._layout.size))
                 if self._fp64:
                     o64 = out
                     with nogil:
@@ -362,6 +411,7 @@ cdef class _SegmentTree:
             raise IndexError(_index_message(int(arr[position]), position, self._size, self._capacity))
         out = np.full(arr.shape[0], self.identity_element, dtype=self._dtype)
         with self._lock:
+            self._reach(self._layout.size)
             inside = arr < self._layout.size
             out[inside] = self._tree[arr[inside]]
         return out
@@ -413,9 +463,15 @@ cdef class _SegmentTree:
         """One update-kernel call (hold the lock): leaves ``iptr[k]`` get ``vptr[k * stride]``."""
         cdef int rc
         cdef void *saved = NULL
+        cdef int64_t k, stop = 0
         if not self._is_min:
             saved = self._saved_scratch(n)
         with nogil:
+            if self._layout.ready < self._layout.size:
+                for k in range(n):  # (a bad index is refused by the kernel; reaching is harmless)
+                    if iptr[k] >= stop:
+                        stop = iptr[k] + 1
+                self._reach(stop if stop < self._layout.size else self._layout.size)
             if self._fp64:
                 if self._is_min:
                     rc = rp_mintree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, bad)
@@ -517,6 +573,8 @@ cdef class _SegmentTree:
         out = np.empty(la.shape[0], dtype=np.float64)
         if self._layout.size > self._size:  # grown: whole-tree queries reach every leaf
             ra = np.where((la <= 0) & (ra >= self._size), self._layout.size, ra)
+        if self._layout.ready < self._layout.size:  # a min tree's leaves past ready: the identity
+            ra = np.minimum(ra, self._layout.ready)
         n = la.shape[0]
         if n:
             lv = la
@@ -537,6 +595,8 @@ cdef class _SegmentTree:
         return _numpy_to_like(out.astype(self._dtype, copy=False).reshape(shape), like)
 
     cdef double _query_one(self, int64_t l, int64_t r) noexcept:
+        if r > self._layout.ready and self._is_min:  # leaves past ready: the identity
+            r = self._layout.ready
         if self._fp64:
             if self._is_min:
                 return rp_mintree_query_f64(&self._layout, self._t64, l, r)
@@ -558,6 +618,7 @@ cdef class _SegmentTree:
     def values(self):
         """A numpy copy of the ``size`` leaf values."""
         with self._lock:
+            self._reach(self._layout.size)
             return self._tree[:self._size].copy()
 
     def __reduce__(self):
@@ -611,6 +672,7 @@ cdef class _SegmentTree:
             if rc != RP_OK:
                 self._raise_value_error(state[bad], state, bad)
         with self._lock:
+            self._reach(self._layout.size)
             previous = self._tree[:self._layout.size].copy()
             self._tree[:n] = state
             # The state holds the ``size`` leaves: any grown past them go back to the identity.
@@ -631,6 +693,7 @@ cdef class _SegmentTree:
     def _py_buffer(self):
         """Test hook: a copy of the whole buffer (every level, and the mini-heaps of a sum tree)."""
         with self._lock:
+            self._reach(self._layout.size)
             return self._tree.copy()
 
     def _py_level(self, t):
@@ -638,7 +701,9 @@ cdef class _SegmentTree:
         if not 0 <= t <= self._layout.top:
             raise IndexError(f"level {t} is out of range [0, {self._layout.top}]")
         off = self._layout.offset[t]
-        return self._tree[off:off + self._layout.length[t]].copy()
+        with self._lock:
+            self._reach(self._layout.size)
+            return self._tree[off:off + self._layout.length[t]].copy()
 
 
 cdef object _shape_of(object x):
@@ -1349,9 +1414,15 @@ cdef int _fill_ranges(_SegmentTree tree, const int64_t *bounds, int64_t n_ranges
     """One fill-ranges kernel call (hold the tree's lock); ``n`` leaves in all."""
     cdef int rc
     cdef void *saved = NULL
+    cdef int64_t r, stop = 0
     if not tree._is_min:
         saved = tree._saved_scratch(n)
     with nogil:
+        if tree._layout.ready < tree._layout.size:
+            for r in range(n_ranges):
+                if bounds[2 * r + 1] > stop:
+                    stop = bounds[2 * r + 1]
+            tree._reach(stop if stop < tree._layout.size else tree._layout.size)
         if tree._fp64:
             if tree._is_min:
                 rc = rp_mintree_fill_ranges_f64(&tree._layout, tree._t64, bounds, n_ranges, (<const double *>vptr)[0], bad)

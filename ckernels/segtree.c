@@ -33,6 +33,7 @@ int rp_segtree_layout_init(rp_segtree_layout *layout, int64_t size, bool with_pr
         if (keep) offset += layout->length[level];
     }
     layout->total = offset;
+    layout->ready = layout->length[0];
     return RP_OK;
 }
 

@@ -66,6 +66,10 @@ typedef struct {
     int64_t offset[RP_SEGTREE_MAX_LEVELS];        /* start of each level in the buffer */
     int64_t length[RP_SEGTREE_MAX_LEVELS];        /* entries of each level (a multiple of 16) */
     int64_t prefix[RP_SEGTREE_MAX_LEVELS];        /* start of each level's mini-heaps, or -1 */
+    int64_t ready;                                /* leaves [0, ready) are in memory: the others
+                                                     (a large min tree's, until first written)
+                                                     are the identity, like every entry above
+                                                     them, and no kernel reads them */
 } rp_segtree_layout;
 
 /* Fill *layout for `size` leaves (size >= 0), and torchrl's capacity and height for them. With
@@ -90,8 +94,6 @@ typedef struct {
 int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exclude);
 
 #define RP_SEGTREE_DECLARE(SCALAR, SUFFIX)                                                        \
-    /* Set every entry of the buffer to `identity`. O(total). */                                 \
-    void rp_segtree_fill_##SUFFIX(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity); \
     /* out[k] = leaf index[k]; RP_ERR_INDEX with *bad = k when out of range. O(n). */            \
     int rp_segtree_get_##SUFFIX(const rp_segtree_layout *layout, const SCALAR *tree,             \
                                 const int64_t *index, int64_t n, SCALAR *out, int64_t *bad);     \
@@ -103,9 +105,12 @@ int64_t rp_segtree_zeroed_scratch(const rp_segtree_layout *layout, int64_t n_exc
     int rp_mintree_check_##SUFFIX(const SCALAR *value, int64_t n, int64_t *bad);                 \
     /* Set leaf index[k] to value[k * value_stride] for k < n (value_stride 0 broadcasts one     \
      * value; a repeated index keeps its last value), then refresh the parents, each once per    \
-     * batch where the batch is dense. Checks every index and value first: on error writes       \
+     * batch where the batch is dense. Consecutive leaves (index[k] == index[0] + k: a block of   \
+     * priorities) are copied node by node and their parents refreshed once each, in one pass;  \
+     * a small sparse batch prefetches every parent it will write on the large levels first.    \
+     * Checks every index and value first: on error writes                                       \
      * nothing, sets *bad = k and returns RP_ERR_INDEX or RP_ERR_VALUE.                          \
-     * O(n log16 size), and O(size) at most.                                                     \
+     * O(n log16 size), and O(size) at most; O(n + 16 log16 size) for consecutive leaves.        \
      * A sum tree also refuses a batch after which its total would not be finite (each leaf      \
      * finite, their sum not: two fp32 leaves of 2e38): RP_ERR_TOTAL, *bad = -1, tree unchanged. \
      * When every new value is below (half the dtype's largest value - the current total) / n,  \

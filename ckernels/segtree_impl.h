@@ -99,10 +99,6 @@ static inline double FN(root_total)(const rp_segtree_layout *layout, const SCALA
     return (double)FN(root_value)(layout, tree);
 }
 
-void FN(rp_segtree_fill)(const rp_segtree_layout *layout, SCALAR *tree, SCALAR identity) {
-    for (int64_t i = 0; i < layout->total; i++) tree[i] = identity;
-}
-
 int FN(rp_segtree_get)(const rp_segtree_layout *layout, const SCALAR *tree, const int64_t *index,
                        int64_t n, SCALAR *out, int64_t *bad) {
     const int64_t size = layout->size;
@@ -117,23 +113,28 @@ int FN(rp_segtree_get)(const rp_segtree_layout *layout, const SCALAR *tree, cons
     return RP_OK;
 }
 
+/* How many indices ahead a walk up the tree prefetches the nodes it will read: enough misses in
+ * flight to cover a memory access (a tree of 2^30 leaves misses every cache at its two lowest
+ * levels). */
+#ifndef RP_WALK_AHEAD
+#define RP_WALK_AHEAD 32
+#endif
+#ifndef RP_WALK_UPFRONT
+#define RP_WALK_UPFRONT 512
+#endif
+#define RP_WALK_LARGE_LEVEL (1 << 16)
+
 /* Recompute the parents of the leaves index[0..n) level by level. A level whose node count
  * is small next to the batch is recomputed whole, which visits each parent once, in index
  * order; otherwise each touched parent is recomputed (once per run of equal parents). */
 static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
-                        int64_t n, bool is_min, bool level1_done) {
+                        int64_t n, bool is_min) {
     for (int64_t t = 1; t <= layout->top; t++) {
         const SCALAR *lo = tree + layout->offset[t - 1];
         SCALAR *hi = tree + layout->offset[t];
-        const int64_t nodes = layout->length[t - 1] / RP_SEGTREE_FANOUT;
+        /* (at level 1, the nodes of leaves in memory: past them nothing was written) */
+        const int64_t nodes = (t == 1 ? layout->ready : layout->length[t - 1]) / RP_SEGTREE_FANOUT;
         const bool with_prefix = layout->prefix[t] >= 0;
-        if (t == 1 && level1_done) {
-            /* the entries of the parents of leaves 0..n-1 are there, not their prefix sums */
-            const int64_t touched = (n + RP_SEGTREE_FANOUT * RP_SEGTREE_FANOUT - 1) / (RP_SEGTREE_FANOUT * RP_SEGTREE_FANOUT);
-            if (with_prefix)
-                for (int64_t j = 0; j < touched; j++) FN(store_heap)(layout, tree, t, j);
-            continue;
-        }
         if (n * 4 >= nodes) {
             for (int64_t j = 0; j < nodes; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
             if (with_prefix)
@@ -143,8 +144,8 @@ static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int
         const int shift = (int)(4 * t);
         int64_t prev = -1;
         for (int64_t k = 0; k < n; k++) {
-            if (k + 8 < n) {
-                const int64_t ahead = index[k + 8] >> shift;
+            if (k + RP_WALK_AHEAD < n) {
+                const int64_t ahead = index[k + RP_WALK_AHEAD] >> shift;
                 FN(prefetch_node)(lo + RP_SEGTREE_FANOUT * ahead);
                 RP_PREFETCH_W(hi + ahead);
             }
@@ -158,7 +159,9 @@ static void FN(refresh)(const rp_segtree_layout *layout, SCALAR *tree, const int
         /* A second pass, so that no prefix reads an entry stored a few instructions earlier
          * (a store-forwarding stall per node when fused with the pass above). */
         prev = -1;
+        SCALAR *heaps = tree + layout->prefix[t];
         for (int64_t k = 0; k < n; k++) {
+            if (k + RP_WALK_AHEAD < n) RP_PREFETCH_W(heaps + RP_SEGTREE_FANOUT * (index[k + RP_WALK_AHEAD] >> (shift + 4)));
             const int64_t j = index[k] >> (shift + 4);
             if (j != prev) {
                 FN(store_heap)(layout, tree, t, j);
@@ -218,23 +221,24 @@ static int64_t FN(first_bad_value)(const SCALAR *value, int64_t n, bool is_min) 
 }
 
 /* The position of the first index outside [0, size) in index[0..n), or n. O(n). */
-/* *in_order is set to whether index[k] == k for every k (a write of leaves 0..n-1 in order,
- * which then needs no scatter), found in the same pass. */
-static int64_t FN(first_bad_index)(const int64_t *index, int64_t n, int64_t size, bool *in_order) {
-    int64_t shifted = 0; /* nonzero once some index[k] != k */
+/* *run is set to whether index[k] == index[0] + k for every k (consecutive leaves, which then
+ * need no scatter), found in the same pass. */
+static int64_t FN(first_bad_index)(const int64_t *index, int64_t n, int64_t size, bool *run) {
+    const int64_t first = n > 0 ? index[0] : 0;
+    uint64_t shifted = 0; /* nonzero once some index[k] != index[0] + k */
     for (int64_t k0 = 0; k0 < n; k0 += RP_CHECK_CHUNK) {
         const int64_t k1 = k0 + RP_CHECK_CHUNK < n ? k0 + RP_CHECK_CHUNK : n;
         int flag = 0;
         /* One unsigned comparison covers both ends: a negative index wraps past size. */
         for (int64_t k = k0; k < k1; k++) {
             flag |= (uint64_t)index[k] >= (uint64_t)size;
-            shifted |= index[k] ^ k;
+            shifted |= (uint64_t)index[k] ^ ((uint64_t)first + (uint64_t)k);
         }
         if (RP_UNLIKELY(flag))
             for (int64_t k = k0; k < k1; k++)
                 if ((uint64_t)index[k] >= (uint64_t)size) return k;
     }
-    *in_order = shifted == 0;
+    *run = shifted == 0;
     return n;
 }
 
@@ -248,33 +252,70 @@ int FN(rp_mintree_check)(const SCALAR *value, int64_t n, int64_t *bad) {
     return *bad < n ? RP_ERR_VALUE : RP_OK;
 }
 
-/* Write the checked batch: leaves, then their parents. */
+/* Recompute the parents of the leaves [first, last] (first <= last), each once, at the levels
+ * from `from` up: at level t the entries first >> 4t .. last >> 4t, and the mini-heaps of the
+ * nodes holding them. O((last - first) / 16^from + 16 log16 size). */
+static void FN(refresh_range_from)(const rp_segtree_layout *layout, SCALAR *tree, int64_t first,
+                                   int64_t last, bool is_min, int64_t from) {
+    for (int64_t t = from; t <= layout->top; t++) {
+        const SCALAR *lo = tree + layout->offset[t - 1];
+        SCALAR *hi = tree + layout->offset[t];
+        const int shift = (int)(4 * t);
+        const int64_t a = first >> shift, b = last >> shift;
+        for (int64_t j = a; j <= b; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
+        if (layout->prefix[t] >= 0)
+            for (int64_t j = a >> 4; j <= (b >> 4); j++) FN(store_heap)(layout, tree, t, j);
+    }
+}
+
+/* Write value[0..n) to the consecutive leaves first .. first + n - 1 (a block of priorities, a
+ * dense rewrite): copied node by node, each node reduced into level 1 while its leaves are in
+ * L1 (one pass over the leaves), then every parent above refreshed once. The parents are a
+ * pure function of the leaves, so the tree is bit for bit the one a leaf-by-leaf walk gives.
+ * O(n + 16 log16 size). */
+static void FN(write_run)(const rp_segtree_layout *layout, SCALAR *tree, int64_t first,
+                          const SCALAR *value, int64_t n, bool is_min) {
+    const int64_t last = first + n - 1;
+    SCALAR *parents = layout->top >= 1 ? tree + layout->offset[1] : NULL;
+    for (int64_t j = first / RP_SEGTREE_FANOUT; j <= last / RP_SEGTREE_FANOUT; j++) {
+        SCALAR *node = tree + RP_SEGTREE_FANOUT * j;
+        const int64_t lo = RP_SEGTREE_FANOUT * j > first ? RP_SEGTREE_FANOUT * j : first;
+        const int64_t hi = RP_SEGTREE_FANOUT * (j + 1) <= last ? RP_SEGTREE_FANOUT * (j + 1) : last + 1;
+        memcpy(tree + lo, value + (lo - first), (size_t)(hi - lo) * sizeof *tree);
+        if (parents != NULL) parents[j] = FN(node_reduce)(node, is_min);
+    }
+    if (layout->top >= 1 && layout->prefix[1] >= 0)
+        for (int64_t j = first >> 8; j <= (last >> 8); j++) FN(store_heap)(layout, tree, 1, j);
+    FN(refresh_range_from)(layout, tree, first, last, is_min, 2);
+}
+
+/* Write the checked batch: leaves, then their parents. `run`: index[k] == index[0] + k. */
 static void FN(write_batch)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *index,
-                            const SCALAR *value, int64_t value_stride, int64_t n, bool in_order,
+                            const SCALAR *value, int64_t value_stride, int64_t n, bool run,
                             bool is_min) {
-    if (in_order && value_stride == 1) {
-        /* Leaves 0..n-1, e.g. a dense rewrite: copied node by node, each node reduced into
-         * level 1 while its leaves are in L1 (one pass over the leaves instead of two). */
-        const int64_t whole = n / RP_SEGTREE_FANOUT;
-        SCALAR *parents = layout->top >= 1 ? tree + layout->offset[1] : NULL;
-        for (int64_t j = 0; j < whole; j++) {
-            SCALAR *node = tree + RP_SEGTREE_FANOUT * j;
-            memcpy(node, value + RP_SEGTREE_FANOUT * j, RP_SEGTREE_FANOUT * sizeof *tree);
-            if (parents != NULL) parents[j] = FN(node_reduce)(node, is_min);
-        }
-        const int64_t rest = n - RP_SEGTREE_FANOUT * whole;
-        if (rest > 0) {
-            SCALAR *node = tree + RP_SEGTREE_FANOUT * whole;
-            memcpy(node, value + RP_SEGTREE_FANOUT * whole, (size_t)rest * sizeof *tree);
-            if (parents != NULL) parents[whole] = FN(node_reduce)(node, is_min);
-        }
-        FN(refresh)(layout, tree, index, n, is_min, true);
+    if (run && value_stride == 1) {
+        FN(write_run)(layout, tree, index[0], value, n, is_min);
         return;
     }
-    if (n * 16 < layout->size) /* a sparse batch: bring its leaves in before the writes */
+    if (n * 16 < layout->size) { /* a sparse batch: bring its leaves in before the writes */
         for (int64_t k = 0; k < n; k++) RP_PREFETCH_W(tree + index[k]);
+#if RP_WALK_UPFRONT
+        /* and, for a batch small enough to stay in cache, the parents of every level that does
+         * not fit in cache: all the walk's misses in flight at once */
+        if (n <= RP_WALK_UPFRONT)
+            for (int64_t t = 1; t <= layout->top && layout->length[t] >= RP_WALK_LARGE_LEVEL; t++) {
+                SCALAR *hi = tree + layout->offset[t];
+                SCALAR *heaps = layout->prefix[t] >= 0 ? tree + layout->prefix[t] : NULL;
+                const int shift = (int)(4 * t);
+                for (int64_t k = 0; k < n; k++) {
+                    RP_PREFETCH_W(hi + (index[k] >> shift));
+                    if (heaps != NULL) RP_PREFETCH_W(heaps + RP_SEGTREE_FANOUT * (index[k] >> (shift + 4)));
+                }
+            }
+#endif
+    }
     for (int64_t k = 0; k < n; k++) tree[index[k]] = value[k * value_stride];
-    FN(refresh)(layout, tree, index, n, is_min, false);
+    FN(refresh)(layout, tree, index, n, is_min);
 }
 
 /* Whether a sum tree's total, as sampling reads it, is finite. Every entry of the tree is at
@@ -299,8 +340,8 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
      * before a value error at the same position. A sum tree's values are also compared with
      * the limit that surely keeps its total finite, in the same pass. */
     const SCALAR limit = is_min ? SCALAR_MAX : FN(safe_value_limit)(layout, tree, n);
-    bool in_order = false, above = false;
-    const int64_t bad_index = FN(first_bad_index)(index, n, size, &in_order);
+    bool run = false, above = false;
+    const int64_t bad_index = FN(first_bad_index)(index, n, size, &run);
     int64_t bad_value = n;
     if (value_stride == 0) {
         if (FN(bad_value)(value[0], is_min)) bad_value = 0;
@@ -314,16 +355,16 @@ static int FN(update)(const rp_segtree_layout *layout, SCALAR *tree, const int64
         return index_first ? RP_ERR_INDEX : RP_ERR_VALUE;
     }
     if (is_min || RP_LIKELY(!above)) {
-        FN(write_batch)(layout, tree, index, value, value_stride, n, in_order, is_min);
+        FN(write_batch)(layout, tree, index, value, value_stride, n, run, is_min);
         return RP_OK;
     }
     /* Near the dtype's limit: write, look at the total, and put the old leaves back if it
      * overflowed (in reverse, so a repeated index gets its first saved value, the original). */
     for (int64_t k = 0; k < n; k++) saved[k] = tree[index[k]];
-    FN(write_batch)(layout, tree, index, value, value_stride, n, in_order, false);
+    FN(write_batch)(layout, tree, index, value, value_stride, n, run, false);
     if (FN(total_is_finite)(layout, tree)) return RP_OK;
     for (int64_t k = n - 1; k >= 0; k--) tree[index[k]] = saved[k];
-    FN(refresh)(layout, tree, index, n, false, false);
+    FN(refresh)(layout, tree, index, n, false);
     *bad = -1;
     return RP_ERR_TOTAL;
 }
@@ -339,21 +380,6 @@ int FN(rp_mintree_update)(const rp_segtree_layout *layout, SCALAR *tree, const i
     return FN(update)(layout, tree, index, value, value_stride, n, NULL, bad, true);
 }
 
-/* Recompute the parents of the leaves [first, last] (first <= last), each once: at level t the
- * entries first >> 4t .. last >> 4t. O((last - first) / 16 + 16 log16 size). */
-static void FN(refresh_range)(const rp_segtree_layout *layout, SCALAR *tree, int64_t first,
-                              int64_t last, bool is_min) {
-    for (int64_t t = 1; t <= layout->top; t++) {
-        const SCALAR *lo = tree + layout->offset[t - 1];
-        SCALAR *hi = tree + layout->offset[t];
-        const int shift = (int)(4 * t);
-        const int64_t a = first >> shift, b = last >> shift;
-        for (int64_t j = a; j <= b; j++) hi[j] = FN(node_reduce)(lo + RP_SEGTREE_FANOUT * j, is_min);
-        if (layout->prefix[t] >= 0)
-            for (int64_t j = a >> 4; j <= (b >> 4); j++) FN(store_heap)(layout, tree, t, j);
-    }
-}
-
 /* Leaves, then parents, of every non-empty range. */
 static void FN(write_ranges)(const rp_segtree_layout *layout, SCALAR *tree, const int64_t *bounds,
                              int64_t n_ranges, SCALAR value, bool is_min) {
@@ -361,7 +387,7 @@ static void FN(write_ranges)(const rp_segtree_layout *layout, SCALAR *tree, cons
         const int64_t start = bounds[2 * r], stop = bounds[2 * r + 1];
         if (start == stop) continue;
         for (int64_t i = start; i < stop; i++) tree[i] = value;
-        FN(refresh_range)(layout, tree, start, stop - 1, is_min);
+        FN(refresh_range_from)(layout, tree, start, stop - 1, is_min, 1);
     }
 }
 
@@ -401,7 +427,7 @@ static int FN(fill_ranges)(const rp_segtree_layout *layout, SCALAR *tree, const 
         for (int64_t i = bounds[2 * r]; i < bounds[2 * r + 1]; i++) tree[i] = saved[k++];
     for (int64_t r = 0; r < n_ranges; r++)
         if (bounds[2 * r] < bounds[2 * r + 1])
-            FN(refresh_range)(layout, tree, bounds[2 * r], bounds[2 * r + 1] - 1, false);
+            FN(refresh_range_from)(layout, tree, bounds[2 * r], bounds[2 * r + 1] - 1, false, 1);
     *bad = -1;
     return RP_ERR_TOTAL;
 }
@@ -577,7 +603,9 @@ static inline int FN(node_steps)(const SCALAR *h, const SCALAR *e, int k, int st
  * into a padding entry (no node stored below it, all zeros) goes right down to the entry's last
  * leaf, as torchrl's does with a positive remainder: leaf[q] may lie past `size` (below
  * torchrl's capacity), and may hold 0. O(g * (4 + 16) log16 size). */
+#ifndef RP_DESCENT_GROUP
 #define RP_DESCENT_GROUP 32
+#endif
 static void FN(descend)(const rp_segtree_layout *layout, const SCALAR *tree, const SCALAR *v, int64_t g,
                         int64_t *leaf) {
     int64_t node[RP_DESCENT_GROUP];
