@@ -49,3 +49,23 @@ def test_first_sample_on_disk_runs_at_two_to_the_20(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "1,048,576 rows (0.01 GiB of int64 ids)" in done.stdout and "first sample" in done.stdout
     assert not any(tmp_path.iterdir())  # its files are removed
+
+
+def test_trees_scale_runs_at_two_to_the_16(tmp_path):
+    """``bench/trees_scale.py`` (the trees at 2^30) at 2^16 leaves: every figure written."""
+    out = tmp_path / "trees.csv"
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "bench", "trees_scale.py"), "--rows", "2**16",
+         "--reference-rows", "2**10", "--steps", "20", "--rounds", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    measures = {(row["rows"], row["measure"]) for row in rows}
+    steps = {"sample_us", "update_us", "sample_kernel_us", "update_kernel_us"}
+    assert {(str(2**10), m) for m in steps} <= measures
+    figures = {"tree_bytes", "numpy_write_s", "kernel_build_fill_s", "build_s", "fill_s", "refill_index_s",
+               "refill_values_s", "refill_kernels_s"}
+    assert {(str(2**16), m) for m in steps | figures} <= measures
+    assert all(float(row["value"]) >= 0 for row in rows)
+    assert "build + fill" in done.stdout
