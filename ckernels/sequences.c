@@ -92,10 +92,14 @@ static int64_t first_flag_forward(const uint8_t *end, int64_t length, int64_t gr
                 if (row[i])
                     return k + i;
         } else {
+            /* one lane of many: a cache line per row, fetched a few rows ahead */
             const uint8_t *row = end + t * groups + g;
-            for (; i < run; i++)
+            for (; i < run; i++) {
+                if (i + 8 < run)
+                    RP_PREFETCH(row + (i + 8) * groups);
                 if (row[i * groups])
                     return k + i;
+            }
         }
         k += run;
     }
@@ -124,9 +128,12 @@ static int64_t first_flag_backward(const uint8_t *end, int64_t length, int64_t g
                     return k + i;
         } else {
             const uint8_t *row = end + t * groups + g;
-            for (; i < run; i++)
+            for (; i < run; i++) {
+                if (i + 8 < run)
+                    RP_PREFETCH(row - (i + 8) * groups);
                 if (row[-i * groups])
                     return k + i;
+            }
         }
         k += run;
     }

@@ -6,6 +6,10 @@ outputs (int64 tensors on the anchors' device, the same values).
 :func:`~torchrl_compat.install` puts them in torchrl's ``utils`` module (torchrl 0.14), where
 its ``_ReplayBoundaryIndex`` calls them. Our ``Sequence`` does not need them: it reads the end
 flags around its anchors directly (:func:`replay.sequence_windows`).
+
+Under ``torch.compile`` and for tensors on another device than the CPU, the queries run as torch
+operations with the same results (``_torch_distances``), which the compiler traces in one graph
+(torchrl compiles them with ``fullgraph=True``).
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import numpy as np
 import torch
 
 import replay
+from torchrl_compat._compile import is_compiling
 
 __all__ = ["BOUNDARY_QUERIES", "_boundary_distances_1d", "_boundary_distances_nd", "_make_boundary_search_nd"]
 
@@ -23,10 +28,18 @@ def _on_host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.device.type == "cpu" else tensor.cpu()
 
 
-def _to_device(distances, device):
-    if device.type == "cpu":
-        return distances
-    return tuple(d.to(device) for d in distances)
+def _torch_distances(anchor_time, start_time, stop_time, keys, search_key, trajectory_of, length):
+    """The queries as torch operations: the first key at or past each anchor's search key
+    (``torch.searchsorted``), its trajectory (``trajectory_of``, the position itself when
+    ``None``, wrapping to the first past the last), and the distances modulo ``length``."""
+    position = torch.searchsorted(keys, search_key)
+    if trajectory_of is None:
+        trajectory = torch.where(position == keys.shape[0], torch.zeros_like(position), position)
+    else:
+        trajectory = trajectory_of[position]
+    from_start = torch.remainder(anchor_time - start_time[trajectory], length)
+    to_stop = torch.remainder(stop_time[trajectory] - anchor_time, length)
+    return from_start.to(torch.long), to_stop.to(torch.long)
 
 
 def _boundary_distances_1d(
@@ -37,11 +50,10 @@ def _boundary_distances_1d(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Distances of each anchor to the first and last rows of its trajectory, modulo ``length``
     (torchrl 0.14's searchsorted query, one C pass: :func:`replay.boundary_distances`).
-
-    .. note:: Tensors on another device are read on the CPU and the results moved back.
     """
-    distances = replay.boundary_distances(_on_host(anchor), _on_host(start), _on_host(stop), int(length))
-    return _to_device(distances, anchor.device)
+    if is_compiling() or anchor.device.type != "cpu":
+        return _torch_distances(anchor, start, stop, stop, anchor, None, length)
+    return replay.boundary_distances(anchor, start, stop, int(length))
 
 
 def _boundary_distances_nd(
@@ -55,10 +67,11 @@ def _boundary_distances_nd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The lane-aware :func:`_boundary_distances_1d` for multidimensional storages, over the
     search keys of :func:`_make_boundary_search_nd` (:func:`replay.boundary_distances_nd`)."""
-    distances = replay.boundary_distances_nd(
-        *(_on_host(t) for t in (anchor, start, stop, stop_key, boundary_index, lane_stride)), int(length)
-    )
-    return _to_device(distances, anchor.device)
+    if is_compiling() or anchor.device.type != "cpu":
+        lane = (anchor[:, 1:] * lane_stride).sum(-1)
+        search_key = lane * (2 * length) + anchor[:, 0]
+        return _torch_distances(anchor[:, 0], start[:, 0], stop[:, 0], stop_key, search_key, boundary_index, length)
+    return replay.boundary_distances_nd(anchor, start, stop, stop_key, boundary_index, lane_stride, int(length))
 
 
 def _make_boundary_search_nd(

@@ -271,7 +271,8 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
         anchor_time = host_anchor[:, 0] if ndim > 1 else host_anchor
         lane = None
         if self.episode_boundary == "include_reset":
-            written = storage.shape[0]
+            shape = storage.shape  # None before the first write
+            written = shape[0] if shape is not None and len(shape) else 0
             if written == 0:
                 raise RuntimeError(f"{type(self).__name__} cannot expand anchors over an empty storage.")
             newest = self._newest_index(storage, written)
