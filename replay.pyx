@@ -2374,6 +2374,43 @@ def boundary_distances_nd(anchor, start, stop, stop_key, boundary_index, lane_st
     return _numpy_to_like(distance_from_start, anchor), _numpy_to_like(distance_to_stop, anchor)
 
 
+def repeat_rows(rows, times, out=None):
+    """Each row of a 1-D or 2-D int64 array repeated ``times`` times, in order: what
+    ``np.repeat(rows, times, axis=0)`` gives, written into ``out`` when given (a C-contiguous
+    int64 array of that shape). numpy's broadcasting copy of rows two values wide is ~10x
+    slower.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.repeat_rows(np.array([[1, 2], [3, 4]]), 2).tolist()
+        [[1, 2], [1, 2], [3, 4], [3, 4]]
+    """
+    cdef int64_t n, width, c_times
+    cdef const int64_t[::1] rows_view
+    cdef int64_t[::1] out_view
+    arr = _as_array(rows)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"repeat_rows() needs a 1-D or 2-D array, got one of shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"rows must hold integers, got an array of dtype {arr.dtype}")
+    if isinstance(times, bool) or not isinstance(times, (int, np.integer)) or times < 0:
+        raise ValueError(f"times must be an integer >= 0, got times={times!r}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    shape = (arr.shape[0] * times, *arr.shape[1:])
+    if out is None:
+        out = np.empty(shape, dtype=np.int64)
+    elif out.dtype != np.int64 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous int64 array of shape {shape}, got {out.dtype} {out.shape}")
+    n, width, c_times = arr.shape[0], (arr.shape[1] if arr.ndim == 2 else 1), times
+    if n == 0 or width == 0 or c_times == 0:
+        return out
+    rows_view = arr.reshape(-1)
+    out_view = out.reshape(-1)
+    with nogil:
+        rp_sequence_repeat_rows(&rows_view[0], n, width, c_times, &out_view[0])
+    return out
+
+
 def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootstrap, dilation,
                      episode_boundary, *, length=None, cursor=None, close_last=False, newest=0,
                      oldest=0, out=None, anchor_out=None):

@@ -176,12 +176,10 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
         }
     }
     /* The furthest offsets a window reaches: a distance past them clamps nothing, so the scans
-     * stop there (or after a whole turn of the lane). The backward one also covers the largest
-     * shift RP_SEQUENCE_STOP makes, since the window's start moves back with it. */
+     * stop there (or after a whole turn of the lane). */
     const int64_t reach_forward = dilation * (seq_length + bootstrap - 1);
-    const int64_t reach_back = reach_forward + dilation * burn_in;
+    const int64_t reach_back = dilation * burn_in;
     const int64_t cap_forward = reach_forward < length - 1 ? reach_forward : length - 1;
-    const int64_t cap_back = reach_back < length - 1 ? reach_back : length - 1;
     const int64_t step_rows = dilation % length;
     /* the last row ends every lane when the storage is not full, and a lane without any
      * effective end otherwise: group_has_end caches whether a lane has one */
@@ -199,20 +197,26 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
                     group_has_end[g] = first_flag_forward(end, length, groups, g, 0, length) >= 0;
                 last_ends = group_has_end[g] == 0;
             }
-            /* forward: rows a .. a + cap_forward; backward: rows a - 1 .. a - 1 - cap_back */
+            /* forward: rows a .. a + cap_forward */
             to_stop = min_found(cap_forward,
                                 first_flag_forward(end, length, groups, g, a, cap_forward + 1));
+            if (cursor >= 0)
+                to_stop = min_found(to_stop, cursor >= a ? cursor - a : cursor - a + length);
+            if (last_ends)
+                to_stop = min_found(to_stop, length - 1 - a);
+            /* backward: rows a - 1 .. a - 1 - cap_back, where cap_back covers the burn-in and
+             * the shift RP_SEQUENCE_STOP makes (the window's start moves back with it) */
+            int64_t cap_back = reach_back;
+            if (policy == RP_SEQUENCE_STOP && reach_forward > to_stop)
+                cap_back += reach_forward - to_stop;
+            cap_back = cap_back < length - 1 ? cap_back : length - 1;
             from_start = min_found(cap_back, first_flag_backward(end, length, groups, g,
                                                                  a == 0 ? length - 1 : a - 1,
                                                                  cap_back + 1));
-            if (cursor >= 0) {
-                to_stop = min_found(to_stop, cursor >= a ? cursor - a : cursor - a + length);
+            if (cursor >= 0)
                 from_start = min_found(from_start, cursor <= a - 1 ? a - 1 - cursor : a - 1 - cursor + length);
-            }
-            if (last_ends) {
-                to_stop = min_found(to_stop, length - 1 - a);
+            if (last_ends)
                 from_start = min_found(from_start, a);
-            }
             if (policy == RP_SEQUENCE_STOP) {
                 int64_t shift = reach_forward - to_stop;
                 shift = shift < 0 ? 0 : shift;
@@ -265,4 +269,26 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
         }
     }
     return RP_OK;
+}
+
+void rp_sequence_repeat_rows(const int64_t *rows, int64_t n, int64_t width, int64_t times,
+                             int64_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t *row = rows + i * width;
+        /* plain stores: a memcpy call per row of a few values costs more than the row */
+        if (width == 1) {
+            for (int64_t r = 0; r < times; r++)
+                out[r] = row[0];
+        } else if (width == 2) {
+            for (int64_t r = 0; r < times; r++) {
+                out[2 * r] = row[0];
+                out[2 * r + 1] = row[1];
+            }
+        } else {
+            for (int64_t r = 0; r < times; r++)
+                for (int64_t c = 0; c < width; c++)
+                    out[r * width + c] = row[c];
+        }
+        out += times * width;
+    }
 }

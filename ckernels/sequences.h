@@ -76,6 +76,12 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
                         int64_t *sequence_id, int64_t *step, uint8_t *learning, int64_t *anchor_repeat,
                         int64_t *bad);
 
+/* Repeat each row of a row-major [n, width] array `times` times: out[(i * times + r) * width + c]
+ * = rows[i * width + c] (the records' anchor coordinates, as repeat_interleave along dim 0).
+ * out holds n * times * width entries. O(n * times * width). */
+void rp_sequence_repeat_rows(const int64_t *rows, int64_t n, int64_t width, int64_t times,
+                             int64_t *out);
+
 #ifdef __cplusplus
 }
 #endif

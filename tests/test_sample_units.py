@@ -436,3 +436,21 @@ def test_boundary_query_compiles_in_one_graph():
     args = (torch.tensor([9, 3, 6]), torch.tensor([8, 3, 5]), torch.tensor([2, 4, 7]), 10)
     assert [d.tolist() for d in compiled(*args)] == [[1, 0, 1], [3, 1, 1]]
     assert [d.tolist() for d in _boundary_queries._boundary_distances_1d(*args)] == [[1, 0, 1], [3, 1, 1]]
+
+
+@pytest.mark.parametrize("shape", [(0,), (5,), (4, 1), (3, 2), (2, 3)])
+@pytest.mark.parametrize("times", [0, 1, 4])
+def test_repeat_rows_as_numpy(shape, times):
+    rows = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    got = replay.repeat_rows(rows, times)
+    np.testing.assert_array_equal(got, np.repeat(rows, times, axis=0))
+    assert got.dtype == np.int64
+    with pytest.raises(ValueError, match="out must be a C-contiguous int64 array of shape"):
+        replay.repeat_rows(rows, times, out=np.empty((1, 7), np.int64))
+
+
+def test_sequence_names_an_anchor_outside_its_lanes():
+    storage = O.LazyTensorStorage(12, ndim=2)
+    storage.set(torch.arange(4), TensorDict({("next", "done"): torch.zeros(4, 3, 1, dtype=torch.bool)}, [4, 3]))
+    with pytest.raises(IndexError, match=r"anchor \[1, 3\] at position 1 is outside the storage's lanes \(3,\)"):
+        Sequence(2).expand((torch.tensor([0, 1]), torch.tensor([2, 3])), {}, storage)

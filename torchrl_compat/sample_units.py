@@ -16,7 +16,6 @@ anchors over a storage.
 from __future__ import annotations
 
 import abc
-import math
 from typing import Any, Literal, TYPE_CHECKING
 
 import numpy as np
@@ -337,17 +336,16 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
     @staticmethod
     def _flat_lanes(anchor: torch.Tensor, lane_shape) -> np.ndarray:
         """Each anchor's lane coordinates as one row-major lane number, checked."""
-        coordinates = anchor[:, 1:].numpy().astype(np.int64, copy=False)
-        shape = np.asarray(tuple(lane_shape), dtype=np.int64)
-        outside = (coordinates < 0) | (coordinates >= shape)
-        if outside.any():
+        coordinates = anchor.numpy()[:, 1:]
+        try:
+            return np.ravel_multi_index(tuple(coordinates.T), tuple(lane_shape))
+        except ValueError:  # a coordinate outside its lane dimension
+            outside = (coordinates < 0) | (coordinates >= np.asarray(tuple(lane_shape)))
             position = int(np.flatnonzero(outside.any(1))[0])
             raise IndexError(
                 f"anchor {anchor[position].tolist()} at position {position} is outside the storage's "
                 f"lanes {tuple(lane_shape)}"
-            )
-        strides = np.asarray([math.prod(lane_shape[j + 1:]) for j in range(len(lane_shape))], dtype=np.int64)
-        return coordinates @ strides
+            ) from None
 
 
 class _WindowBlock:
@@ -381,8 +379,7 @@ class _WindowBlock:
             return _repeat_rows(anchor, times)
         if anchor.ndim == 1:  # written by the kernel
             return torch.from_numpy(self._anchor)
-        rows = self._anchor.reshape(anchor.shape[0], times, *anchor.shape[1:])
-        np.copyto(rows, anchor.numpy()[:, None])
+        replay.repeat_rows(anchor.numpy(), times, out=self._anchor)
         return torch.from_numpy(self._anchor)
 
     def lanes(self, anchor: torch.Tensor, times: int) -> list:
@@ -390,7 +387,7 @@ class _WindowBlock:
         coordinates = anchor.numpy()
         out = []
         for j, lane in enumerate(self._lanes):
-            np.copyto(lane.reshape(anchor.shape[0], times), coordinates[:, 1 + j, None], casting="unsafe")
+            replay.repeat_rows(coordinates[:, 1 + j], times, out=lane)
             out.append(torch.from_numpy(lane))
         return out
 
