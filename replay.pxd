@@ -221,7 +221,8 @@ cdef extern from "ckernels/sequences.h" nogil:
                             int64_t seq_length, int64_t bootstrap, int64_t dilation, int policy,
                             int64_t newest, int64_t oldest, int8_t *group_has_end, int64_t *index,
                             uint8_t *validity, int64_t *sequence_id, int64_t *step,
-                            uint8_t *learning, int64_t *anchor_repeat, int64_t *bad)
+                            uint8_t *learning, int64_t *anchor_repeat, const int64_t *stops,
+                            const int64_t *stop_offsets, int64_t *bad)
     void rp_sequence_repeat_rows(const int64_t *rows, int64_t n, int64_t width, int64_t times,
                                  int64_t *out)
 

@@ -2268,33 +2268,36 @@ def boundary_distances(anchor, start, stop, length):
         >>> [d.tolist() for d in replay.boundary_distances(np.array([0, 4, 9]), start, stop, 10)]
         [[2, 1, 1], [2, 0, 3]]
     """
-    cdef int64_t n, m, c_length, bad = 0
+    cdef int64_t n, m, m_start, c_length, bad = 0
     cdef int rc = RP_OK
-    cdef const int64_t[::1] a_view, start_view, stop_view
-    cdef int64_t[::1] from_view, to_view
-    shape = np.shape(_as_array(anchor))
-    a = _as_index_array(anchor, "anchor")
-    st = _as_index_array(start, "start")
-    sp = _as_index_array(stop, "stop")
-    if st.shape[0] != sp.shape[0]:
-        raise ValueError(f"start and stop must have the same shape, got {st.shape[0]} and {sp.shape[0]}")
-    if sp.shape[0] == 0:
+    cdef const int64_t *a_ptr = NULL
+    cdef const int64_t *start_ptr = NULL
+    cdef const int64_t *stop_ptr = NULL
+    cdef int64_t[::1] out_view
+    # (the plain-tensor fast path of _int64_data: no numpy view, no buffer acquisition)
+    a_owner = _int64_data(anchor, "anchor", &a_ptr, &n)
+    start_owner = _int64_data(start, "start", &start_ptr, &m_start)
+    stop_owner = _int64_data(stop, "stop", &stop_ptr, &m)
+    if m_start != m:
+        raise ValueError(f"start and stop must have the same shape, got {m_start} and {m}")
+    if m == 0:
         raise ValueError("boundary_distances() needs at least one trajectory, got an empty stop")
     if length < 1:
         raise ValueError(f"length must be at least 1, got length={length}")
-    n, m, c_length = a.shape[0], sp.shape[0], length
-    distance_from_start = np.empty(n, dtype=np.int64)
-    distance_to_stop = np.empty(n, dtype=np.int64)
+    c_length = length
+    # both outputs in one array: one allocation, one buffer acquisition
+    out = np.empty((2, n), dtype=np.int64)
     if n:
-        a_view, start_view, stop_view = a, st, sp
-        from_view, to_view = distance_from_start, distance_to_stop
+        out_view = out.reshape(-1)
         with nogil:
-            rc = rp_sequence_distances(&a_view[0], n, &start_view[0], &stop_view[0], m, c_length,
-                                       &from_view[0], &to_view[0], &bad)
+            rc = rp_sequence_distances(a_ptr, n, start_ptr, stop_ptr, m, c_length,
+                                       &out_view[0], &out_view[n], &bad)
     if rc != RP_OK:  # the arguments were checked above
         raise ValueError(f"boundary_distances() refused its arguments (code {rc})")
-    return (_reshaped_like(distance_from_start, shape, anchor),
-            _reshaped_like(distance_to_stop, shape, anchor))
+    shape = anchor.shape if _is_tensor(anchor) else np.shape(anchor)
+    if len(shape) == 1:
+        return _numpy_to_like(out[0], anchor), _numpy_to_like(out[1], anchor)
+    return _reshaped_like(out[0], shape, anchor), _reshaped_like(out[1], shape, anchor)
 
 
 def boundary_distances_nd(anchor, start, stop, stop_key, boundary_index, lane_stride, length):
@@ -2413,7 +2416,7 @@ def repeat_rows(rows, times, out=None):
 
 def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootstrap, dilation,
                      episode_boundary, *, length=None, cursor=None, close_last=False, newest=0,
-                     oldest=0, out=None, anchor_out=None):
+                     oldest=0, out=None, anchor_out=None, stops=None):
     """The records torchrl 0.14's ``Sequence`` sample unit expands each anchor into, read from
     the end flags around the anchors only (no trajectory list, no cache to invalidate).
 
@@ -2444,6 +2447,11 @@ def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootst
 
         anchor_out (np.ndarray, optional): a C-contiguous int64 array of ``n * total``
             entries that receives each record's anchor row. Defaults to none.
+        stops (tuple of np.ndarray, optional): ``(rows, offsets)``, the effective ends of
+            every lane listed (``rows[offsets[g]:offsets[g + 1]]`` increasing, at least one a
+            lane; what :func:`find_start_stop_traj` gives as stops), read instead of ``end``
+            in O(log ends) an anchor: for repeated queries over a storage that did not change.
+            Defaults to none.
 
     Returns:
         ``(index, validity, sequence_id, step, learning)``: numpy arrays of ``n * total``
@@ -2473,6 +2481,9 @@ def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootst
     cdef int8_t[::1] has_end_view
     cdef int64_t[::1] index_view, sequence_view, step_view, anchor_view
     cdef int64_t *anchor_ptr = NULL
+    cdef const int64_t *stops_ptr = NULL
+    cdef const int64_t *offsets_ptr = NULL
+    cdef int64_t n_stops = 0, n_offsets = 0
     cdef uint8_t[::1] valid_view, learning_view
     policy = _SEQUENCE_POLICIES.get(episode_boundary, -1) if isinstance(episode_boundary, str) else -1
     if policy < 0:
@@ -2535,6 +2546,15 @@ def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootst
     if anchor_out is not None:
         anchor_view = anchor_out
         anchor_ptr = &anchor_view[0]
+    if stops is not None and policy != RP_SEQUENCE_INCLUDE_RESET:
+        stops_owner = _int64_data(stops[0], "stops", &stops_ptr, &n_stops)
+        offsets_owner = _int64_data(stops[1], "stop offsets", &offsets_ptr, &n_offsets)
+        if n_offsets != groups + 1 or n_stops == 0:
+            raise ValueError(f"stops must list the ends of {groups} lanes ({groups + 1} offsets), got "
+                             f"{n_stops} ends and {n_offsets} offsets")
+        if offsets_owner[0] != 0 or offsets_owner[n_offsets - 1] != n_stops:
+            raise ValueError(f"stop offsets must run from 0 to the number of ends ({n_stops}), got "
+                             f"{offsets_owner[0]} to {offsets_owner[n_offsets - 1]}")
     time_view = times
     if anchor_group is not None:
         group_view = lanes
@@ -2546,11 +2566,14 @@ def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootst
                                  group_ptr, n, c_burn_in, c_seq_length, c_bootstrap, c_dilation,
                                  policy, c_newest, c_oldest, &has_end_view[0], &index_view[0],
                                  &valid_view[0], &sequence_view[0], &step_view[0],
-                                 &learning_view[0], anchor_ptr, &bad)
+                                 &learning_view[0], anchor_ptr, stops_ptr, offsets_ptr, &bad)
     if rc == RP_ERR_INDEX:
         where = f"lane {lanes[bad]}, " if anchor_group is not None else ""
         raise IndexError(f"anchor {times[bad]} ({where}position {bad}) is out of range for a "
                          f"storage of {length} rows" + (f" and {groups} lanes" if groups > 1 else ""))
+    if rc != RP_OK and stops is not None and bad >= 0:
+        raise ValueError(f"stops do not hold the anchor {times[bad]}'s lane's ends in increasing rows "
+                         f"of a storage of {length} rows (position {bad})")
     if rc != RP_OK:  # the arguments were checked above
         raise ValueError(f"sequence_windows() refused its arguments (code {rc})")
     return index, validity, sequence_id, step, learning

@@ -150,7 +150,7 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
                         int64_t dilation, int policy, int64_t newest, int64_t oldest,
                         int8_t *group_has_end, int64_t *index, uint8_t *validity,
                         int64_t *sequence_id, int64_t *step, uint8_t *learning, int64_t *anchor_repeat,
-                        int64_t *bad) {
+                        const int64_t *stops, const int64_t *stop_offsets, int64_t *bad) {
     const int64_t limit = (int64_t)1 << 62;
     *bad = -1;
     if (length < 1 || groups < 1 || seq_length < 1 || dilation < 1 || burn_in < 0 ||
@@ -166,8 +166,12 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
     const int64_t total = burn_in + seq_length + bootstrap;
     if (total - 1 > limit / dilation)
         return RP_ERR_VALUE;
-    for (int64_t g = 0; g < groups; g++)
+    for (int64_t g = 0; g < groups; g++) {
         group_has_end[g] = -1;
+        if (stops != NULL && policy != RP_SEQUENCE_INCLUDE_RESET &&
+            (stop_offsets[g] < 0 || stop_offsets[g + 1] <= stop_offsets[g]))
+            return RP_ERR_VALUE; /* every lane has an end */
+    }
     for (int64_t i = 0; i < n; i++) {
         if (anchor_time[i] < 0 || anchor_time[i] >= length ||
             (anchor_group != NULL && (anchor_group[i] < 0 || anchor_group[i] >= groups))) {
@@ -191,6 +195,20 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
             to_stop = floor_mod(newest - a, length);
             from_start = floor_mod(a - oldest, length);
         } else {
+            if (stops != NULL) {
+                /* the lane's effective ends, listed: its first at or after a, its last before a
+                 * (wrapping around the lane) */
+                const int64_t *lane = stops + stop_offsets[g];
+                const int64_t count = stop_offsets[g + 1] - stop_offsets[g];
+                const int64_t j = lower_bound(lane, count, a);
+                to_stop = (j < count ? lane[j] : lane[0] + length) - a;
+                from_start = a - (j > 0 ? lane[j - 1] : lane[count - 1] - length) - 1;
+                if (to_stop < 0 || to_stop >= length || from_start < 0 || from_start >= length) {
+                    *bad = i; /* not increasing rows of the storage: outputs partly written */
+                    return RP_ERR_VALUE;
+                }
+                goto distances_known;
+            }
             bool last_ends = close_last;
             if (!last_ends && cursor < 0) {
                 if (group_has_end[g] < 0)
@@ -217,6 +235,7 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
                 from_start = min_found(from_start, cursor <= a - 1 ? a - 1 - cursor : a - 1 - cursor + length);
             if (last_ends)
                 from_start = min_found(from_start, a);
+        distances_known:
             if (policy == RP_SEQUENCE_STOP) {
                 int64_t shift = reach_forward - to_stop;
                 shift = shift < 0 ? 0 : shift;

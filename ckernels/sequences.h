@@ -60,21 +60,27 @@ int rp_sequence_distances_nd(const int64_t *anchor, int64_t n, int64_t ndim, con
  * [-((a - oldest) mod length), (newest - a) mod length]. Writes, for record s of anchor i at
  * r = i * total + s: index[r] = (anchor + clamped offset) mod length, validity[r] = whether o
  * was inside the range; and, each when not NULL, sequence_id[r] = i, step[r] = s, learning[r] =
- * burn_in <= s < burn_in + seq_length, anchor_repeat[r] = anchor_time[i] (before any shift). group_has_end holds `groups` bytes of scratch (used
+ * burn_in <= s < burn_in + seq_length, anchor_repeat[r] = anchor_time[i] (before any shift).
+ * When stops is not NULL, the effective ends of lane g are not read from end but listed:
+ * stops[stop_offsets[g] .. stop_offsets[g + 1]), increasing rows, at least one a lane
+ * (stop_offsets holds groups + 1 entries); the distances then cost O(log ends) an anchor,
+ * and RP_ERR_VALUE with *bad = i (outputs partly written) says that anchor i's lane lists rows
+ * that are not increasing rows of the storage. group_has_end holds `groups` bytes of scratch (used
  * when cursor < 0 and !close_last). Only the rows within
  * dilation * (total - 1) of an anchor are read. Returns RP_OK; RP_ERR_INDEX with *bad = i
  * (nothing written) when anchor_time[i] is outside [0, length) or anchor_group[i] outside
  * [0, groups); RP_ERR_VALUE (*bad = -1) for length, groups, seq_length or dilation < 1, a
  * negative burn_in or bootstrap, an unknown policy, a cursor outside [-1, length), newest or
  * oldest outside [0, length), or offsets past 2^62. O(n * (total + min(dilation * total,
- * length))), plus O(length) per lane without an effective end at its last row. */
+ * length))) (O(n * (total + log ends)) with stops), plus O(length) per lane without an
+ * effective end at its last row. */
 int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int64_t cursor,
                         bool close_last, const int64_t *anchor_time, const int64_t *anchor_group,
                         int64_t n, int64_t burn_in, int64_t seq_length, int64_t bootstrap,
                         int64_t dilation, int policy, int64_t newest, int64_t oldest,
                         int8_t *group_has_end, int64_t *index, uint8_t *validity,
                         int64_t *sequence_id, int64_t *step, uint8_t *learning, int64_t *anchor_repeat,
-                        int64_t *bad);
+                        const int64_t *stops, const int64_t *stop_offsets, int64_t *bad);
 
 /* Repeat each row of a row-major [n, width] array `times` times: out[(i * times + r) * width + c]
  * = rows[i * width + c] (the records' anchor coordinates, as repeat_interleave along dim 0).

@@ -322,31 +322,40 @@ def test_expand_as_torchrl(seed, lane_shape):
         theirs = units.Sequence(**kwargs).expand(index, dict(info), storages[0])
         ours = Sequence(**kwargs).expand(index, dict(info), storages[1])
         assert _same(ours, theirs), (kwargs, storages[0]._is_full, theirs, ours)
+        # again at the same revision: with lanes, from the ends listed this time
+        again = Sequence(**kwargs).expand(index, dict(info), storages[1])
+        assert _same(again, theirs), (kwargs, storages[0]._is_full, theirs, again)
 
 
 @needs_torchrl_units
+@pytest.mark.parametrize("lane_shape", [(), (3,)], ids=["1d", "lanes"])
 @pytest.mark.parametrize("boundary", BOUNDARIES)
-def test_expand_after_writes_as_torchrl(boundary):
+def test_expand_after_writes_as_torchrl(boundary, lane_shape):
     # torchrl caches the boundaries until the storage's revision moves; ours reads the flags
-    # at each call: both see every write
+    # around the anchors, or (with lanes, from the second query at a revision) lists them:
+    # both see every write, through extend and set
     T, units, _ = _torchrl()
     _seed(1)
     rng = np.random.default_rng(1)
-    storages, written = _twin_storages(T, rng, 16, (), 2)
+    storages, written = _twin_storages(T, rng, 16, lane_shape, 2)
     ours, theirs = Sequence(3, boundary, burn_in=2, bootstrap=1), units.Sequence(3, boundary, burn_in=2, bootstrap=1)
     anchor = torch.arange(16)
+    if lane_shape:
+        anchor = (torch.arange(16), torch.arange(16) % 3)
     for step in range(6):
-        assert _same(ours.expand(anchor, {}, storages[1]), theirs.expand(anchor, {}, storages[0]))
+        expected = theirs.expand(anchor, {}, storages[0])
+        assert _same(ours.expand(anchor, {}, storages[1]), expected)
+        assert _same(ours.expand(anchor, {}, storages[1]), expected)
         m = int(rng.integers(1, 6))
-        done = torch.from_numpy(rng.random((m, 1)) < 0.4)
-        data = TensorDict({("next", "done"): done, "obs": torch.arange(m)}, [m])
+        done = torch.from_numpy(rng.random((m, *lane_shape, 1)) < 0.4)
+        data = TensorDict({("next", "done"): done}, [m, *lane_shape])
         rows = torch.arange(written, written + m) % 16
         written += m
         for storage in storages:
             if step % 2:
                 storage.set(rows, data)
             else:  # a write of the flags alone, in place
-                storage.set(rows, data.select(("next", "done")))
+                storage[rows] = data
 
 
 @needs_torchrl_units

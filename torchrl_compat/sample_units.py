@@ -16,6 +16,8 @@ anchors over a storage.
 from __future__ import annotations
 
 import abc
+import threading
+import weakref
 from typing import Any, Literal, TYPE_CHECKING
 
 import numpy as np
@@ -33,6 +35,11 @@ if TYPE_CHECKING:
 __all__ = ["SampleUnit", "Transition", "Sequence"]
 
 _EPISODE_BOUNDARIES = ("pad", "stop", "include_reset")
+
+# storage -> (key, lane stops or None): the ends of a storage with lanes, listed once a storage
+# is queried twice at the same mutation revision (see Sequence._lane_stops).
+_LANE_STOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LANE_STOPS_LOCK = threading.Lock()
 
 
 class SampleUnit(*(torchrl_twin("sample_units", "SampleUnit") or (abc.ABC,))):
@@ -281,6 +288,7 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
             end, arguments = self._end_flags(storage, ndim)
             if ndim > 1:
                 lane = self._flat_lanes(host_anchor, end.shape[1:])
+                arguments["stops"] = self._lane_stops(storage, end, arguments)
         block = _WindowBlock(batch * total, anchor, ndim)
         index_rows, validity, sequence_id, step, learning = (
             torch.from_numpy(a)
@@ -332,6 +340,44 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
         if not storage._is_full:
             return end, {"length": length, "close_last": True}
         return end, {"length": length, "cursor": _cursor_row(getattr(storage, "_last_cursor_index", None), length)}
+
+    def _lane_stops(self, storage: Storage, end, arguments: dict):
+        """The ends of each lane of a storage with lanes, listed (``(rows, offsets)``, see
+        :func:`replay.sequence_windows`), when the storage was queried before at the same
+        mutation revision; ``None`` otherwise (the ends are then read around each anchor).
+
+        One lane's rows lie ``lanes`` bytes apart: reading them around each anchor touches a
+        cache line a row, where a listed lane costs a binary search. Listing them reads the
+        whole storage once, which a second query at the same revision pays for; a query after
+        each write never lists them. Like torchrl's boundary cache, a write that does not move
+        the revision (into the stored tensors directly) is not seen.
+        """
+        revision = getattr(storage, "_mutation_revision", None)
+        if revision is None:
+            return None
+        key = (self.done_key, revision, tuple(end.shape), arguments.get("close_last", False), arguments.get("cursor"))
+        try:
+            with _LANE_STOPS_LOCK:
+                known = _LANE_STOPS.get(storage)
+                if known is None or known[0] != key:
+                    _LANE_STOPS[storage] = (key, None)
+                    return None
+        except TypeError:  # a storage that cannot be weakly referenced
+            return None
+        if known[1] is not None:
+            return known[1]
+        _, stop, _ = replay.find_start_stop_traj(
+            end=end, at_capacity=not arguments.get("close_last", False), cursor=arguments.get("cursor")
+        )
+        stop = stop.numpy() if isinstance(stop, torch.Tensor) else stop
+        lane_shape = tuple(end.shape[1:])
+        lane = np.ravel_multi_index(tuple(stop[:, 1:].T), lane_shape)
+        order = np.lexsort((stop[:, 0], lane))
+        rows = np.ascontiguousarray(stop[order, 0], dtype=np.int64)
+        offsets = np.searchsorted(lane[order], np.arange(int(np.prod(lane_shape)) + 1)).astype(np.int64)
+        with _LANE_STOPS_LOCK:
+            _LANE_STOPS[storage] = (key, (rows, offsets))
+        return rows, offsets
 
     @staticmethod
     def _flat_lanes(anchor: torch.Tensor, lane_shape) -> np.ndarray:
