@@ -153,13 +153,16 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
     .. note:: ``"anchor_index"`` is the anchor the sampler drew, also where
         ``episode_boundary="stop"`` moved the window back.
 
-    .. note:: Unlike torchrl 0.14, which lists every trajectory of the storage and caches the
-        list until the next write, the windows are read from the end flags within
-        ``dilation * (burn_in + length + bootstrap)`` rows of each anchor, in one C pass with
-        the GIL released: the cost does not grow with the storage, a write costs no rebuild,
-        and nothing can go stale. The results are torchrl 0.14.1's, bit for bit. Anchors
-        outside the storage raise an ``IndexError`` naming them (torchrl returns
-        wrapped-around indices for them); storages on another device are read on the CPU.
+    .. note:: torchrl 0.14 lists every trajectory of the storage at the first query after a
+        write and caches the list until the next one. Here the windows are read from the end
+        flags within ``dilation * (burn_in + length + bootstrap)`` rows of each anchor, in one
+        C pass with the GIL released (:func:`replay.sequence_windows`): the cost does not grow
+        with the storage and a write costs no rebuild. With lanes (``ndim > 1``), whose rows
+        lie a cache line apart, the ends are listed once the storage is queried a second time
+        at the same mutation revision, and searched from then on. The results are torchrl
+        0.14.1's, bit for bit. Anchors outside the storage raise an ``IndexError`` naming them
+        (torchrl returns wrapped-around indices for them); storages on another device are read
+        on the CPU.
 
     Examples:
         >>> import torch
