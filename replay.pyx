@@ -2423,7 +2423,7 @@ def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootst
     Args:
         end (np.ndarray or torch.Tensor or None): the ``[length, *lanes]`` end-of-episode
             flags (nonzero = the last row of an episode), time first; ``None`` with
-            ``"include_reset"``.
+            ``"include_reset"``, or with ``stops``.
         anchor_time (np.ndarray or torch.Tensor): the anchors' rows, 1-D integers.
         anchor_group (np.ndarray or torch.Tensor or None): the anchors' lanes (flattened,
             row-major), or ``None`` for a storage without lanes.
@@ -2494,7 +2494,12 @@ def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootst
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
             raise ValueError(f"{name} must be an integer >= {low}, got {name}={value!r}")
     c_burn_in, c_seq_length, c_bootstrap, c_dilation = burn_in, seq_length, bootstrap, dilation
-    if policy != RP_SEQUENCE_INCLUDE_RESET:
+    if policy != RP_SEQUENCE_INCLUDE_RESET and end is None and stops is not None:
+        # the ends listed: end is not read
+        if length is None:
+            raise ValueError("sequence_windows() needs length without end")
+        groups = len(stops[1]) - 1
+    elif policy != RP_SEQUENCE_INCLUDE_RESET:
         flags = _as_array(end)
         if flags.ndim == 0:
             raise ValueError("end must have a time dimension, got a 0-d array")

@@ -159,7 +159,7 @@ int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int6
         return RP_ERR_VALUE;
     if (policy == RP_SEQUENCE_INCLUDE_RESET
             ? (newest < 0 || newest >= length || oldest < 0 || oldest >= length)
-            : end == NULL)
+            : (end == NULL && stops == NULL))
         return RP_ERR_VALUE;
     if (burn_in > limit - seq_length || bootstrap > limit - burn_in - seq_length)
         return RP_ERR_VALUE;

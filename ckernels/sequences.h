@@ -61,7 +61,8 @@ int rp_sequence_distances_nd(const int64_t *anchor, int64_t n, int64_t ndim, con
  * r = i * total + s: index[r] = (anchor + clamped offset) mod length, validity[r] = whether o
  * was inside the range; and, each when not NULL, sequence_id[r] = i, step[r] = s, learning[r] =
  * burn_in <= s < burn_in + seq_length, anchor_repeat[r] = anchor_time[i] (before any shift).
- * When stops is not NULL, the effective ends of lane g are not read from end but listed:
+ * When stops is not NULL, the effective ends of lane g are not read from end (which may then
+ * be NULL) but listed:
  * stops[stop_offsets[g] .. stop_offsets[g + 1]), increasing rows, at least one a lane
  * (stop_offsets holds groups + 1 entries); the distances then cost O(log ends) an anchor,
  * and RP_ERR_VALUE with *bad = i (outputs partly written) says that anchor i's lane lists rows

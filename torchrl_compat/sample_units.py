@@ -288,10 +288,16 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
             oldest = (newest + 1) % written if storage._is_full else 0
             end, arguments = None, {"length": written, "newest": newest, "oldest": oldest}
         else:
-            end, arguments = self._end_flags(storage, ndim)
-            if ndim > 1:
-                lane = self._flat_lanes(host_anchor, end.shape[1:])
-                arguments["stops"] = self._lane_stops(storage, end, arguments)
+            listed = self._listed_stops(storage) if ndim > 1 else None
+            if listed is not None:  # the storage did not change since its ends were listed
+                key, stops = listed
+                end, arguments = None, {"length": key[2][0], "stops": stops}
+                lane = self._flat_lanes(host_anchor, key[2][1:])
+            else:
+                end, arguments = self._end_flags(storage, ndim)
+                if ndim > 1:
+                    lane = self._flat_lanes(host_anchor, end.shape[1:])
+                    arguments["stops"] = self._lane_stops(storage, end, arguments)
         block = _WindowBlock(batch * total, anchor, ndim)
         index_rows, validity, sequence_id, step, learning = (
             torch.from_numpy(a)
@@ -355,10 +361,9 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
         each write never lists them. Like torchrl's boundary cache, a write that does not move
         the revision (into the stored tensors directly) is not seen.
         """
-        revision = getattr(storage, "_mutation_revision", None)
-        if revision is None:
+        key = self._stops_key(storage, tuple(end.shape), arguments.get("close_last", False), arguments.get("cursor"))
+        if key is None:
             return None
-        key = (self.done_key, revision, tuple(end.shape), arguments.get("close_last", False), arguments.get("cursor"))
         try:
             with _LANE_STOPS_LOCK:
                 known = _LANE_STOPS.get(storage)
@@ -381,6 +386,30 @@ class Sequence(SampleUnit, *torchrl_twin("sample_units", "Sequence")):
         with _LANE_STOPS_LOCK:
             _LANE_STOPS[storage] = (key, (rows, offsets))
         return rows, offsets
+
+    def _stops_key(self, storage: Storage, shape: tuple, close_last: bool, cursor):
+        """What the listed ends of ``storage`` depend on, ``None`` without a revision."""
+        revision = getattr(storage, "_mutation_revision", None)
+        if revision is None:
+            return None
+        return (self.done_key, revision, shape, close_last, cursor)
+
+    def _listed_stops(self, storage: Storage):
+        """``(key, stops)`` when the ends of ``storage`` were listed at its present state, else
+        ``None``; reads the storage's counters only, not its end flags."""
+        try:
+            with _LANE_STOPS_LOCK:
+                known = _LANE_STOPS.get(storage)
+        except TypeError:  # a storage that cannot be weakly referenced
+            return None
+        if known is None or known[1] is None:
+            return None
+        shape = tuple(storage.shape)
+        if storage._is_full:
+            key = self._stops_key(storage, shape, False, _cursor_row(getattr(storage, "_last_cursor_index", None), shape[0]))
+        else:
+            key = self._stops_key(storage, shape, True, None)
+        return known if key == known[0] else None
 
     @staticmethod
     def _flat_lanes(anchor: torch.Tensor, lane_shape) -> np.ndarray:
