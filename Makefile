@@ -112,7 +112,7 @@ DEBUG_BUILD = REPLAY_CYTHON_DEBUG=1 REPLAY_PORTABLE=1 $(PYTHON) setup.py -q buil
 	--build-temp build/debug-temp --build-lib $(DEBUG_DIR)
 KERNEL_TESTS = tests/test_segtree.py tests/test_segtree_large.py tests/test_segtree_binary.py tests/test_segtree_exclude.py tests/test_segtree_zeroed.py \
 	tests/test_segtree_fill.py tests/test_copy_rows.py tests/test_take_rows.py tests/test_transpose.py \
-	tests/test_slices.py tests/test_perm.py tests/test_samplers_trees.py
+	tests/test_slices.py tests/test_perm.py tests/test_samplers_trees.py tests/test_sample_units.py
 DEBUG_TESTS = REPLAY_EXTENSION_DIR=$(DEBUG_DIR) $(PYTHON) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
 test-debug: $(ENV_READY)
 	$(DEBUG_BUILD)

@@ -199,6 +199,33 @@ cdef extern from "ckernels/slices.h" nogil:
                                uint64_t mask, bint from_ids, int64_t start, int64_t *out,
                                int64_t room, int64_t *n_out)
 
+# (sequence windows: torchrl 0.14's sample units)
+from libc.stdint cimport int8_t
+
+cdef extern from "ckernels/sequences.h" nogil:
+    enum:
+        RP_SEQUENCE_PAD
+        RP_SEQUENCE_STOP
+        RP_SEQUENCE_INCLUDE_RESET
+    int rp_sequence_distances(const int64_t *anchor, int64_t n, const int64_t *start,
+                              const int64_t *stop, int64_t m, int64_t length, int64_t *from_start,
+                              int64_t *to_stop, int64_t *bad)
+    int rp_sequence_distances_nd(const int64_t *anchor, int64_t n, int64_t ndim,
+                                 const int64_t *start, const int64_t *stop, int64_t m,
+                                 const int64_t *stop_key, const int64_t *boundary_index, int64_t k,
+                                 const int64_t *lane_stride, int64_t length, int64_t *from_start,
+                                 int64_t *to_stop, int64_t *bad)
+    int rp_sequence_windows(const uint8_t *end, int64_t length, int64_t groups, int64_t cursor,
+                            bint close_last, const int64_t *anchor_time,
+                            const int64_t *anchor_group, int64_t n, int64_t burn_in,
+                            int64_t seq_length, int64_t bootstrap, int64_t dilation, int policy,
+                            int64_t newest, int64_t oldest, int8_t *group_has_end, int64_t *index,
+                            uint8_t *validity, int64_t *sequence_id, int64_t *step,
+                            uint8_t *learning, int64_t *anchor_repeat, const int64_t *stops,
+                            const int64_t *stop_offsets, int64_t *bad)
+    void rp_sequence_repeat_rows(const int64_t *rows, int64_t n, int64_t width, int64_t times,
+                                 int64_t *out)
+
 
 # =====================================================================================
 # Permutations

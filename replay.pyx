@@ -2287,6 +2287,374 @@ def short_trajectories(ends, limit, length, forced, min_length):
         room = n_out
 
 
+# ---- Sequence windows (torchrl 0.14's sample units) ----------------------------------
+
+_SEQUENCE_POLICIES = {
+    "pad": RP_SEQUENCE_PAD,
+    "stop": RP_SEQUENCE_STOP,
+    "include_reset": RP_SEQUENCE_INCLUDE_RESET,
+}
+
+
+_SEQUENCE_DTYPES = (np.dtype(np.int64), np.dtype(np.bool_), np.dtype(np.int64), np.dtype(np.int64),
+                    np.dtype(np.bool_))
+
+
+def _sequence_outputs(int64_t size):
+    """The five outputs of :func:`sequence_windows`, views of one block."""
+    block = np.empty(size * 26, dtype=np.uint8)
+    return (block[:8 * size].view(np.int64), block[24 * size:25 * size].view(np.bool_),
+            block[8 * size:16 * size].view(np.int64), block[16 * size:24 * size].view(np.int64),
+            block[25 * size:].view(np.bool_))
+
+
+cdef object _reshaped_like(object array, object shape, object like):
+    return _numpy_to_like(array.reshape(shape), like)
+
+
+def boundary_distances(anchor, start, stop, length):
+    """Distances of anchors to the first and last rows of their trajectories, as torchrl
+    0.14's ``_boundary_distances_1d``: the trajectory of an anchor is the first whose stop is
+    at or after it (by binary search, as ``torch.searchsorted``), the first one when none is,
+    and both distances are taken modulo ``length``.
+
+    Args:
+        anchor (np.ndarray or torch.Tensor): integer rows, of any shape.
+        start (np.ndarray or torch.Tensor): the first row of each trajectory, 1-D.
+        stop (np.ndarray or torch.Tensor): the last row of each trajectory, 1-D, sorted.
+        length (int): the storage's time length (the modulus).
+
+    Returns:
+        ``(distance_from_start, distance_to_stop)``, int64, of ``anchor``'s shape (tensors on
+        its device when it is a tensor).
+
+    Raises:
+        TypeError: for non-integer inputs.
+        ValueError: for ``start`` and ``stop`` of different shapes, no trajectory, or
+            ``length < 1``.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> stop = np.array([2, 4, 7]); start = np.array([8, 3, 5])
+        >>> [d.tolist() for d in replay.boundary_distances(np.array([0, 4, 9]), start, stop, 10)]
+        [[2, 1, 1], [2, 0, 3]]
+    """
+    cdef int64_t n, m, m_start, c_length, bad = 0
+    cdef int rc = RP_OK
+    cdef const int64_t *a_ptr = NULL
+    cdef const int64_t *start_ptr = NULL
+    cdef const int64_t *stop_ptr = NULL
+    cdef int64_t[::1] out_view
+    # (the plain-tensor fast path of _int64_data: no numpy view, no buffer acquisition)
+    a_owner = _int64_data(anchor, "anchor", &a_ptr, &n)
+    start_owner = _int64_data(start, "start", &start_ptr, &m_start)
+    stop_owner = _int64_data(stop, "stop", &stop_ptr, &m)
+    if m_start != m:
+        raise ValueError(f"start and stop must have the same shape, got {m_start} and {m}")
+    if m == 0:
+        raise ValueError("boundary_distances() needs at least one trajectory, got an empty stop")
+    if length < 1:
+        raise ValueError(f"length must be at least 1, got length={length}")
+    c_length = length
+    # both outputs in one array: one allocation, one buffer acquisition
+    out = np.empty((2, n), dtype=np.int64)
+    if n:
+        out_view = out.reshape(-1)
+        with nogil:
+            rc = rp_sequence_distances(a_ptr, n, start_ptr, stop_ptr, m, c_length,
+                                       &out_view[0], &out_view[n], &bad)
+    if rc != RP_OK:  # the arguments were checked above
+        raise ValueError(f"boundary_distances() refused its arguments (code {rc})")
+    shape = anchor.shape if _is_tensor(anchor) else np.shape(anchor)
+    if len(shape) == 1:
+        return _numpy_to_like(out[0], anchor), _numpy_to_like(out[1], anchor)
+    return _reshaped_like(out[0], shape, anchor), _reshaped_like(out[1], shape, anchor)
+
+
+def boundary_distances_nd(anchor, start, stop, stop_key, boundary_index, lane_stride, length):
+    """The lane-aware :func:`boundary_distances`, as torchrl 0.14's ``_boundary_distances_nd``:
+    an anchor ``(t, *lane)`` is looked up among the stops of its lane through the sorted
+    ``stop_key`` (``lane * 2 * length + t``, a sentinel past each lane's last stop leading
+    back to its first) and ``boundary_index`` (the trajectory of each key).
+
+    Args:
+        anchor (np.ndarray or torch.Tensor): ``[n, ndim]`` integer coordinates, time first.
+        start (np.ndarray or torch.Tensor): ``[m, ndim]`` first rows of the trajectories.
+        stop (np.ndarray or torch.Tensor): ``[m, ndim]`` last rows of the trajectories.
+        stop_key (np.ndarray or torch.Tensor): the sorted search keys, 1-D.
+        boundary_index (np.ndarray or torch.Tensor): the trajectory of each key.
+        lane_stride (np.ndarray or torch.Tensor): ``ndim - 1`` strides flattening a lane.
+        length (int): the storage's time length.
+
+    Returns:
+        ``(distance_from_start, distance_to_stop)``, two int64 ``[n]`` arrays (tensors on
+        ``anchor``'s device when it is a tensor).
+
+    Raises:
+        TypeError: for non-integer inputs.
+        ValueError: for shapes that do not fit together (both named), or ``length < 1``.
+        IndexError: for an anchor whose key is past every key, or whose trajectory is outside
+            ``start``, naming the anchor and its position.
+    """
+    cdef int64_t n, m, k, ndim, c_length, bad = 0
+    cdef int rc = RP_OK
+    cdef const int64_t[::1] a_view, start_view, stop_view, key_view, traj_view, stride_view
+    cdef int64_t[::1] from_view, to_view
+    a_shape = np.shape(_as_array(anchor))
+    start_shape = np.shape(_as_array(start))
+    stop_shape = np.shape(_as_array(stop))
+    if len(a_shape) != 2 or len(start_shape) != 2 or start_shape != stop_shape or \
+            a_shape[1] != start_shape[1]:
+        raise ValueError(
+            f"boundary_distances_nd() needs anchor [n, ndim] and start, stop [m, ndim], got "
+            f"anchor {tuple(a_shape)}, start {tuple(start_shape)} and stop {tuple(stop_shape)}")
+    ndim = a_shape[1]
+    a = _as_index_array(anchor, "anchor")
+    st = _as_index_array(start, "start")
+    sp = _as_index_array(stop, "stop")
+    keys = _as_index_array(stop_key, "stop_key")
+    traj = _as_index_array(boundary_index, "boundary_index")
+    strides = _as_index_array(lane_stride, "lane_stride")
+    if keys.shape[0] != traj.shape[0]:
+        raise ValueError(f"stop_key and boundary_index must have the same shape, got "
+                         f"{keys.shape[0]} and {traj.shape[0]}")
+    if strides.shape[0] != ndim - 1:
+        raise ValueError(f"lane_stride must hold ndim - 1 = {ndim - 1} strides, got {strides.shape[0]}")
+    if start_shape[0] == 0:
+        raise ValueError("boundary_distances_nd() needs at least one trajectory, got an empty stop")
+    if length < 1:
+        raise ValueError(f"length must be at least 1, got length={length}")
+    n, m, k, c_length = a_shape[0], start_shape[0], keys.shape[0], length
+    distance_from_start = np.empty(n, dtype=np.int64)
+    distance_to_stop = np.empty(n, dtype=np.int64)
+    if n:
+        # empty keys or strides have no first element: a one-element stand-in (never read past k)
+        keys = keys if k else np.zeros(1, dtype=np.int64)
+        traj = traj if k else np.zeros(1, dtype=np.int64)
+        strides = strides if ndim > 1 else np.zeros(1, dtype=np.int64)
+        a_view, start_view, stop_view = a, st, sp
+        key_view, traj_view, stride_view = keys, traj, strides
+        from_view, to_view = distance_from_start, distance_to_stop
+        with nogil:
+            rc = rp_sequence_distances_nd(&a_view[0], n, ndim, &start_view[0], &stop_view[0], m,
+                                          &key_view[0], &traj_view[0], k, &stride_view[0],
+                                          c_length, &from_view[0], &to_view[0], &bad)
+    if rc == RP_ERR_INDEX:
+        raise IndexError(f"anchor {a[bad * ndim:(bad + 1) * ndim].tolist()} at position {bad} "
+                         f"has no trajectory among the {m} given (its key is past every stop_key, "
+                         f"or boundary_index names no trajectory)")
+    if rc != RP_OK:
+        raise ValueError(f"boundary_distances_nd() refused its arguments (code {rc})")
+    return _numpy_to_like(distance_from_start, anchor), _numpy_to_like(distance_to_stop, anchor)
+
+
+def repeat_rows(rows, times, out=None):
+    """Each row of a 1-D or 2-D int64 array repeated ``times`` times, in order: what
+    ``np.repeat(rows, times, axis=0)`` gives, written into ``out`` when given (a C-contiguous
+    int64 array of that shape). numpy's broadcasting copy of rows two values wide is ~10x
+    slower.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> replay.repeat_rows(np.array([[1, 2], [3, 4]]), 2).tolist()
+        [[1, 2], [1, 2], [3, 4], [3, 4]]
+    """
+    cdef int64_t n, width, c_times
+    cdef const int64_t[::1] rows_view
+    cdef int64_t[::1] out_view
+    arr = _as_array(rows)
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"repeat_rows() needs a 1-D or 2-D array, got one of shape {tuple(arr.shape)}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"rows must hold integers, got an array of dtype {arr.dtype}")
+    if isinstance(times, bool) or not isinstance(times, (int, np.integer)) or times < 0:
+        raise ValueError(f"times must be an integer >= 0, got times={times!r}")
+    arr = np.ascontiguousarray(arr, dtype=np.int64)
+    shape = (arr.shape[0] * times, *arr.shape[1:])
+    if out is None:
+        out = np.empty(shape, dtype=np.int64)
+    elif out.dtype != np.int64 or out.shape != shape or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous int64 array of shape {shape}, got {out.dtype} {out.shape}")
+    n, width, c_times = arr.shape[0], (arr.shape[1] if arr.ndim == 2 else 1), times
+    if n == 0 or width == 0 or c_times == 0:
+        return out
+    rows_view = arr.reshape(-1)
+    out_view = out.reshape(-1)
+    with nogil:
+        rp_sequence_repeat_rows(&rows_view[0], n, width, c_times, &out_view[0])
+    return out
+
+
+def sequence_windows(end, anchor_time, anchor_group, burn_in, seq_length, bootstrap, dilation,
+                     episode_boundary, *, length=None, cursor=None, close_last=False, newest=0,
+                     oldest=0, out=None, anchor_out=None, stops=None):
+    """The records torchrl 0.14's ``Sequence`` sample unit expands each anchor into, read from
+    the end flags around the anchors only (no trajectory list, no cache to invalidate).
+
+    Args:
+        end (np.ndarray or torch.Tensor or None): the ``[length, *lanes]`` end-of-episode
+            flags (nonzero = the last row of an episode), time first; ``None`` with
+            ``"include_reset"``, or with ``stops``.
+        anchor_time (np.ndarray or torch.Tensor): the anchors' rows, 1-D integers.
+        anchor_group (np.ndarray or torch.Tensor or None): the anchors' lanes (flattened,
+            row-major), or ``None`` for a storage without lanes.
+        burn_in, seq_length, bootstrap, dilation (int): the window (``seq_length`` is
+            ``Sequence``'s ``length``).
+        episode_boundary (str): ``"pad"``, ``"stop"`` or ``"include_reset"``.
+
+    Keyword Args:
+        length (int, optional): the time length; ``end``'s first dimension when not given
+            (required without ``end``).
+        cursor (int, optional): a row forced to end every episode (the last written row of a
+            full storage). Defaults to none.
+        close_last (bool, optional): the last row ends every episode (a storage not full).
+            Defaults to ``False``.
+        newest, oldest (int, optional): the newest and oldest written rows
+            (``"include_reset"``). Default to 0.
+        out (tuple of np.ndarray, optional): the five outputs to write, C-contiguous, of
+            ``n * total`` entries each, in the dtypes below. Defaults to views of one new
+            block (five separate arrays of a few hundred kB each make glibc give memory back
+            and fault it in again at every call: 10x the kernel's time).
+
+        anchor_out (np.ndarray, optional): a C-contiguous int64 array of ``n * total``
+            entries that receives each record's anchor row. Defaults to none.
+        stops (tuple of np.ndarray, optional): ``(rows, offsets)``, the effective ends of
+            every lane listed (``rows[offsets[g]:offsets[g + 1]]`` increasing, at least one a
+            lane; what :func:`find_start_stop_traj` gives as stops), read instead of ``end``
+            in O(log ends) an anchor: for repeated queries over a storage that did not change.
+            Defaults to none.
+
+    Returns:
+        ``(index, validity, sequence_id, step, learning)``: numpy arrays of ``n * total``
+        entries (int64, bool, int64, int64, bool), anchor after anchor (``out`` when given).
+
+    Raises:
+        TypeError: for non-integer anchors.
+        ValueError: for an unknown ``episode_boundary``, a bad window, cursor, ``newest`` or
+            ``oldest``, or anchors and lanes of different lengths, each named.
+        IndexError: for an anchor outside the storage, naming it and its position.
+
+    Examples:
+        >>> import numpy as np, replay
+        >>> end = np.zeros(10, dtype=bool); end[[4, 9]] = True
+        >>> index, validity, *_ = replay.sequence_windows(end, np.array([5]), None, 1, 2, 1, 1, "pad")
+        >>> index.tolist(), validity.tolist()
+        ([5, 5, 6, 7], [False, True, True, True])
+    """
+    cdef int64_t n, groups = 1, c_length, c_cursor, c_newest = newest, c_oldest = oldest, bad = 0
+    cdef int64_t c_burn_in, c_seq_length, c_bootstrap, c_dilation, total
+    cdef int policy, rc = RP_OK
+    cdef bint c_close_last = bool(close_last)
+    cdef const uint8_t *end_ptr = NULL
+    cdef const int64_t *group_ptr = NULL
+    cdef const int64_t[::1] time_view, group_view
+    cdef const uint8_t[::1] end_view
+    cdef int8_t[::1] has_end_view
+    cdef int64_t[::1] index_view, sequence_view, step_view, anchor_view
+    cdef int64_t *anchor_ptr = NULL
+    cdef const int64_t *stops_ptr = NULL
+    cdef const int64_t *offsets_ptr = NULL
+    cdef int64_t n_stops = 0, n_offsets = 0
+    cdef uint8_t[::1] valid_view, learning_view
+    policy = _SEQUENCE_POLICIES.get(episode_boundary, -1) if isinstance(episode_boundary, str) else -1
+    if policy < 0:
+        raise ValueError(f"Unknown episode_boundary {episode_boundary!r}: use 'pad', 'stop' or "
+                         f"'include_reset'")
+    for name, value, low in (("burn_in", burn_in, 0), ("length", seq_length, 1),
+                             ("bootstrap", bootstrap, 0), ("dilation", dilation, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {name}={value!r}")
+    c_burn_in, c_seq_length, c_bootstrap, c_dilation = burn_in, seq_length, bootstrap, dilation
+    if policy != RP_SEQUENCE_INCLUDE_RESET and end is None and stops is not None:
+        # the ends listed: end is not read
+        if length is None:
+            raise ValueError("sequence_windows() needs length without end")
+        groups = len(stops[1]) - 1
+    elif policy != RP_SEQUENCE_INCLUDE_RESET:
+        flags = _as_array(end)
+        if flags.ndim == 0:
+            raise ValueError("end must have a time dimension, got a 0-d array")
+        length = flags.shape[0] if length is None else length
+        if flags.shape[0] != length:
+            raise ValueError(f"end has {flags.shape[0]} rows, expected length={length}")
+        groups = flags.size // length if length else 1
+        flags = _flag_bytes(flags)
+        if flags.shape[0]:
+            end_view = flags
+            end_ptr = &end_view[0]
+    elif length is None:
+        raise ValueError("sequence_windows() needs length without end")
+    if length < 1:
+        raise ValueError(f"cannot expand anchors over an empty storage (length={length})")
+    c_length = length
+    c_cursor = -1 if cursor is None else cursor
+    if not -1 <= c_cursor < c_length:
+        raise ValueError(f"cursor {cursor} is out of range for a storage of {length} rows")
+    if policy == RP_SEQUENCE_INCLUDE_RESET and not (0 <= c_newest < c_length and 0 <= c_oldest < c_length):
+        raise ValueError(f"newest={newest} and oldest={oldest} must be rows of a storage of "
+                         f"{length} rows")
+    times = _as_index_array(anchor_time, "anchor")
+    n = times.shape[0]
+    if anchor_group is not None:
+        lanes = _as_index_array(anchor_group, "anchor lane")
+        if lanes.shape[0] != n:
+            raise ValueError(f"anchor_time and anchor_group must have the same shape, got {n} "
+                             f"and {lanes.shape[0]}")
+    total = c_burn_in + c_seq_length + c_bootstrap
+    if total > (1 << 62) // c_dilation:
+        raise ValueError(f"a window of {total} records {dilation} rows apart is too long")
+    if n and total > (1 << 62) // n:
+        raise ValueError(f"{n} windows of {total} records are too many")
+    if out is None:
+        out = _sequence_outputs(n * total)
+    index, validity, sequence_id, step, learning = out
+    for array, dtype in zip(out, _SEQUENCE_DTYPES):
+        if array.dtype != dtype or array.shape != (n * total,) or not array.flags.c_contiguous:
+            raise ValueError(f"out must hold C-contiguous arrays of {n * total} entries of dtypes "
+                             f"int64, bool, int64, int64, bool, got {array.dtype} {array.shape}")
+    if anchor_out is not None and (anchor_out.dtype != np.int64 or anchor_out.shape != (n * total,)
+                                   or not anchor_out.flags.c_contiguous):
+        raise ValueError(f"anchor_out must be a C-contiguous int64 array of {n * total} entries, got "
+                         f"{anchor_out.dtype} {anchor_out.shape}")
+    if n == 0:
+        return index, validity, sequence_id, step, learning
+    has_end = np.empty(groups, dtype=np.int8)
+    if anchor_out is not None:
+        anchor_view = anchor_out
+        anchor_ptr = &anchor_view[0]
+    if stops is not None and policy != RP_SEQUENCE_INCLUDE_RESET:
+        stops_owner = _int64_data(stops[0], "stops", &stops_ptr, &n_stops)
+        offsets_owner = _int64_data(stops[1], "stop offsets", &offsets_ptr, &n_offsets)
+        if n_offsets != groups + 1 or n_stops == 0:
+            raise ValueError(f"stops must list the ends of {groups} lanes ({groups + 1} offsets), got "
+                             f"{n_stops} ends and {n_offsets} offsets")
+        if offsets_owner[0] != 0 or offsets_owner[n_offsets - 1] != n_stops:
+            raise ValueError(f"stop offsets must run from 0 to the number of ends ({n_stops}), got "
+                             f"{offsets_owner[0]} to {offsets_owner[n_offsets - 1]}")
+    time_view = times
+    if anchor_group is not None:
+        group_view = lanes
+        group_ptr = &group_view[0]
+    has_end_view, index_view, valid_view = has_end, index, validity.view(np.uint8)
+    sequence_view, step_view, learning_view = sequence_id, step, learning.view(np.uint8)
+    with nogil:
+        rc = rp_sequence_windows(end_ptr, c_length, groups, c_cursor, c_close_last, &time_view[0],
+                                 group_ptr, n, c_burn_in, c_seq_length, c_bootstrap, c_dilation,
+                                 policy, c_newest, c_oldest, &has_end_view[0], &index_view[0],
+                                 &valid_view[0], &sequence_view[0], &step_view[0],
+                                 &learning_view[0], anchor_ptr, stops_ptr, offsets_ptr, &bad)
+    if rc == RP_ERR_INDEX:
+        where = f"lane {lanes[bad]}, " if anchor_group is not None else ""
+        raise IndexError(f"anchor {times[bad]} ({where}position {bad}) is out of range for a "
+                         f"storage of {length} rows" + (f" and {groups} lanes" if groups > 1 else ""))
+    if rc != RP_OK and stops is not None and bad >= 0:
+        raise ValueError(f"stops do not hold the anchor {times[bad]}'s lane's ends in increasing rows "
+                         f"of a storage of {length} rows (position {bad})")
+    if rc != RP_OK:  # the arguments were checked above
+        raise ValueError(f"sequence_windows() refused its arguments (code {rc})")
+    return index, validity, sequence_id, step, learning
+
+
 # Slices whose trajectory bounds sample_slice_index_from_ends keeps on the stack.
 cdef enum:
     _SMALL_DRAWS = 64

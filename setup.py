@@ -59,6 +59,7 @@ class BuildPyWithStartupHooks(build_py):
 KERNEL_SOURCES = [
     "ckernels/segtree.c",
     "ckernels/slices.c",
+    "ckernels/sequences.c",
     "ckernels/perm.c",
     "ckernels/prng.c",
     "ckernels/rows.c",

@@ -74,7 +74,10 @@ def defining_module(cls) -> types.ModuleType:
 
 def classes_defined_in(module_name: str) -> dict:
     """``{class name: module name}`` for every class whose ``class`` statement is in the
-    source of ``module_name`` or, for a package, of one of its modules."""
+    source of ``module_name`` or, for a package, of one of its modules (none where the
+    installed torchrl has no such module: sample_units before 0.14)."""
+    if not _exists(module_name):
+        return {}
     module = importlib.import_module(module_name)
     names = [module_name]
     if hasattr(module, "__path__"):

@@ -46,8 +46,8 @@ class Classes:
 
     def __getattr__(self, name):
         for module_name in STAND_IN_MODULES:
-            module = sys.modules[module_name]
-            if name in vars(module):
+            module = sys.modules.get(module_name)  # sample_units: torchrl 0.14 only
+            if module is not None and name in vars(module):
                 return getattr(module, name)
         raise AttributeError(name)
 

@@ -57,3 +57,12 @@ from torchrl_compat.utils import find_start_stop_traj  # noqa: E402
 
 if _since("find_start_stop_traj_public"):
     __all__.append("find_start_stop_traj")
+
+# torchrl 0.14's sample units (the module imports in every release; torchrl 0.11-0.13 have
+# no such classes, so the package names them only from 0.14).
+from torchrl_compat import sample_units  # noqa: E402
+
+if _since("sample_units"):
+    from torchrl_compat.sample_units import SampleUnit, Sequence, Transition  # noqa: E402,F401
+
+    __all__ += sample_units.__all__

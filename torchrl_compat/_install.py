@@ -48,7 +48,10 @@ STAND_IN_MODULES = (
     "torchrl.data.replay_buffers.samplers",
     "torchrl.data.replay_buffers.writers",
     "torchrl.data.replay_buffers.replay_buffers",
+    "torchrl.data.replay_buffers.sample_units",  # torchrl 0.14
 )
+# Those a supported torchrl release may lack (skipped there).
+_RELEASE_STAND_IN_MODULES = frozenset({"torchrl.data.replay_buffers.sample_units"})
 
 # The modules torchrl_compat's own modules take torchrl's classes from (as base classes):
 # they hold torchrl's classes again while a torchrl_compat module executes.
@@ -210,12 +213,15 @@ class _Installation:
         pairs (list of (str, type, type)): ``(name, torchrl's class, our class)``.
     """
 
-    def __init__(self, pairs) -> None:
+    def __init__(self, pairs, functions=()) -> None:
         self.pairs = pairs
+        self.functions = list(functions)
         # torchrl's classes that ours stand in for stay as they are (ours derive from them).
         fixed = {id(cls) for _, theirs, ours in pairs for cls in (theirs, ours)}
-        self.forward = _Swap([(theirs, ours) for _, theirs, ours in pairs], fixed)
-        self.backward = _Swap([(ours, theirs) for _, theirs, ours in pairs], fixed)
+        # functions are swapped as classes are, wherever torchrl's modules hold them
+        swapped = [(theirs, ours) for _, theirs, ours in [*pairs, *self.functions]]
+        self.forward = _Swap(swapped, fixed)
+        self.backward = _Swap([(ours, theirs) for theirs, ours in swapped], fixed)
         self._lock = threading.Lock()
         self._suspended = 0
         self._imported_meanwhile = []
@@ -276,6 +282,32 @@ def _original(module, name: str):
     return value
 
 
+# name -> torchrl's own function that install() replaced, recorded once.
+_ORIGINAL_FUNCTIONS: dict[str, types.FunctionType] = {}
+
+
+def _function_pairs() -> list:
+    """``(name, torchrl's function, ours)`` for torchrl 0.14's trajectory-boundary queries
+    (``torchrl.data.replay_buffers.utils``), which ``_ReplayBoundaryIndex`` calls."""
+    from torchrl_compat._releases import since
+
+    if not since("sample_units"):
+        return []
+    try:
+        utils = importlib.import_module("torchrl.data.replay_buffers.utils")
+    except ImportError:
+        return []
+    from torchrl_compat._boundary_queries import BOUNDARY_QUERIES
+
+    pairs = []
+    for name, ours in BOUNDARY_QUERIES.items():
+        theirs = _ORIGINAL_FUNCTIONS.get(name, utils.__dict__.get(name))
+        if isinstance(theirs, types.FunctionType) and theirs is not ours:
+            _ORIGINAL_FUNCTIONS[name] = theirs
+            pairs.append((name, theirs, ours))
+    return pairs
+
+
 def _stand_in_pairs() -> list:
     import torchrl_compat
 
@@ -283,7 +315,9 @@ def _stand_in_pairs() -> list:
     for module_name in STAND_IN_MODULES:
         try:
             module = importlib.import_module(module_name)
-        except ImportError:  # torchrl is not installed
+        except ImportError:  # torchrl is not installed, or this release lacks the module
+            if module_name in _RELEASE_STAND_IN_MODULES:
+                continue
             return []
         for name in list(module.__dict__):
             theirs = None if name.startswith("_") else _original(module, name)
@@ -307,8 +341,11 @@ def install() -> dict:
     attributes and the base classes of
     torchrl's other classes (``RayReplayBuffer``, the dataset buffers) follow, so the
     defaults and ``isinstance`` checks inside torchrl's buffers use ours; torchrl modules
-    imported later are treated the same way as they load. ``replay``'s segment trees are
-    installed as by ``install_segment_trees(replace=True)``
+    imported later are treated the same way as they load. From torchrl 0.14, torchrl's sample
+    units (``SampleUnit``, ``Transition``, ``Sequence``) and its trajectory-boundary queries
+    (``_boundary_distances_1d``, ``_boundary_distances_nd``, ``_make_boundary_search_nd``) are
+    replaced by ours (:mod:`torchrl_compat.sample_units`) in the same way. ``replay``'s segment
+    trees are installed as by ``install_segment_trees(replace=True)``
     (:func:`~torchrl_compat.install_segment_trees`): where torchrl's own compiled trees load
     (torch 2.9 with torchrl 0.11, torch 2.15 with torchrl 0.14.1) ours replace them too, so
     that torchrl's code meets the same trees on every torch.
@@ -351,9 +388,10 @@ def install() -> dict:
     _own_trees = own or _own_trees
     if not pairs:
         return {}
+    functions = _function_pairs()
     installation = _installation
-    if installation is None or installation.pairs != pairs:
-        installation = _Installation(pairs)
+    if installation is None or installation.pairs != pairs or installation.functions != functions:
+        installation = _Installation(pairs, functions)
     installation.apply(installation.forward, _torchrl_modules())
     torchrl_compat_trees.import_watcher().listener = installation
     _installation = installation

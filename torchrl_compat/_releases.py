@@ -123,6 +123,11 @@ BEHAVIOURS: dict[str, tuple[int, int]] = {
     "multiprocess_errors_name_fix": (0, 13),
     # transforms of a shared buffer share their state (``share_memory_``)
     "buffer_shared_transforms": (0, 14),
+    # sample units: torchrl_compat exports SampleUnit, Transition and Sequence
+    # (torchrl_compat.sample_units, importable in every release), and install() stands them,
+    # and torchrl's boundary queries (_boundary_distances_1d / _nd, _make_boundary_search_nd),
+    # in for torchrl's
+    "sample_units": (0, 14),
     # ReplayBufferEnsemble: p="sampleable", routing_key, end_streams, stats
     "ensemble_sampleable_routing": (0, 14),
     # consume_after_n_samples / ConsumingSampler: items sampled n times leave the buffer

@@ -2108,7 +2108,12 @@ def _checked_consume_count(count):
 
 
 def _is_sample_unit(value) -> bool:
-    """Whether ``value`` is one of torchrl's sample units (``SampleUnit``), or quacks like one."""
+    """Whether ``value`` is a sample unit: ours, torchrl's (``SampleUnit``), or, without
+    torchrl's, an object that quacks like one."""
+    from torchrl_compat.sample_units import SampleUnit
+
+    if isinstance(value, SampleUnit):
+        return True
     units = torchrl_sample_units()
     if units is not None:
         return isinstance(value, units.SampleUnit)

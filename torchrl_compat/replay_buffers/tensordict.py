@@ -411,8 +411,11 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         The anchors are read from ``"anchor_index"`` (coordinates for a storage with
         ``ndim > 1``), the valid records from ``"validity_mask"`` when present.
         """
+        from torchrl_compat.sample_units import Sequence
+
         units = _sample_units()
-        if units is None or not isinstance(self._sample_unit, units.Sequence):
+        sequences = (Sequence,) if units is None else (Sequence, units.Sequence)
+        if not isinstance(self._sample_unit, sequences):
             return None
         anchor = data.get("anchor_index", None)
         if anchor is None:
