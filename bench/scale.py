@@ -25,7 +25,9 @@ of several sizes and libraries go into one file.
     python bench/scale.py --rows 134217728 --lib torchrl --out bench/scale.csv
 
 ``--lib torchrl`` runs torchrl's own classes (its segment trees served by ``replay`` when its
-compiled ones do not load on the installed torch: ``torchrl_compat_trees``). CI runs it at 2^16
+compiled ones do not load on the installed torch: ``torchrl_compat_trees``); ``--lib cpprb``
+runs cpprb's ``PrioritizedReplayBuffer`` on memory-mapped columns (``pip install cpprb``; it has
+no slice sampler, so the slice loop and the draws apart are left out). CI runs it at 2^16
 rows as a smoke test (``tests/test_bench_scale.py``).
 """
 from __future__ import annotations
@@ -63,7 +65,7 @@ def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=_count, default=2**20,
                         help="the storage's capacity, filled to the end (2**30 accepted)")
-    parser.add_argument("--lib", choices=("ours", "torchrl"), default="ours")
+    parser.add_argument("--lib", choices=("ours", "torchrl", "cpprb"), default="ours")
     parser.add_argument("--scratch-dir", type=Path, default=None,
                         help="where the storage's files go (default: a temporary directory)")
     parser.add_argument("--out", type=Path, default=Path("bench/scale.csv"))
@@ -77,6 +79,8 @@ def _parse_args(argv):
 
 
 def _library(name):
+    if name == "cpprb":
+        return None  # _CpprbBuffer
     if name == "torchrl":
         import torchrl_compat_trees
 
@@ -159,10 +163,20 @@ def _time_loops(torch, TensorDict, rb, rb_slice, filled, args, slice_steps, reco
         start = time.perf_counter()
         rb.extend(rows)
         sample = rb.sample()
-        sample.set("td_error", torch.rand(sample.shape[0]))
-        rb.update_tensordict_priority(sample)
+        if rb_slice is None:  # cpprb: a dict of columns, priorities set by its indexes
+            rb.update_priority(sample, torch.rand(BATCH))
+        else:
+            sample.set("td_error", torch.rand(sample.shape[0]))
+            rb.update_tensordict_priority(sample)
         prioritized.append(time.perf_counter() - start)
         filled += LOOP_WRITE
+    size = len(rb)
+    if rb_slice is None:
+        p = statistics.median(prioritized)
+        record(size, "prioritized_step_s", p, "s", f"prioritized step {p * 1e6:,.0f} us (median of {steps})")
+        record(size, "rss_gib", _rss_gib(), "GiB", f"RSS {_rss_gib():.2f} GiB")
+        record(size, "rss_anon_gib", _anon_rss_gib(), "GiB", f"  of which anonymous {_anon_rss_gib():.2f} GiB")
+        return filled
     slices = []
     for _ in range(slice_steps):
         start = time.perf_counter()
@@ -178,7 +192,6 @@ def _time_loops(torch, TensorDict, rb, rb_slice, filled, args, slice_steps, reco
             buffer._sampler.sample(buffer._storage, BATCH)
             times.append(time.perf_counter() - start)
         draws[name] = statistics.median(times) if times else float("nan")
-    size = len(rb)
     p, s = statistics.median(prioritized), statistics.median(slices) if slices else float("nan")
     record(size, "prioritized_step_s", p, "s", f"prioritized step {p * 1e6:,.0f} us (median of {steps})")
     record(size, "prioritized_draw_s", draws["prioritized"], "s",
@@ -188,6 +201,42 @@ def _time_loops(torch, TensorDict, rb, rb_slice, filled, args, slice_steps, reco
     record(size, "rss_gib", _rss_gib(), "GiB", f"RSS {_rss_gib():.2f} GiB")
     record(size, "rss_anon_gib", _anon_rss_gib(), "GiB", f"  of which anonymous {_anon_rss_gib():.2f} GiB")
     return filled
+
+
+class _CpprbBuffer:
+    """cpprb's ``PrioritizedReplayBuffer(alpha=0.7)``, its columns in memory-mapped files
+    (``mmap_prefix``), behind the calls this script makes on a buffer. cpprb has no slice
+    sampler and no draw apart from the gather of the rows (``sample`` does both), and it
+    checkpoints its transitions and priorities to one ``.npz`` file (``save_transitions`` /
+    ``load_transitions``)."""
+
+    def __init__(self, capacity, obs_bytes, directory):
+        import numpy as np
+        from cpprb import PrioritizedReplayBuffer
+
+        directory.mkdir(parents=True, exist_ok=True)
+        columns = {"obs": {"shape": obs_bytes, "dtype": np.uint8}, "action": {"dtype": np.int8},
+                   "reward": {"dtype": np.float32}, "episode": {"dtype": np.int32}}
+        self._rb = PrioritizedReplayBuffer(capacity, columns, alpha=0.7, mmap_prefix=str(directory / "cpprb"))
+
+    def extend(self, rows):
+        self._rb.add(**{key: rows[key].numpy() for key in ("obs", "action", "reward", "episode")})
+
+    def sample(self):
+        return self._rb.sample(BATCH, beta=0.5)
+
+    def update_priority(self, sample, td_error):
+        self._rb.update_priorities(sample["indexes"], td_error.numpy())
+
+    def __len__(self):
+        return self._rb.get_stored_size()
+
+    def dumps(self, path):
+        path.mkdir(parents=True, exist_ok=True)
+        self._rb.save_transitions(str(path / "transitions.npz"))
+
+    def loads(self, path):
+        self._rb.load_transitions(str(path / "transitions.npz"))
 
 
 def _make(lib, torch, capacity, directory):
@@ -222,12 +271,15 @@ def run(argv=None) -> int:
         # of copying them (a second copy of 25 GiB at 2^30 rows), and the buffer loaded later
         # reads them in place
         live = home / "checkpoint" / "storage"
-        rb = _make(lib, torch, capacity, live)
+        if lib is None:
+            rb, rb_slice = _CpprbBuffer(capacity, args.obs_bytes, live), None
+        else:
+            rb = _make(lib, torch, capacity, live)
+            rb_slice = lib.TensorDictReplayBuffer(
+                storage=rb._storage, sampler=lib.SliceSampler(slice_len=32, traj_key="episode"), batch_size=BATCH
+            )
         built = time.perf_counter() - start
         record(0, "build_s", built, "s", f"buffer built in {built:.2f} s, RSS {_rss_gib():.2f} GiB")
-        rb_slice = lib.TensorDictReplayBuffer(
-            storage=rb._storage, sampler=lib.SliceSampler(slice_len=32, traj_key="episode"), batch_size=BATCH
-        )
         stops = [stop for stop in STOPS if stop < capacity] + [capacity]
         filled = 0
         fill_seconds = 0.0
@@ -268,18 +320,25 @@ def run(argv=None) -> int:
             record(len(rb), "dumps_s", seconds, "s", f"dumps {seconds:.2f} s")
             # as a new process would: the buffer dumped is gone (its trees alone take 9 GiB at
             # 2^30 rows) before another is built and loaded
-            length, last = len(rb), rb[len(rb) - 1]["episode"].clone()
+            length = len(rb)
+            last = None if lib is None else rb[len(rb) - 1]["episode"].clone()
             del rb, rb_slice
             gc.collect()
-            restored = _make(lib, torch, capacity, live)
+            if lib is None:
+                restored = _CpprbBuffer(capacity, args.obs_bytes, home / "restored")
+            else:
+                restored = _make(lib, torch, capacity, live)
             start = time.perf_counter()
             restored.loads(home / "checkpoint")
             seconds = time.perf_counter() - start
             record(len(restored), "loads_s", seconds, "s", f"loads {seconds:.2f} s")
             record(len(restored), "peak_rss_gib", _peak_rss_gib(), "GiB", f"peak RSS {_peak_rss_gib():.2f} GiB")
             assert len(restored) == length
-            assert torch.equal(restored[length - 1]["episode"], last)
-            assert restored.sample().batch_size == (BATCH,)
+            if lib is None:
+                assert restored.sample()["obs"].shape[0] == BATCH
+            else:
+                assert torch.equal(restored[length - 1]["episode"], last)
+                assert restored.sample().batch_size == (BATCH,)
     finally:
         if args.scratch_dir is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -34,6 +34,21 @@ def test_scale_runs_at_two_to_the_16(tmp_path, lib):
     assert not any((tmp_path / "scratch").iterdir())  # its files are removed
 
 
+def test_scale_runs_cpprb_at_two_to_the_16(tmp_path):
+    """cpprb's prioritized buffer beside ours (``--lib cpprb``, where cpprb is installed: it is
+    not among the project's requirements): its prioritized loop, fill, RSS, dumps and loads."""
+    pytest.importorskip("cpprb")
+    out = tmp_path / "scale.csv"
+    done = _run("--rows", "2**16", "--steps", "3", "--lib", "cpprb", "--quiet",
+                "--scratch-dir", str(tmp_path / "scratch"), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert {row["measure"] for row in rows} == MEASURES - {"prioritized_draw_s", "slice_step_s", "slice_draw_s"}
+    assert {row["lib"] for row in rows} == {"cpprb"}
+    assert all(float(row["value"]) > 0 for row in rows)
+    assert not any((tmp_path / "scratch").iterdir())
+
+
 @pytest.mark.parametrize("rows", ["0", "2**-1", "many"])
 def test_scale_refuses_a_bad_row_count(rows):
     done = _run("--rows", rows)
