@@ -39,6 +39,15 @@ int rp_sequence_distances(const int64_t *anchor, int64_t n, const int64_t *start
     return RP_OK;
 }
 
+/* torchrl's search key of an anchor of a storage with lanes: its lane (the flat index of its
+ * coordinates past the first) times twice the time length, plus its time. */
+static inline int64_t lane_key(const int64_t *a, int64_t ndim, const int64_t *lane_stride, int64_t length) {
+    int64_t lane = 0;
+    for (int64_t j = 1; j < ndim; j++)
+        lane += a[j] * lane_stride[j - 1];
+    return lane * 2 * length + a[0];
+}
+
 int rp_sequence_distances_nd(const int64_t *anchor, int64_t n, int64_t ndim, const int64_t *start,
                              const int64_t *stop, int64_t m, const int64_t *stop_key,
                              const int64_t *boundary_index, int64_t k, const int64_t *lane_stride,
@@ -49,11 +58,7 @@ int rp_sequence_distances_nd(const int64_t *anchor, int64_t n, int64_t ndim, con
     }
     /* checked first, so that an error leaves the outputs as they were */
     for (int64_t i = 0; i < n; i++) {
-        const int64_t *a = anchor + i * ndim;
-        int64_t lane = 0;
-        for (int64_t j = 1; j < ndim; j++)
-            lane += a[j] * lane_stride[j - 1];
-        int64_t s = lower_bound(stop_key, k, lane * 2 * length + a[0]);
+        int64_t s = lower_bound(stop_key, k, lane_key(anchor + i * ndim, ndim, lane_stride, length));
         if (s == k || boundary_index[s] < 0 || boundary_index[s] >= m) {
             *bad = i;
             return RP_ERR_INDEX;
@@ -61,10 +66,7 @@ int rp_sequence_distances_nd(const int64_t *anchor, int64_t n, int64_t ndim, con
     }
     for (int64_t i = 0; i < n; i++) {
         const int64_t *a = anchor + i * ndim;
-        int64_t lane = 0;
-        for (int64_t j = 1; j < ndim; j++)
-            lane += a[j] * lane_stride[j - 1];
-        int64_t traj = boundary_index[lower_bound(stop_key, k, lane * 2 * length + a[0])];
+        int64_t traj = boundary_index[lower_bound(stop_key, k, lane_key(a, ndim, lane_stride, length))];
         from_start[i] = floor_mod(a[0] - start[traj * ndim], length);
         to_stop[i] = floor_mod(stop[traj * ndim] - a[0], length);
     }
