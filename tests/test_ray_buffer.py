@@ -445,6 +445,10 @@ def test_prioritized_buffer_class_with_alpha_beta():
         assert rb.shard_totals()["count"].tolist() == [0, 0]
         index = rb.extend(TensorDict({"obs": torch.randn(70, 3)}, [70]))
         assert (index // 50).bincount().tolist() == [50, 20]  # shard 0 full, then shard 1
+        # extend does not wait for the shards, and prefetched samples split their batches by the
+        # totals known when they are queued (the class's staleness note): len() brings both
+        # shards' totals in first, so that the first prefetched splits see shard 1's rows
+        assert len(rb) == 70
         drawn = []
         for _ in range(5):
             sample = rb.sample()
