@@ -1192,6 +1192,15 @@ class ReplayBuffer(*_TWIN):
 
     @_maybe_delay_init
     def __iter__(self):
+        if self._prefetch:
+            # The prefetches in flight draw before the epoch starts over, so that the end of an
+            # epoch one of them reaches is reset with it, whatever the thread's timing (torchrl's
+            # threads have drawn by then on an idle machine; on a busy one the end could land
+            # after the reset and stop the iteration at its first batch).
+            with self._futures_lock:
+                in_flight = tuple(self._prefetch_queue)
+            if in_flight:
+                wait(in_flight)
         if self._sampler.ran_out:
             self._sampler.ran_out = False
         if self._batch_size is None:
