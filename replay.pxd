@@ -119,6 +119,7 @@ cdef class _SegmentTree:
     cdef _setup(self, object size, bint fp64, bint is_min)
     cdef _allocate(self, int64_t leaves)
     cdef void _reach(self, int64_t stop) noexcept nogil
+    cdef void _reach_leaves(self, const int64_t *index, int64_t n) noexcept nogil
     cdef bint _grow_for(self, int64_t index) except -1
     cdef void _rebuild(self) noexcept nogil
     cdef void _draw_range(self, int64_t num_valid, int64_t *mass_end, int64_t *limit) noexcept

@@ -282,7 +282,7 @@ cdef class _SegmentTree:
             identity = self.identity_element
             if layout.size >= _LAZY_LEAVES:
                 ready = 0
-                tree[layout.offset[1] if layout.top >= 1 else layout.length[0]:] = identity
+                tree[layout.offset[1]:] = identity  # (2^16 leaves or more: a level above them)
             else:
                 tree[:] = identity
         if self._fp64:
@@ -304,7 +304,7 @@ cdef class _SegmentTree:
         if stop <= self._layout.ready:
             return
         end = (stop + _REACH_CHUNK - 1) // _REACH_CHUNK * _REACH_CHUNK
-        if end > self._layout.length[0] or end < stop or stop >= self._layout.size:
+        if end > self._layout.length[0] or stop >= self._layout.size:
             end = self._layout.length[0]  # the last node's padding too: its min reads them
         if self._fp64:
             for i in range(self._layout.ready, end):
@@ -313,6 +313,17 @@ cdef class _SegmentTree:
             for i in range(self._layout.ready, end):
                 self._t32[i] = FLT_MAX
         self._layout.ready = end
+
+    cdef void _reach_leaves(self, const int64_t *index, int64_t n) noexcept nogil:
+        """``_reach`` past the largest of the leaves ``index[0..n)`` (one outside the tree
+        reaches them all: the kernel refuses it after, and reaching changes no value)."""
+        cdef int64_t k, largest = -1
+        if self._layout.ready >= self._layout.size:
+            return
+        for k in range(n):
+            if index[k] > largest:
+                largest = index[k]
+        self._reach(largest + 1 if largest < self._layout.size else self._layout.size)
 
     cdef bint _grow_for(self, int64_t index) except -1:
         """Lays the buffer out for ``capacity`` leaves when ``index`` lies past the allocated
@@ -388,8 +399,7 @@ cdef class _SegmentTree:
         if n:
             idx = arr
             with self._lock:
-                if self._layout.ready < self._layout.size:
-                    self._reach(min(int(arr.max()) + 1, self._layout.size))
+                self._reach_leaves(&idx[0], n)
                 if self._fp64:
                     o64 = out
                     with nogil:
@@ -463,15 +473,10 @@ cdef class _SegmentTree:
         """One update-kernel call (hold the lock): leaves ``iptr[k]`` get ``vptr[k * stride]``."""
         cdef int rc
         cdef void *saved = NULL
-        cdef int64_t k, stop = 0
         if not self._is_min:
             saved = self._saved_scratch(n)
         with nogil:
-            if self._layout.ready < self._layout.size:
-                for k in range(n):  # (a bad index is refused by the kernel; reaching is harmless)
-                    if iptr[k] >= stop:
-                        stop = iptr[k] + 1
-                self._reach(stop if stop < self._layout.size else self._layout.size)
+            self._reach_leaves(iptr, n)
             if self._fp64:
                 if self._is_min:
                     rc = rp_mintree_update_f64(&self._layout, self._t64, iptr, <const double *>vptr, stride, n, bad)
@@ -1418,11 +1423,10 @@ cdef int _fill_ranges(_SegmentTree tree, const int64_t *bounds, int64_t n_ranges
     if not tree._is_min:
         saved = tree._saved_scratch(n)
     with nogil:
-        if tree._layout.ready < tree._layout.size:
-            for r in range(n_ranges):
-                if bounds[2 * r + 1] > stop:
-                    stop = bounds[2 * r + 1]
-            tree._reach(stop if stop < tree._layout.size else tree._layout.size)
+        for r in range(n_ranges):
+            if bounds[2 * r + 1] > stop:
+                stop = bounds[2 * r + 1]
+        tree._reach(stop)
         if tree._fp64:
             if tree._is_min:
                 rc = rp_mintree_fill_ranges_f64(&tree._layout, tree._t64, bounds, n_ranges, (<const double *>vptr)[0], bad)

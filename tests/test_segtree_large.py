@@ -179,9 +179,10 @@ def test_lazy_min_tree_refused_write_leaves_it_as_it_was(cls):
     assert tree.query(0, size) == 1.0
     assert tree.query(10, size) == _identity(cls)
     assert tree.at(size - 1) == _identity(cls)
-    with pytest.raises(IndexError):
-        tree[np.array([4 * size])] = np.array([0.5], dtype=_dtype(cls))
-    assert tree.query(0, size) == 1.0
+    for outside in (4 * size, 2**63 - 1):  # (the largest int64 too: no overflow reaching it)
+        with pytest.raises(IndexError):
+            tree[np.array([outside])] = np.array([0.5], dtype=_dtype(cls))
+        assert tree.query(0, size) == 1.0 and tree.at(size - 1) == _identity(cls)
 
 
 @pytest.mark.parametrize("cls", SUM_CLASSES + MIN_CLASSES)
