@@ -57,7 +57,7 @@ def _count(text: str) -> int:
     base, _, exponent = text.partition("**")
     value = int(base) ** int(exponent) if exponent else int(base)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"--rows must be at least 1, got {text}")
+        raise argparse.ArgumentTypeError(f"a row count must be at least 1, got {text}")
     return value
 
 

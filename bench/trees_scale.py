@@ -32,33 +32,21 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from scale import _anon_rss_gib, _count, _rss_gib  # (bench/, this script's folder)
+
 BLOCK = 2**22
 BATCH = 256
 
 
-def _count(text: str) -> int:
-    """A row count written as digits or as a power (``2**30``)."""
-    base, _, exponent = text.partition("**")
-    value = int(base) ** int(exponent) if exponent else int(base)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a row count must be at least 1, got {text}")
-    return value
-
-
 def _memory() -> dict:
-    """The RSS and the anonymous huge pages of this process, in GiB."""
-    figures = {}
-    with open("/proc/self/status") as file:
-        for line in file:
-            if line.startswith(("VmRSS:", "RssAnon:")):
-                figures[line.split(":")[0]] = int(line.split()[1]) / 2**20
+    """The RSS, its anonymous part and the anonymous huge pages of this process, in GiB."""
+    figures = {"VmRSS": _rss_gib(), "RssAnon": _anon_rss_gib()}
     try:
         with open("/proc/self/smaps_rollup") as file:
             for line in file:

@@ -94,10 +94,10 @@ def _make_boundary_search_nd(
     lane = stops[:, 1:] @ np.asarray(strides, dtype=np.int64) if strides else np.zeros(len(stops), np.int64)
     keys = lane * (2 * time_length) + stops[:, 0]
     order = np.argsort(keys, kind="stable")
-    sorted_lane = lane[order]
+    sorted_keys, sorted_lane = keys[order], lane[order]
     first = np.ones(len(order), dtype=bool)
     first[1:] = sorted_lane[1:] != sorted_lane[:-1]
-    all_keys = np.concatenate([keys[order], keys[order][first] + time_length])
+    all_keys = np.concatenate([sorted_keys, sorted_keys[first] + time_length])
     all_index = np.concatenate([order, order[first]])
     ordered = np.argsort(all_keys, kind="stable")
     device = stop.device
