@@ -152,11 +152,16 @@ def test_two_shards_lost_in_one_call_are_named_with_all_their_rows(spread):
         writer.sync()
         for shard in range(3):  # rows reserved on every shard: the next writes call no other
             writer._receive_reservation(shard, 40)
+        # shards 0 and 1 busy: the writes below wait in their queues, so that the kills land
+        # before any of them runs (ray.kill does not wait: a write that ran first would be
+        # acknowledged, journalled and kept, rightly not named)
+        for shard in (0, 1):
+            rb.actors[shard].__ray_call__.remote(lambda shard: time.sleep(30))
+        # three runs of 20 rows: one a shard, two to shards that die with them in their queues
+        # (or restarted meanwhile, which refuse rows reserved before)
+        index = torch.cat([writer.extend(rows(20, 50_100 + 20 * step)) for step in range(3)]).numpy()
         ray.kill(rb.actors[0], no_restart=False)
         ray.kill(rb.actors[1], no_restart=False)
-        # three runs of 20 rows: one a shard, two to shards that died (or restarted meanwhile,
-        # which refuse rows reserved before)
-        index = torch.cat([writer.extend(rows(20, 50_100 + 20 * step)) for step in range(3)]).numpy()
         shard = index // rb._stride
         assert sorted(set(shard.tolist())) == [0, 1, 2]
         with pytest.raises(ShardRestartedError) as caught:
