@@ -723,7 +723,7 @@ def test_memmap_scratch_dir_layout_and_existsok(tmp_path):
 
 
 def test_memmap_cleanup_rules(tmp_path, monkeypatch):
-    from torchrl_compat import _storage_cleanup
+    from torchrl_compat import _directory_cleanup
 
     user = O.LazyMemmapStorage(4, scratch_dir=tmp_path / "keep")
     user.set(range(2), torch.zeros(2, 3))
@@ -734,14 +734,14 @@ def test_memmap_cleanup_rules(tmp_path, monkeypatch):
     assert user not in O._MEMMAP_STORAGE_REGISTRY
     # a storage inherited by a forked child is not the child's to delete
     monkeypatch.setattr(temp, "_owner_pid", -1)
-    monkeypatch.setattr(_storage_cleanup._Handlers, "done", False)
+    monkeypatch.setattr(_directory_cleanup._Handlers, "done", False)
     O._cleanup_all_memmap_storages()
     import os
 
     assert os.path.isdir(temp_dir)
     assert temp.cleanup() is False  # nor is an explicit cleanup() in that child
     monkeypatch.setattr(temp, "_owner_pid", os.getpid())
-    monkeypatch.setattr(_storage_cleanup._Handlers, "done", False)
+    monkeypatch.setattr(_directory_cleanup._Handlers, "done", False)
     O._cleanup_all_memmap_storages()
     assert not os.path.exists(temp_dir)
     assert (tmp_path / "keep").is_dir()

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat.storages as ours
-from torchrl_compat import _storage_cleanup
+from torchrl_compat import _directory_cleanup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT = 120
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
     from tensordict import TensorDict
     import torchrl.data.replay_buffers.storages as trl
     import torchrl_compat.storages as ours
-    from torchrl_compat import _storage_cleanup
+    from torchrl_compat import _directory_cleanup
 
     order, stop, tmp = sys.argv[1:4]
     libs = {{"torchrl": trl, "ours": ours}}
@@ -89,7 +89,7 @@ SCRIPT = textwrap.dedent(
         trl._cleanup_all_memmap_storages()
         after_torchrl = exists(storages)
         storages = make("again-")
-        _storage_cleanup._cleanup_all()
+        _directory_cleanup._cleanup_all()
         print("AFTER", json.dumps([after_torchrl, exists(storages)]), flush=True)
         os._exit(0)  # no exit hooks: only the functions' work counts
     """
@@ -231,7 +231,7 @@ def test_cleanup_skips_what_another_process_created(tmp_path, monkeypatch):
     assert storage.cleanup() is False and os.path.isdir(tmp_path / "s")
     monkeypatch.setattr(storage, "_owner_pid", os.getpid())
     assert storage.cleanup() is True and not os.path.exists(tmp_path / "s")
-    assert _storage_cleanup.remove_tree(tmp_path / "s") is False
+    assert _directory_cleanup.remove_tree(tmp_path / "s") is False
 
 
 def test_a_copy_leaves_the_files_to_the_original(tmp_path):
@@ -245,7 +245,7 @@ def test_a_copy_leaves_the_files_to_the_original(tmp_path):
     del copy
     gc.collect()
     assert os.path.isfile(tmp_path / "s" / "obs.memmap")
-    init = _storage_cleanup.InitDirectoryCleanup(str(tmp_path / "init"))
+    init = _directory_cleanup.InitDirectoryCleanup(str(tmp_path / "init"))
     (tmp_path / "init").mkdir()
     assert pickle.loads(pickle.dumps(init)).cleanup() is False and (tmp_path / "init").is_dir()
     assert init.cleanup() is True and not (tmp_path / "init").exists()

@@ -2,7 +2,7 @@
 
 A round-robin writer's first batch into a ``LazyTensorStorage`` or an anonymous
 ``LazyMemmapStorage`` creates the storage from the batch directly
-(``torchrl_compat._storage_first_write``). The storage it builds must be the one
+(``torchrl_compat.storages._first_write``). The storage it builds must be the one
 ``storage.set`` builds through tensordict's generic machinery (the path torchrl takes), attribute
 for attribute, and a buffer written that way must read, sample and save as torchrl's buffer does.
 """
@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from tensordict.memmap import MemoryMappedTensor
 
 import torchrl_compat as ours
-import torchrl_compat._storage_first_write as first_write
+import torchrl_compat.storages._first_write as first_write
 import torchrl_compat.storages.tensor as storage_tensor
 
 STORAGES = ["LazyTensorStorage", "LazyMemmapStorage"]

@@ -15,7 +15,7 @@ import torchrl.data.replay_buffers.storages as trl_storages
 
 import torchrl_compat.samplers as our_samplers
 import torchrl_compat.storages as our_storages
-from torchrl_compat._storage_journal import ALL_ITEMS, JOURNAL_LENGTH, WriteJournal
+from torchrl_compat.storages._journal import ALL_ITEMS, JOURNAL_LENGTH, WriteJournal
 
 CAPACITY = 40
 

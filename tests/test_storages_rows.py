@@ -165,7 +165,7 @@ def _arrays():
 
 @pytest.mark.parametrize("device", [None, "cpu"])
 def test_plain_tensordict_is_what_new_unsafe_builds(device):
-    from torchrl_compat._tensordict_build import _CONSTANTS, plain_tensordict
+    from torchrl_compat.storages._tensordict_build import _CONSTANTS, plain_tensordict
 
     # the installed tensordict builds its tensordicts the way plain_tensordict reproduces
     assert _CONSTANTS is not None

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from tensordict import TensorClass, TensorDictBase, unravel_key
 
-from torchrl_compat._storage_journal import ALL_ITEMS
+from torchrl_compat.storages._journal import ALL_ITEMS
 from torchrl_compat._torchrl_lookup import torchrl_twin
 
 __all__ = ["ConditionalUpdateResult", "UpdateQueue", "storage_changed", "update_if_present"]

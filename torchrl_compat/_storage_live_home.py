@@ -27,9 +27,8 @@ from tensordict import is_tensor_collection
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_leaves, tree_map
 
-from torchrl_compat import _storage_cleanup
+from torchrl_compat import _directory_cleanup
 from torchrl_compat._checkpoint_publish import LIVE_TAG, make_locked_sibling
-from torchrl_compat._storage_journal import ALL_ITEMS
 
 __all__ = ["LiveHome", "files_home", "memmap_files", "move_out"]
 
@@ -75,7 +74,7 @@ class LiveHome:
         self.path = str(path)
         self._owner_pid = os.getpid()
         self._done = False
-        _storage_cleanup.register(self)
+        _directory_cleanup.register(self)
 
     def cleanup(self) -> bool:
         """Removes the directory (once, and only in the process that made it)."""
@@ -142,8 +141,8 @@ def move_out(storage, root) -> None:
         raise
     storage._storage = moved
     storage._live_home = home
-    note_write = getattr(storage, "_note_write", None)
-    if note_write is not None:
-        note_write(ALL_ITEMS)
+    note_all_written = getattr(storage, "_note_all_written", None)
+    if note_all_written is not None:
+        note_all_written()
     if previous is not None:
         previous.cleanup()

@@ -21,7 +21,7 @@ import replay
 
 from ._releases import since
 from ._sampler_storage import entry
-from ._storage_journal import RowRun
+from torchrl_compat.storages._journal import RowRun
 
 __all__ = ["TrajectoryEnds"]
 
@@ -295,7 +295,7 @@ class TrajectoryEnds:
 
         Only rows below ``scanned`` are read: the ends hold nothing past it, and the rows
         past it are read when the length grows over them (:meth:`_read_grown`).
-        Round-robin writes (:class:`~torchrl_compat._storage_journal.RowRun`) are read
+        Round-robin writes (:class:`~torchrl_compat.storages._journal.RowRun`) are read
         again run by run, each merged in one C call (no row list, sort or gather); other
         cursors (or more than a few runs) become one sorted list of the rows written."""
         size = signal.shape[0]

@@ -13,7 +13,7 @@ CPU leaves are written through cached numpy views of the storage's tensors, whic
 into a large array in about half the time torch's ``copy_`` takes.
 
 A lazy storage not initialized yet is created from the batch and filled by its
-``_first_write`` (see :mod:`~torchrl_compat._storage_first_write`), when it takes the batch.
+``_first_write`` (see :mod:`~torchrl_compat.storages._first_write`), when it takes the batch.
 
 Only the plain case takes this path: one of our 1-D tensor storages whose
 ``set`` is not overridden, and a batch (a tensor, or a :class:`~tensordict.TensorDict`
@@ -114,7 +114,7 @@ def write_rows(
 
 def _first_write(storage, start: int, index: torch.Tensor, data, extra: dict | None) -> bool:
     """The write into a lazy storage not initialized yet: created from the batch and filled
-    by the storage itself (see :mod:`~torchrl_compat._storage_first_write`)."""
+    by the storage itself (see :mod:`~torchrl_compat.storages._first_write`)."""
     first_write = getattr(storage, "_first_write", None)
     numel = index.shape[0]
     if first_write is None or not 0 <= start < storage.max_size or numel > storage.max_size:

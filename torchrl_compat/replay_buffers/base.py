@@ -21,12 +21,10 @@ from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_leaves, tree_map
 
-from torchrl_compat import (
-    _buffer_prefetch as _prefetch,
-    _buffer_transforms as _transforms,
-    _conditional_update as _conditional,
-    storages as _storages,
-)
+from torchrl_compat import _buffer_prefetch as _prefetch
+from torchrl_compat import _buffer_transforms as _transforms
+from torchrl_compat import _conditional_update as _conditional
+from torchrl_compat import storages as _storages
 from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer, PREFETCH_FILE
 from torchrl_compat._releases import since
 from torchrl_compat._buffer_gather import gather_rows, plain_storage

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from .._checkpoint_checks import MetadataError, read_memmapped_state
 from .._checkpoint_publish import write_aside
 from .._sampler_storage import storage_device
-from .._storage_counters import compile_disable as _compile_disable
+from torchrl_compat.storages._counters import compile_disable as _compile_disable
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage

@@ -16,7 +16,7 @@ import replay
 import torch
 from tensordict import MemoryMappedTensor, TensorDict
 
-from torchrl_compat._tensordict_build import plain_tensordict
+from torchrl_compat.storages._tensordict_build import plain_tensordict
 
 __all__ = ["array_of", "gather_tensordict", "get_rows", "LEAF_TYPES", "LeafArrays", "Rows", "set_rows"]
 

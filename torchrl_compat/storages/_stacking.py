@@ -20,7 +20,7 @@ import replay
 import torch
 from tensordict import TensorDict
 
-from torchrl_compat._tensordict_build import plain_tensordict
+from torchrl_compat.storages._tensordict_build import plain_tensordict
 
 __all__ = ["stack_same_structure"]
 

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from torchrl_compat._releases import since
-from torchrl_compat._storage_counters import compile_disable, is_compiling
-from torchrl_compat._storage_journal import ALL_ITEMS
+from torchrl_compat.storages._counters import compile_disable, is_compiling
+from torchrl_compat.storages._journal import ALL_ITEMS
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import StorageCheckpointerBase
 

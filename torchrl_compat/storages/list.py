@@ -17,7 +17,7 @@ from tensordict import is_tensor_collection, lazy_stack, TensorDict, TensorDictB
 from torch.utils._pytree import tree_map
 
 from torchrl_compat._releases import since
-from torchrl_compat._storage_index import index_error
+from torchrl_compat.storages._index import index_error
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import CompressedListStorageCheckpointer, ListStorageCheckpointer
 from torchrl_compat.utils import _is_int, INT_CLASSES

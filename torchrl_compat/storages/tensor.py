@@ -19,24 +19,24 @@ from tensordict.base import _NESTED_TENSORS_AS_LISTS
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_map
 
-from torchrl_compat import _storage_cleanup
-from torchrl_compat._storage_first_write import (
+from torchrl_compat import _directory_cleanup
+from torchrl_compat.storages._first_write import (
     build_storage,
     empty_leaf,
     memmap_leaf,
     plain_leaves,
     write_leaf_rows,
 )
-from torchrl_compat._storage_counters import (
+from torchrl_compat.storages._counters import (
     compile_disable,
     is_compiling,
     outside_graph,
     restore_counter,
     shared_counter,
 )
-from torchrl_compat._storage_index import filled_index
+from torchrl_compat.storages._index import filled_index
 from torchrl_compat._releases import since
-from torchrl_compat._storage_journal import ALL_ITEMS, JOURNAL_LENGTH, RowRun, WriteJournal
+from torchrl_compat.storages._journal import ALL_ITEMS, JOURNAL_LENGTH, RowRun, WriteJournal
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat.checkpointers import TensorStorageCheckpointer
 from torchrl_compat.utils import (
@@ -56,16 +56,16 @@ logger = logging.getLogger("torchrl")
 
 
 # The module-level names torchrl 0.11 has here, for code that reaches them.
-_MEMMAP_STORAGE_REGISTRY = _storage_cleanup.registry()
+_MEMMAP_STORAGE_REGISTRY = _directory_cleanup.registry()
 
 
-_cleanup_all_memmap_storages = _storage_cleanup._cleanup_all
+_cleanup_all_memmap_storages = _directory_cleanup._cleanup_all
 
 
-_signal_cleanup_handler = _storage_cleanup._on_signal
+_signal_cleanup_handler = _directory_cleanup._on_signal
 
 
-_register_cleanup_handlers = _ensure_cleanup_handlers = _storage_cleanup._install_handlers
+_register_cleanup_handlers = _ensure_cleanup_handlers = _directory_cleanup._install_handlers
 
 
 class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
@@ -321,6 +321,11 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             journal.append(first + offset, cursor)
         pending.clear()
 
+    def _note_all_written(self) -> None:
+        """Counts a change of every item (files remapped by a checkpointer, a load): readers
+        read them all again."""
+        self._note_write(ALL_ITEMS)
+
     @outside_graph
     def _note_write(self, cursor) -> None:
         """Counts a write at ``cursor`` (``ALL_ITEMS``: anywhere) and journals it. O(1).
@@ -377,7 +382,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
             have touched every item): the caller must then read the whole storage.
             Cursors are ints, slices and ranges as passed to :meth:`set`, copies of the
             index tensors and arrays (lists become arrays) taken at the write, or
-            :class:`~torchrl_compat._storage_journal.RowRun` for the round-robin writes
+            :class:`~torchrl_compat.storages._journal.RowRun` for the round-robin writes
             booked by :meth:`_note_rows_written`.
             O(journal length).
         """
@@ -792,7 +797,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
 
         ``first_row`` says that ``cursor`` is ``(first_row + arange(numel)) % max_size`` (a
         round-robin write to a 1-D storage, ``0 <= first_row < max_size``): the write is
-        then journaled as that :class:`~torchrl_compat._storage_journal.RowRun`, and the
+        then journaled as that :class:`~torchrl_compat.storages._journal.RowRun`, and the
         last row of ``cursor`` is remembered beside it (see :meth:`_last_cursor_row`).
         """
         if not complete:
@@ -1130,8 +1135,8 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
         )
         if self.cleanup_memmap and not isinstance(self, LazyMemmapStorage):
             # (a LazyMemmapStorage registers itself, see auto_cleanup)
-            self._init_cleanup = _storage_cleanup.InitDirectoryCleanup(self._init_directory)
-            _storage_cleanup.register(self._init_cleanup)
+            self._init_cleanup = _directory_cleanup.InitDirectoryCleanup(self._init_directory)
+            _directory_cleanup.register(self._init_cleanup)
 
     def _cleanup_init_directory(self) -> bool:
         """Removes the temporary initialization directory of a ``shared_init`` storage
@@ -1212,7 +1217,7 @@ class LazyTensorStorage(TensorStorage, *torchrl_twin("storages", "LazyTensorStor
     def _first_write(self, data, extra: dict | None, start: int, numel: int) -> bool:
         """Creates the storage from the batch ``data`` and writes the batch at rows ``start,
         start + 1, ...`` (wrapping at the capacity), what :meth:`set` does on a storage not
-        initialized yet, leaf by leaf (see :mod:`~torchrl_compat._storage_first_write`).
+        initialized yet, leaf by leaf (see :mod:`~torchrl_compat.storages._first_write`).
 
         ``extra`` holds entries written as if ``data``'s top level held them too. Returns
         ``False``, having done nothing, for a storage or batch not of the plain kind.
@@ -1429,7 +1434,7 @@ class LazyMemmapStorage(LazyTensorStorage, *torchrl_twin("storages", "LazyMemmap
         self._cleaned_up = False
         self._owner_pid = os.getpid()
         if self._auto_cleanup:
-            _storage_cleanup.register(self)
+            _directory_cleanup.register(self)
 
     def _storage_state_dict(self):
         _storage = self._storage
@@ -1550,7 +1555,7 @@ class LazyMemmapStorage(LazyTensorStorage, *torchrl_twin("storages", "LazyMemmap
         scratch_dir = getattr(self, "scratch_dir", None)
         if scratch_dir is None:
             return False
-        return _storage_cleanup.remove_tree(scratch_dir)
+        return _directory_cleanup.remove_tree(scratch_dir)
 
     def __getstate__(self):
         state = super().__getstate__()

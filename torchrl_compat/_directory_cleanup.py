@@ -10,6 +10,9 @@ torchrl's own ``torchrl.data.replay_buffers.storages._MEMMAP_STORAGE_REGISTRY``:
 signal cleanup of either library then sees every storage of both. Our storages' ``cleanup()``
 only removes files in the process that created them, so torchrl's handler running in a forked
 child leaves the parent's files alone.
+
+Both the storages (their ``shared_init`` directories) and the checkpointers (the live home a
+storage's files move to) register here, so it belongs to neither family.
 """
 from __future__ import annotations
 

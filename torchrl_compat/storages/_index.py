@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from torchrl_compat._storage_counters import compile_disable
+from torchrl_compat.storages._counters import compile_disable
 from torchrl_compat.utils import INT_CLASSES
 
 __all__ = ["filled_index", "index_error"]
