@@ -22,7 +22,7 @@ import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat.checkpointers as ck
 import torchrl_compat.storages as ours
-from torchrl_compat import _checkpoint_publish
+from torchrl_compat.checkpointers import _publish
 from torchrl_compat._releases import since
 
 DATA_DIR = pathlib.Path(__file__).parent / "data"
@@ -689,7 +689,7 @@ def test_interrupted_first_dumps_leaves_nothing(tmp_path, fail_on_second_file, k
 def test_killed_dumps_is_reported(tmp_path, monkeypatch, fail_on_second_file):
     # A process killed mid-dump cannot clean up: the partial directory stays, is never loaded,
     # and the error says so.
-    monkeypatch.setattr(_checkpoint_publish.shutil, "rmtree", lambda *a, **k: None)
+    monkeypatch.setattr(_publish.shutil, "rmtree", lambda *a, **k: None)
     storage = fill(ours.LazyTensorStorage(CAPACITY), "tensordict", 1, full=False)
     fail_on_second_file()
     with pytest.raises(Interrupted):
@@ -750,7 +750,7 @@ def test_in_place_dumps_interrupted_keeps_previous(tmp_path, monkeypatch):
         storage.dumps(scratch)
     # nothing left but the storage's live home
     assert _leftovers(tmp_path, "storage") == _live_homes(scratch) and len(_live_homes(scratch)) == 1
-    assert _checkpoint_publish.partial_siblings(scratch) == []
+    assert _publish.partial_siblings(scratch) == []
     # the previous metadata stays until the new one replaces it: the checkpoint still loads
     for lib in LIBS:
         dst = LIBS[lib].LazyMemmapStorage(CAPACITY)

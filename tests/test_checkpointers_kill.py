@@ -27,7 +27,7 @@ import torchrl.data.replay_buffers.storages as trl
 
 import torchrl_compat.checkpointers as ck
 import torchrl_compat.storages as ours
-from torchrl_compat import _checkpoint_publish
+from torchrl_compat.checkpointers import _publish
 
 CAPACITY = 4096
 TRIALS = 8
@@ -367,12 +367,12 @@ def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
     dead_partial = parent.recv()
     killed.kill()
     killed.join(TIMEOUT)
-    assert {str(p) for p in _checkpoint_publish.partial_siblings(path)} == {dead_partial, live_partial}
+    assert {str(p) for p in _publish.partial_siblings(path)} == {dead_partial, live_partial}
     # this process dumps meanwhile: the dead partial goes, the live one stays
     storage = ours.LazyTensorStorage(CAPACITY)
     storage.set(range(3), version_td(3, 1))
     storage.dumps(path)
-    assert [str(p) for p in _checkpoint_publish.partial_siblings(path)] == [live_partial]
+    assert [str(p) for p in _publish.partial_siblings(path)] == [live_partial]
     loaded = ours.LazyTensorStorage(CAPACITY)
     loaded.loads(path)
     assert loaded[:]["v"].tolist() == [1, 1, 1]
@@ -381,7 +381,7 @@ def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
     assert parent.poll(TIMEOUT) and parent.recv() == "done"
     live.join(TIMEOUT)
     assert live.exitcode == 0
-    assert _checkpoint_publish.partial_siblings(path) == []
+    assert _publish.partial_siblings(path) == []
     loaded = ours.LazyTensorStorage(CAPACITY)
     loaded.loads(path)
     assert loaded[:]["v"].tolist() == [5] * 4

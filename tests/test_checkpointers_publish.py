@@ -14,7 +14,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_compat.storages as ours
-from torchrl_compat import _checkpoint_publish as publish
+from torchrl_compat.checkpointers import _publish as publish
 
 FORK = mp.get_context("fork")
 TIMEOUT = 60

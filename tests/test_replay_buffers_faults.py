@@ -17,7 +17,7 @@ import torchrl.data as TD
 from tensordict import TensorDict
 
 import torchrl_compat as O
-from torchrl_compat import _checkpoint_publish
+from torchrl_compat.checkpointers import _publish
 from torchrl_compat._releases import since
 
 from test_checkpointers_kill import dump_stopping_in_hook, FORK, kill_spread, TIMEOUT
@@ -203,7 +203,7 @@ def test_killed_dumps_leave_one_whole_version(tmp_path, name):
     rb = case.make(path)
     case.write(rb, 1)
     rb.dumps(path)
-    assert _checkpoint_publish.partial_siblings(path) == []
+    assert _publish.partial_siblings(path) == []
 
 
 def _buffer_of_version_5():
@@ -215,7 +215,7 @@ def _buffer_of_version_5():
 
 def _partial_of(storage_path, path):
     """The buffer's partial directory that a storage path lies in."""
-    (partial,) = [p for p in _checkpoint_publish.partial_siblings(path) if str(storage_path).startswith(f"{p}/")]
+    (partial,) = [p for p in _publish.partial_siblings(path) if str(storage_path).startswith(f"{p}/")]
     return partial
 
 
@@ -238,7 +238,7 @@ def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
     rb = case.make(path)
     case.write(rb, 1)
     rb.dumps(path)
-    assert _checkpoint_publish.partial_siblings(path) == [live_partial] != [dead_partial]
+    assert _publish.partial_siblings(path) == [live_partial] != [dead_partial]
     loaded = case.fresh(path, O)
     loaded.loads(path)
     assert case.version(loaded) == 1
@@ -247,7 +247,7 @@ def test_next_dump_removes_killed_partials_but_not_a_live_one(tmp_path):
     assert parent.poll(TIMEOUT) and parent.recv() == "done"
     live.join(TIMEOUT)
     assert live.exitcode == 0
-    assert _checkpoint_publish.partial_siblings(path) == []
+    assert _publish.partial_siblings(path) == []
     loaded.loads(path)
     assert_same_buffer(loaded, case.reference(path, 5))
 

@@ -444,9 +444,9 @@ def test_checkpoints_cross_both_ways(cls, tmp_path):
 def test_dumps_without_an_atomic_exchange_still_publishes_whole(tmp_path, monkeypatch):
     """Where the file system cannot exchange two directories, the previous checkpoint is
     renamed aside, then the new one in place; nothing is left beside it."""
-    from torchrl_compat import _checkpoint_publish
+    from torchrl_compat.checkpointers import _publish
 
-    monkeypatch.setattr(_checkpoint_publish, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(_publish, "_exchange", lambda a, b: False)
     sampler = ours.PrioritizedSampler(16, 0.7, 0.4)
     sampler.update_priority(torch.arange(16), torch.ones(16))
     sampler.dumps(tmp_path / "ckpt")

@@ -7,7 +7,7 @@ the transforms have a state, and ``buffer_metadata.json``.
 torchrl writes these one after the other into the target directory: a dump interrupted
 between two of them leaves a new storage beside an old sampler and writer, which ``loads``
 accepts. Here :func:`dump_buffer` has every component dump into one partial directory and
-publishes it in one rename (:func:`~torchrl_compat._checkpoint_publish.write_aside`); what
+publishes it in one rename (:func:`~torchrl_compat.checkpointers._publish.write_aside`); what
 else the target directory held is carried over. :func:`load_buffer` reads and checks every
 part (component checkpoints through their ``_read_checkpoint``) before any part changes.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
-from torchrl_compat._checkpoint_checks import (
+from torchrl_compat.checkpointers._checks import (
     MetadataError,
     load_module_states,
     read_checkpoint_state,
@@ -28,10 +28,10 @@ from torchrl_compat._checkpoint_checks import (
     read_memmapped_state,
     read_torch_file,
 )
-from torchrl_compat._checkpoint_publish import carry_over, published_path, reading, write_aside
-from torchrl_compat._priority_checkpoint_checks import check_cursor_fits_length, check_no_priority_past
+from torchrl_compat.checkpointers._publish import carry_over, published_path, reading, write_aside
+from torchrl_compat.checkpointers._priority_checks import check_cursor_fits_length, check_no_priority_past
 from torchrl_compat._sampler_trees import leaf_blocks, read_leaves, tree_dtype
-from torchrl_compat._storage_checkpoint_checks import StorageCheckpoint
+from torchrl_compat.checkpointers._storage_checks import StorageCheckpoint
 
 __all__ = ["dump_buffer", "load_buffer"]
 

@@ -1565,7 +1565,7 @@ class ReplayBuffer(*_TWIN):
     def _read_release_entries(self, path) -> dict | None:
         if not since("buffer_prefetch_state"):
             return None
-        from torchrl_compat._checkpoint_checks import read_json_object
+        from torchrl_compat.checkpointers._checks import read_json_object
 
         prefetch_state = self._load_prefetch_state(path)
         self._validate_prefetch_state(prefetch_state)

@@ -13,15 +13,15 @@ import numpy as np
 import torch
 
 import replay
-from .._checkpoint_checks import (
+from torchrl_compat.checkpointers._checks import (
     MetadataError,
     check_float64_leaves_file,
     read_float64_leaves,
     read_json_object,
     real_number,
 )
-from .._checkpoint_publish import write_aside
-from .._priority_checkpoint_checks import check_max_priority_index, check_priority_leaves
+from torchrl_compat.checkpointers._publish import write_aside
+from torchrl_compat.checkpointers._priority_checks import check_max_priority_index, check_priority_leaves
 from .._releases import keywords_since
 from .._releases import since
 from .._sampler_device import (

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from .._checkpoint_checks import MetadataError, read_memmapped_state
-from .._checkpoint_publish import write_aside
+from torchrl_compat.checkpointers._checks import MetadataError, read_memmapped_state
+from torchrl_compat.checkpointers._publish import write_aside
 from .._sampler_storage import storage_device
 from torchrl_compat.storages._counters import compile_disable as _compile_disable
 from .._releases import since
@@ -589,7 +589,7 @@ class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
     def _read_checkpoint(self, path) -> dict:
         """The state saved at ``path`` by :meth:`dumps` (or torchrl's), read and checked
         without changing anything."""
-        from .._checkpoint_checks import read_torch_file
+        from torchrl_compat.checkpointers._checks import read_torch_file
 
         file = Path(path) / CONSUMING_SAMPLER_FILE
         state = read_torch_file(file)

@@ -1388,6 +1388,9 @@ class LazyMemmapStorage(LazyTensorStorage, *torchrl_twin("storages", "LazyMemmap
     """
 
     _default_checkpointer = TensorStorageCheckpointer
+    # its files live in scratch_dir: a checkpoint written there is loaded in place (the
+    # checkpointers read this flag rather than import the storages)
+    _files_in_scratch_dir = True
 
     def __init__(
         self,

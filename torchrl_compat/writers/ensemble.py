@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from torchrl_compat._checkpoint_checks import read_for_loading
-from torchrl_compat._checkpoint_publish import write_aside
+from torchrl_compat.checkpointers._checks import read_for_loading
+from torchrl_compat.checkpointers._publish import write_aside
 from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_twin

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 from tensordict import is_tensor_collection, TensorDictBase
 
-from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_tensor_file
-from torchrl_compat._checkpoint_publish import write_aside
+from torchrl_compat.checkpointers._checks import MetadataError, read_count, read_tensor_file
+from torchrl_compat.checkpointers._publish import write_aside
 from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_checks import check_batch_fits

@@ -9,8 +9,8 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 from tensordict.utils import expand_as_right, is_tensorclass
 
-from torchrl_compat._checkpoint_checks import MetadataError, read_count, read_tensor_file
-from torchrl_compat._checkpoint_publish import write_aside
+from torchrl_compat.checkpointers._checks import MetadataError, read_count, read_tensor_file
+from torchrl_compat.checkpointers._publish import write_aside
 from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_checks import check_batch_fits

@@ -7,7 +7,7 @@ and ``sampler_metadata.json``; ``SamplerWithoutReplacement``: its state dict sav
 in the other. Unlike torchrl, ``loads`` reads every file read-only and checks all of it
 (present, of the right size, of the right types, with storable values) before anything
 changes; each error names the file and what is wrong with it. (``dumps`` publishes a
-checkpoint whole, see :mod:`torchrl_compat._checkpoint_publish`.)
+checkpoint whole, see :mod:`torchrl_compat.checkpointers._publish`.)
 
 Components load in two steps, so that a checkpoint made of several (an ensemble's, a
 buffer's) is checked whole before any part changes: ``_read_checkpoint(path)`` reads and

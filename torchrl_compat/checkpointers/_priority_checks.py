@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from torchrl_compat._checkpoint_checks import MetadataError
+from torchrl_compat.checkpointers._checks import MetadataError
 
 __all__ = [
     "check_cursor_fits_length",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from torchrl_compat._checkpoint_publish import partial_siblings
+from torchrl_compat.checkpointers._publish import partial_siblings
 from torchrl_compat.utils import _str2dtype
 
 __all__ = [

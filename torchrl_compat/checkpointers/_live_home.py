@@ -28,7 +28,7 @@ from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_leaves, tree_map
 
 from torchrl_compat import _directory_cleanup
-from torchrl_compat._checkpoint_publish import LIVE_TAG, make_locked_sibling
+from torchrl_compat.checkpointers._publish import LIVE_TAG, make_locked_sibling
 
 __all__ = ["LiveHome", "files_home", "memmap_files", "move_out"]
 

@@ -10,7 +10,7 @@ Two things differ from torchrl, on purpose:
   the target in one atomic rename once every file is written, so an interrupted ``dumps``
   (even killed) leaves the previous checkpoint, or nothing if there was none, never a
   half-written one. The partial directories of killed dumps are removed by the next ``dumps``
-  to the same path (see :mod:`torchrl_compat._checkpoint_publish`).
+  to the same path (see :mod:`torchrl_compat.checkpointers._publish`).
 - ``loads`` checks the checkpoint before touching the storage: a missing directory or file raises
   :class:`FileNotFoundError`, an unreadable json file, a truncated memory-mapped file or a
   checkpoint that does not fit the storage raises :class:`ValueError`; each message names the file
@@ -35,14 +35,14 @@ from tensordict import is_tensor_collection, lazy_stack, NonTensorData, TensorDi
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_flatten_with_path, tree_map
 
-from torchrl_compat._checkpoint_checks import (
+from torchrl_compat.checkpointers._checks import (
     MetadataError,
     load_module_states,
     read_for_loading,
     read_json_object,
     read_torch_file,
 )
-from torchrl_compat._checkpoint_publish import (
+from torchrl_compat.checkpointers._publish import (
     COPY,
     LINK,
     carry_over,
@@ -53,8 +53,8 @@ from torchrl_compat._checkpoint_publish import (
     write_aside,
 )
 from torchrl_compat._releases import since
-from torchrl_compat._storage_live_home import files_home, memmap_files, move_out
-from torchrl_compat._storage_checkpoint_checks import (
+from torchrl_compat.checkpointers._live_home import files_home, memmap_files, move_out
+from torchrl_compat.checkpointers._storage_checks import (
     TENSORDICT_METADATA_FILE,
     StorageCheckpoint,
     check_memmap_file,
@@ -720,10 +720,8 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         for hook in self._load_hooks:
             _storage = hook(_storage, out=dest)
         if not storage.initialized:
-            from torchrl_compat.storages import LazyMemmapStorage
-
             if (
-                isinstance(storage, LazyMemmapStorage)
+                getattr(storage, "_files_in_scratch_dir", False)
                 and storage.scratch_dir
                 and Path(storage.scratch_dir).absolute() == path.absolute()
             ):
