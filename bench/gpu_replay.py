@@ -57,9 +57,10 @@ import torchrl_compat_trees  # noqa: E402
 # Before torchrl is imported: its own compiled trees are used when they load, ours otherwise.
 torchrl_compat_trees.install_segment_trees()
 
-from torchrl_compat import _sampler_device, _torch_slices  # noqa: E402
+from torchrl_compat import _sampler_device  # noqa: E402
+from torchrl_compat._torch_ops import slices as torch_slices  # noqa: E402
 from torchrl_compat._cuda_graphs import GraphedPriorityOps  # noqa: E402
-from torchrl_compat._torch_sumtree import TorchMinSegmentTreeFp32, TorchSumSegmentTreeFp32  # noqa: E402
+from torchrl_compat._torch_ops.sumtree import TorchMinSegmentTreeFp32, TorchSumSegmentTreeFp32  # noqa: E402
 
 ALPHA, BETA, EPS = 0.7, 0.5, 1e-8
 OBS = 64
@@ -444,9 +445,9 @@ class OursSliceLoop:
         self.cursor = (self.cursor + self.batch) % self.capacity
 
     def sample(self):
-        flags = _torch_slices.end_flags(end=self.done, at_capacity=True, cursor=self.last)
+        flags = torch_slices.end_flags(end=self.done, at_capacity=True, cursor=self.last)
         draws = torch.rand(2, self.batch // SLICE, device=self.device)
-        index, _, _ = _torch_slices.sample_slices_from_ends(flags, SLICE, draws[0], draws[1])
+        index, _, _ = torch_slices.sample_slices_from_ends(flags, SLICE, draws[0], draws[1])
         return self.obs[index]
 
     def parts(self):

@@ -25,7 +25,7 @@ from tensordict import TensorDict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torchrl_compat as ours  # noqa: E402
-from torchrl_compat import _checkpoint_publish  # noqa: E402
+from torchrl_compat.checkpointers import _publish  # noqa: E402
 
 N = 1 << 20
 WRITE = 1000
@@ -56,8 +56,8 @@ def full_buffer(scratch_dir):
 
 @pytest.fixture
 def no_fsync(monkeypatch):
-    monkeypatch.setattr(_checkpoint_publish, "sync_tree", lambda root: None)
-    monkeypatch.setattr(_checkpoint_publish, "sync_directory", lambda path: None)
+    monkeypatch.setattr(_publish, "sync_tree", lambda root: None)
+    monkeypatch.setattr(_publish, "sync_directory", lambda path: None)
 
 
 @pytest.mark.parametrize("fsync", ["fsync", "no fsync"])

@@ -10,7 +10,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
 import replay
-from torchrl_compat import _torch_slices
+from torchrl_compat._torch_ops import slices as torch_slices
 
 SIZE = 2**20
 EPISODE = 1000
@@ -20,7 +20,7 @@ ROUNDS = 60
 IMPLEMENTATIONS = {
     "torchrl": SliceSampler(num_slices=1)._find_start_stop_traj,
     "replay": replay.find_start_stop_traj,
-    "torch-ops": _torch_slices.find_start_stop_traj,
+    "torch-ops": torch_slices.find_start_stop_traj,
 }
 
 

@@ -17,7 +17,7 @@ from torchrl_compat import (
     SliceSampler,
     TensorDictPrioritizedReplayBuffer,
 )
-from torchrl_compat import _torch_slices
+from torchrl_compat._torch_ops import slices as torch_slices
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 ALPHA, BETA = 0.7, 0.5
@@ -163,7 +163,7 @@ def test_slice_draws_are_the_listed_trajectories_slices():
         rb.extend(episodes(70))
     storage = rb._storage
     end = storage[:][("next", "done")].squeeze(-1)
-    start_idx, _, lengths = _torch_slices.find_start_stop_traj(
+    start_idx, _, lengths = torch_slices.find_start_stop_traj(
         end=end, at_capacity=storage._is_full, cursor=storage._last_cursor
     )
     kept = lengths >= 8

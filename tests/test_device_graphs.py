@@ -10,7 +10,7 @@ import torch
 from device_sync_watch import SyncWatch
 from torchrl_compat import _sampler_device
 from torchrl_compat._cuda_graphs import GraphedPriorityOps
-from torchrl_compat._torch_sumtree import (
+from torchrl_compat._torch_ops.sumtree import (
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,
     TorchSumSegmentTreeFp32,

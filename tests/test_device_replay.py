@@ -8,9 +8,10 @@ import torch
 
 import replay
 from device_sync_watch import SyncWatch
-from torchrl_compat import _sampler_device, _torch_slices
+from torchrl_compat import _sampler_device
+from torchrl_compat._torch_ops import slices as torch_slices
 from torchrl_compat._releases import since
-from torchrl_compat._torch_sumtree import (
+from torchrl_compat._torch_ops.sumtree import (
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,
     TorchSumSegmentTreeFp32,
@@ -45,9 +46,9 @@ def steady_loop(device, *, steps=3, size=1 << 12, batch=256, seq_length=8):
         priority = torch.rand(batch, generator=gen, device=device) + 0.1
         max_priority = _sampler_device.update_priority_nonblocking(
             sum_tree, min_tree, index, priority, max_priority, eps=EPS, alpha=ALPHA)
-        flags = _torch_slices.end_flags(end=end, at_capacity=True, cursor=(cursor - 1) % size)
+        flags = torch_slices.end_flags(end=end, at_capacity=True, cursor=(cursor - 1) % size)
         draws = torch.rand(2, batch // seq_length, generator=gen, device=device)
-        slices, _, found = _torch_slices.sample_slices_from_ends(flags, seq_length, draws[0], draws[1])
+        slices, _, found = torch_slices.sample_slices_from_ends(flags, seq_length, draws[0], draws[1])
         outputs.append((index, weight, slices, found))
     return sum_tree, min_tree, max_priority, outputs
 
@@ -254,12 +255,12 @@ def test_slices_from_ends_match_the_listed_trajectories(device, full):
     for steps, rate, seq_length in [(50, 0.1, 3), (200, 0.05, 8), (1000, 0.002, 64), (7, 0.0, 2), (30, 0.9, 1)]:
         end = torch.as_tensor(rng.random(steps) < rate, device=device)
         cursor = int(rng.integers(steps)) if full else None
-        flags = _torch_slices.end_flags(end=end, at_capacity=full, cursor=cursor)
-        start_idx, _, lengths = _torch_slices.find_start_stop_traj(end=end, at_capacity=full, cursor=cursor)
+        flags = torch_slices.end_flags(end=end, at_capacity=full, cursor=cursor)
+        start_idx, _, lengths = torch_slices.find_start_stop_traj(end=end, at_capacity=full, cursor=cursor)
         num_slices = 40
         traj_uniform = torch.as_tensor(rng.random(num_slices), device=device)
         start_uniform = torch.rand(num_slices, device=device)
-        index, rank, found = _torch_slices.sample_slices_from_ends(flags, seq_length, traj_uniform, start_uniform)
+        index, rank, found = torch_slices.sample_slices_from_ends(flags, seq_length, traj_uniform, start_uniform)
         kept = lengths >= seq_length
         assert bool(found) == bool(kept.any())
         if not kept.any():
@@ -268,5 +269,5 @@ def test_slices_from_ends_match_the_listed_trajectories(device, full):
         assert torch.equal(rank, (traj_uniform * kept.sum()).floor().long().clamp_max(kept.sum() - 1))
         room = kept_lengths[rank] - seq_length + 1
         offset = torch.minimum((start_uniform * room).floor().long(), room - 1)
-        expected = _torch_slices.slice_indices((starts[rank] + offset).unsqueeze(1), seq_length, steps)
+        expected = torch_slices.slice_indices((starts[rank] + offset).unsqueeze(1), seq_length, steps)
         assert torch.equal(index, expected[:, 0]), (steps, seq_length)

@@ -319,7 +319,7 @@ def test_moving_the_trees_keeps_the_leaves_past_max_capacity(dtype):
     sampler._use_cpu_kernels = False
     sampler._rng = torch.Generator().manual_seed(4)
     got = sampler.sample(storage, 32)  # moves the priorities first
-    assert type(sampler._sum_tree).__module__ == "torchrl_compat._torch_sumtree"
+    assert type(sampler._sum_tree).__module__ == "torchrl_compat._torch_ops.sumtree"
     assert _state(sampler) == before
     assert torch.equal(got[0], expected[0])
     torch.testing.assert_close(got[1]["priority_weight"], expected[1]["priority_weight"])

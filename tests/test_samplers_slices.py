@@ -14,8 +14,8 @@ from torchrl.data.replay_buffers import LazyTensorStorage
 import replay
 import torchrl_compat.samplers as ours
 from torchrl_compat._releases import since
-from torchrl_compat import _torch_slices
-from torchrl_compat._torch_sumtree import (
+from torchrl_compat._torch_ops import slices as torch_slices
+from torchrl_compat._torch_ops.sumtree import (
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,
     TorchSumSegmentTreeFp32,
@@ -128,14 +128,14 @@ def test_find_start_stop_traj_matches_torchrl(shape):
             for cursor in cursors if at_capacity else [None]:
                 end = _random_end(rng, shape, p)
                 expected = ref._find_start_stop_traj(end=end, at_capacity=at_capacity, cursor=cursor)
-                got = _torch_slices.find_start_stop_traj(end=end, at_capacity=at_capacity, cursor=cursor)
+                got = torch_slices.find_start_stop_traj(end=end, at_capacity=at_capacity, cursor=cursor)
                 for e, g in zip(expected, got):
                     assert e.dtype == g.dtype == torch.long and torch.equal(e, g), (end, cursor)
                 if shape[0] < 2:
                     continue  # torchrl loses the only end of a 1-step trajectory signal
                 traj = torch.as_tensor(rng.integers(0, 3, shape)).cumsum(0)
                 expected = ref._find_start_stop_traj(trajectory=traj, at_capacity=at_capacity, cursor=cursor)
-                got = _torch_slices.find_start_stop_traj(trajectory=traj, at_capacity=at_capacity, cursor=cursor)
+                got = torch_slices.find_start_stop_traj(trajectory=traj, at_capacity=at_capacity, cursor=cursor)
                 for e, g in zip(expected, got):
                     assert torch.equal(e, g)
 
@@ -149,21 +149,21 @@ def test_end_to_start_stop_matches_torchrl(shape):
     for p in (0.0, 0.2, 0.6, 1.0):
         end = _random_end(rng, shape, p)
         expected = ref._end_to_start_stop(end, shape[0])
-        for got in (_torch_slices.end_to_start_stop(end, shape[0]), mine._end_to_start_stop(end, shape[0])):
+        for got in (torch_slices.end_to_start_stop(end, shape[0]), mine._end_to_start_stop(end, shape[0])):
             for e, g in zip(expected, got):
                 assert e.dtype == g.dtype == torch.long and torch.equal(e, g), (end, e, g)
         # the length may differ from the rows (torchrl wraps the starts on the rows)
         expected = ref._end_to_start_stop(end.long(), shape[0] + 3)
-        got = _torch_slices.end_to_start_stop(end.long(), shape[0] + 3)
+        got = torch_slices.end_to_start_stop(end.long(), shape[0] + 3)
         for e, g in zip(expected, got):
             assert torch.equal(e, g)
 
 
 def test_find_start_stop_traj_errors():
     with pytest.raises(RuntimeError, match="at least 1-dimensional"):
-        _torch_slices.find_start_stop_traj(end=torch.tensor(True), at_capacity=False)
+        torch_slices.find_start_stop_traj(end=torch.tensor(True), at_capacity=False)
     with pytest.raises(RuntimeError, match="cursor should be an integer or a 1d tensor or a range."):
-        _torch_slices.find_start_stop_traj(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5)
+        torch_slices.find_start_stop_traj(end=torch.zeros(4, dtype=torch.bool), at_capacity=True, cursor=1.5)
 
 
 def test_slice_indices_match_torchrl():
@@ -174,12 +174,12 @@ def test_slice_indices_match_torchrl():
             start = torch.as_tensor(rng.integers(0, 20, (6, ndim))).to(dtype)
             for seq in (1, 4, torch.as_tensor(rng.integers(1, 6, 6)), torch.tensor([0, 1, 0, 3, 2, 1])):
                 expected = ref._tensor_slices_from_startend(seq, start, 15)
-                got = _torch_slices.slice_indices(start, seq, 15)
+                got = torch_slices.slice_indices(start, seq, 15)
                 assert got.dtype == torch.int64 and torch.equal(got, expected.long())
     start = torch.tensor([3, 14, 0])
     for seq in (3, torch.tensor([2, 3, 1])):
         assert torch.equal(
-            _torch_slices.slice_indices(start, seq, 15), ref._tensor_slices_from_startend(seq, start, 15)
+            torch_slices.slice_indices(start, seq, 15), ref._tensor_slices_from_startend(seq, start, 15)
         )
 
 
@@ -206,9 +206,9 @@ def test_excluded_start_positions_match_torchrl(strict_length, span):
                     storage.shape[0], 1.0, 1.0, slice_len=seq, strict_length=strict_length, span=span
                 )
             expected = ref._preceding_stop_idx(storage, lengths, seq, None)
-            got = _torch_slices.excluded_start_positions(lengths, seq, ref.span[1], strict_length)
+            got = torch_slices.excluded_start_positions(lengths, seq, ref.span[1], strict_length)
             assert torch.equal(got, expected)
-    assert _torch_slices.excluded_start_positions(torch.tensor([3, 4]), 1, 0, True).numel() == 0
+    assert torch_slices.excluded_start_positions(torch.tensor([3, 4]), 1, 0, True).numel() == 0
 
 
 @pytest.mark.parametrize("shape", [(30,), (25, 3)])
@@ -216,11 +216,11 @@ def test_stops_after_starts_against_walk(shape):
     rng = np.random.default_rng(2)
     for _ in range(5):
         end = _random_end(rng, shape, 0.15)
-        start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(end=end, at_capacity=True)
+        start_idx, stop_idx, lengths = torch_slices.find_start_stop_traj(end=end, at_capacity=True)
         full_end = torch.zeros(shape, dtype=torch.bool)
         full_end[tuple(stop_idx.unbind(-1))] = True
         starts = torch.stack([torch.as_tensor(rng.integers(0, s, 40)) for s in shape], -1)
-        got = _torch_slices.stops_after_starts(starts, start_idx, stop_idx, shape[0])
+        got = torch_slices.stops_after_starts(starts, start_idx, stop_idx, shape[0])
         for row, stop in zip(starts.tolist(), got.tolist()):
             t = row[0]
             while not full_end[(t % shape[0], *row[1:])]:

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import replay
-from torchrl_compat._torch_sumtree import (
+from torchrl_compat._torch_ops.sumtree import (
     sample_prioritized_leaves,
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torchrl.data.replay_buffers.samplers import SliceSampler
 
 import replay
-from torchrl_compat import _torch_slices as TORCH_OPS
+from torchrl_compat._torch_ops import slices as TORCH_OPS
 from torchrl_compat._releases import since
 from torchrl_compat.utils import _trajectory_bounds
 

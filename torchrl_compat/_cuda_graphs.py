@@ -33,7 +33,7 @@ import contextlib
 import torch
 
 from ._sampler_device import draw_nonblocking, update_priority_nonblocking
-from ._torch_sumtree import _TorchMinSegmentTree, _TorchSumSegmentTree
+from torchrl_compat._torch_ops.sumtree import _TorchMinSegmentTree, _TorchSumSegmentTree
 
 __all__ = ["GraphedPriorityOps"]
 
@@ -87,7 +87,7 @@ class GraphedPriorityOps:
 
     Examples:
         >>> import torch
-        >>> from torchrl_compat._torch_sumtree import TorchMinSegmentTreeFp32, TorchSumSegmentTreeFp32
+        >>> from torchrl_compat._torch_ops.sumtree import TorchMinSegmentTreeFp32, TorchSumSegmentTreeFp32
         >>> from torchrl_compat._sampler_device import initial_max_priority
         >>> sum_tree, min_tree = TorchSumSegmentTreeFp32(64), TorchMinSegmentTreeFp32(64)
         >>> ops = GraphedPriorityOps(sum_tree, min_tree, eps=1e-8, alpha=0.7, beta=0.5)

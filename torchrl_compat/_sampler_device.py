@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._torch_sumtree import _ZERO_MINIMUM, _TorchMinSegmentTree, _TorchSumSegmentTree
+from torchrl_compat._torch_ops.sumtree import _ZERO_MINIMUM, _TorchMinSegmentTree, _TorchSumSegmentTree
 
 __all__ = [
     "default_priority",

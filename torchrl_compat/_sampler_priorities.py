@@ -21,7 +21,7 @@ import replay
 from ._sampler_storage import ravel
 from ._sampler_trees import is_replay_tree, read_leaves
 from ._sampler_trees import tree_dtype as trees_dtype_for
-from ._torch_sumtree import _TorchSumSegmentTree
+from torchrl_compat._torch_ops.sumtree import _TorchSumSegmentTree
 
 __all__ = [
     "EpsOperand",

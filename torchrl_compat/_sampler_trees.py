@@ -14,7 +14,7 @@ import torch
 
 import replay
 
-from ._torch_sumtree import (
+from torchrl_compat._torch_ops.sumtree import (
     _TorchSegmentTree,
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,

@@ -826,7 +826,7 @@ def _trajectory_bounds(*, trajectory=None, end=None, at_capacity, cursor=None, o
     """``(start, stop, lengths)`` with torchrl 0.14's semantics, computed where the signal
     lives: ``replay``'s C pass on CPU (``on_cpu``), torch ops elsewhere."""
     import replay
-    from . import _torch_slices
+    from torchrl_compat._torch_ops import slices as torch_slices
 
     trajectory, end, cursor = _checked_trajectory_signal(trajectory, end, cursor, at_capacity)
     signal = trajectory if trajectory is not None else end
@@ -834,7 +834,7 @@ def _trajectory_bounds(*, trajectory=None, end=None, at_capacity, cursor=None, o
         return replay.find_start_stop_traj(
             trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
         )
-    return _torch_slices.find_start_stop_traj(
+    return torch_slices.find_start_stop_traj(
         trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
     )
 

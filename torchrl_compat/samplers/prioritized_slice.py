@@ -10,7 +10,7 @@ import torch
 from tensordict.utils import NestedKey
 
 import replay
-from .. import _torch_slices
+from torchrl_compat._torch_ops import slices as torch_slices
 from .._sampler_storage import ravel
 from .._releases import keywords_since, since
 from .._torchrl_lookup import torchrl_twin
@@ -255,7 +255,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
             preceding_stop_idx = torch.from_numpy(
                 replay.excluded_starts(
                     lengths,
-                    _torch_slices.excluded_tail(seq_length, self.span[1]),
+                    torch_slices.excluded_tail(seq_length, self.span[1]),
                     keep_first=not self.strict_length,
                     offset=offset,
                     total=numel,
@@ -271,7 +271,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
 
     def _excluded_with_torch(self, storage, lengths, seq_length, start_idx, full):
         """The excluded start positions in torch ops (any device, any ndim)."""
-        preceding_stop_idx = _torch_slices.excluded_start_positions(
+        preceding_stop_idx = torch_slices.excluded_start_positions(
             lengths, seq_length, self.span[1], self.strict_length
         )
         if full:
@@ -305,7 +305,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler, *torchrl_twin("s
                 starts_tensor = torch.stack(list(starts), dim=-1).to(stop_idx.device)
             else:
                 starts_tensor = starts.unsqueeze(1).to(stop_idx.device)
-            stops = _torch_slices.stops_after_starts(
+            stops = torch_slices.stops_after_starts(
                 starts_tensor, start_idx, stop_idx, storage._len_along_dim0
             )
             seq_length = (stops - starts_tensor[:, 0] + 1).clamp_max(seq_length)

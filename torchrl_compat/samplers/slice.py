@@ -10,8 +10,8 @@ from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey, unravel_key
 
 import replay
-from .. import _torch_slices
-from .._device_checks import DeferredChecks
+from torchrl_compat._torch_ops import slices as torch_slices
+from torchrl_compat._torch_ops.checks import DeferredChecks
 from .._sampler_storage import flag_columns, gather_fields, snapshot, storage_device
 from .._releases import keywords_since
 from .._releases import since
@@ -472,7 +472,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             # a subclass's conversion from end flags to bounds is used, as in torchrl
             if since("find_start_stop_traj_public"):
                 trajectory, end, cursor = _checked_trajectory_signal(trajectory, end, cursor, at_capacity)
-            flags = _torch_slices.end_flags(trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor)
+            flags = torch_slices.end_flags(trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor)
             start_idx, stop_idx, lengths = self._end_to_start_stop(end=flags, length=flags.shape[0])
         elif since("find_start_stop_traj_public"):
             start_idx, stop_idx, lengths = _trajectory_bounds(
@@ -485,7 +485,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
                 trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
             )
         else:
-            start_idx, stop_idx, lengths = _torch_slices.find_start_stop_traj(
+            start_idx, stop_idx, lengths = torch_slices.find_start_stop_traj(
                 trajectory=trajectory, end=end, at_capacity=at_capacity, cursor=cursor
             )
         if device is not None:
@@ -504,7 +504,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         if self.use_gpu and end.device != self._gpu_device:
             device = end.device
             end = end.to(self._gpu_device)
-        start_idx, stop_idx, lengths = _torch_slices.end_to_start_stop(end, length)
+        start_idx, stop_idx, lengths = torch_slices.end_to_start_stop(end, length)
         if device is not None:
             return start_idx.to(device), stop_idx.to(device), lengths.to(device)
         return start_idx, stop_idx, lengths
@@ -517,7 +517,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         ):
             index = replay.slice_indices(start, seq_length, storage_length)
         else:
-            index = _torch_slices.slice_indices(start, seq_length, storage_length)
+            index = torch_slices.slice_indices(start, seq_length, storage_length)
         return index if index.dtype == start.dtype else index.to(start.dtype)
 
     def _trajectory_bounds(self, storage):
@@ -961,8 +961,8 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
             cursor = _last_cursor(storage)
         # else the written index itself (its last entry is the cursor): read by end_flags
         # on its device, or from host memory, where the storage's int() would be a torch op
-        flags = _torch_slices.end_flags(at_capacity=storage._is_full, cursor=cursor, **signal)
-        table = _torch_slices.slice_start_table(flags, seq_length)
+        flags = torch_slices.end_flags(at_capacity=storage._is_full, cursor=cursor, **signal)
+        table = torch_slices.slice_start_table(flags, seq_length)
         checks = self.__dict__.get("_device_checks")
         if checks is None or checks._device != device:
             checks = self.__dict__["_device_checks"] = DeferredChecks(device)
@@ -977,7 +977,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         else:
             traj_draw = _rand_on(num_slices, device, self._rng)
         start_uniform = _rand_on(num_slices, device, self._rng)
-        index, _, found = _torch_slices.draw_slices(table, traj_draw, start_uniform)
+        index, _, found = torch_slices.draw_slices(table, traj_draw, start_uniform)
         code = torch.where(found, 0, 1).double()
         checks.record(torch.stack([code, code.new_tensor(float(seq_length)), code.new_tensor(0.0)]), _no_slice_error)
         truncated = None

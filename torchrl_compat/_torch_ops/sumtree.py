@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ._device_checks import DeferredChecks
+from torchrl_compat._torch_ops.checks import DeferredChecks
 
 __all__ = [
     "sample_prioritized_leaves",
