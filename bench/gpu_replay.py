@@ -7,7 +7,7 @@ leaves what it measured):
 
 * the targets' rows first: an update of 4,096 priorities and a draw of 4,096 through the
   device functions (both trees, the largest priority and the weights), eager and as CUDA
-  graphs (``torchrl_compat._cuda_graphs``); then one tree alone (update of ``k`` leaves, draw
+  graphs (``torchrl_compat.samplers._cuda_graphs``); then one tree alone (update of ``k`` leaves, draw
   of ``batch``);
 * the prioritized loop (extend ``batch`` rows of 64 floats with the default priority, sample
   ``batch``, update ``batch`` priorities): our ``ReplayBuffer`` + ``PrioritizedSampler`` on a
@@ -57,9 +57,9 @@ import torchrl_compat_trees  # noqa: E402
 # Before torchrl is imported: its own compiled trees are used when they load, ours otherwise.
 torchrl_compat_trees.install_segment_trees()
 
-from torchrl_compat import _sampler_device  # noqa: E402
+from torchrl_compat.samplers import _device  # noqa: E402
 from torchrl_compat._torch_ops import slices as torch_slices  # noqa: E402
-from torchrl_compat._cuda_graphs import GraphedPriorityOps  # noqa: E402
+from torchrl_compat.samplers._cuda_graphs import GraphedPriorityOps  # noqa: E402
 from torchrl_compat._torch_ops.sumtree import TorchMinSegmentTreeFp32, TorchSumSegmentTreeFp32  # noqa: E402
 
 ALPHA, BETA, EPS = 0.7, 0.5, 1e-8
@@ -172,10 +172,10 @@ def free(device) -> None:
 def filled_trees(capacity, device):
     sum_tree = TorchSumSegmentTreeFp32(capacity, device=device)
     min_tree = TorchMinSegmentTreeFp32(capacity, device=device)
-    highest = _sampler_device.initial_max_priority(device)
+    highest = _device.initial_max_priority(device)
     for start in range(0, capacity, FILL_CHUNK):
         index = torch.arange(start, min(start + FILL_CHUNK, capacity), device=device)
-        highest = _sampler_device.update_priority_nonblocking(
+        highest = _device.update_priority_nonblocking(
             sum_tree, min_tree, index, torch.rand(index.numel(), device=device) + 0.01, highest, eps=EPS, alpha=ALPHA)
     return sum_tree, min_tree, highest
 
@@ -202,7 +202,7 @@ def sampler_rows(run: Run, capacity: int, *, graphs: bool) -> None:
         box = [highest]
         if ops is None:
             def step():
-                box[0] = _sampler_device.update_priority_nonblocking(
+                box[0] = _device.update_priority_nonblocking(
                     sum_tree, min_tree, index, priority, box[0], eps=EPS, alpha=ALPHA)
         else:
             def step():
@@ -216,7 +216,7 @@ def sampler_rows(run: Run, capacity: int, *, graphs: bool) -> None:
         uniform = torch.rand(TARGET_K, device=device)
         if ops is None:
             def step():
-                _sampler_device.draw_nonblocking(sum_tree, min_tree, capacity, BETA, uniform)
+                _device.draw_nonblocking(sum_tree, min_tree, capacity, BETA, uniform)
         else:
             def step():
                 ops.draw(capacity, uniform)
@@ -285,7 +285,7 @@ class OursDeviceLoop:
 
     def _update(self, index, priority):
         if self.ops is None:
-            return _sampler_device.update_priority_nonblocking(
+            return _device.update_priority_nonblocking(
                 self.sum_tree, self.min_tree, index, priority, self.max_priority, eps=EPS, alpha=ALPHA)
         return self.ops.update(index, priority, self.max_priority)
 
@@ -293,13 +293,13 @@ class OursDeviceLoop:
         rows = (self.offsets + self.cursor) % self.capacity
         self.obs.index_copy_(0, rows, self.new_rows)
         self.cursor = (self.cursor + self.batch) % self.capacity
-        default = _sampler_device.default_priority(self.max_priority, EPS, ALPHA)
+        default = _device.default_priority(self.max_priority, EPS, ALPHA)
         self.max_priority = self._update(rows, default)
 
     def sample(self):
         uniform = torch.rand(self.batch, device=self.device)
         if self.ops is None:
-            index, weight = _sampler_device.draw_nonblocking(self.sum_tree, self.min_tree, self.capacity, BETA, uniform)
+            index, weight = _device.draw_nonblocking(self.sum_tree, self.min_tree, self.capacity, BETA, uniform)
         else:
             index, weight = self.ops.draw(self.capacity, uniform)
         self.state = {"index": index, "weight": weight, "sample": self.obs[index]}

@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict
 
 import torchrl_compat
-from torchrl_compat import _boundary_queries
+from torchrl_compat.samplers import _boundary_queries
 
 torchrl_units = pytest.importorskip("torchrl.data.replay_buffers.sample_units")
 import torchrl.data as torchrl_data  # noqa: E402

@@ -1,4 +1,4 @@
-"""The prioritized steady state replayed as CUDA graphs (``torchrl_compat._cuda_graphs``):
+"""The prioritized steady state replayed as CUDA graphs (``torchrl_compat.samplers._cuda_graphs``):
 the same trees, largest priority, draws and errors as the eager device functions, step by
 step, the recorded calls free of host data and host reads. On CPU tensors each "replay" runs
 the recorded call eagerly (everything but the capture); on CUDA they are real graphs."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from device_sync_watch import SyncWatch
-from torchrl_compat import _sampler_device
-from torchrl_compat._cuda_graphs import GraphedPriorityOps
+from torchrl_compat.samplers import _device
+from torchrl_compat.samplers._cuda_graphs import GraphedPriorityOps
 from torchrl_compat._torch_ops.sumtree import (
     TorchMinSegmentTreeFp32,
     TorchMinSegmentTreeFp64,
@@ -33,24 +33,24 @@ class Twins:
         self.eager = (sum_cls(size, device=device), min_cls(size, device=device))
         graphed = (sum_cls(size, device=device), min_cls(size, device=device))
         self.ops = GraphedPriorityOps(*graphed, eps=EPS, alpha=ALPHA, beta=BETA)
-        self.highest = {"eager": _sampler_device.initial_max_priority(device), "graphs": _sampler_device.initial_max_priority(device)}
+        self.highest = {"eager": _device.initial_max_priority(device), "graphs": _device.initial_max_priority(device)}
 
     def update(self, index, priority):
-        self.highest["eager"] = _sampler_device.update_priority_nonblocking(
+        self.highest["eager"] = _device.update_priority_nonblocking(
             *self.eager, index, priority, self.highest["eager"], eps=EPS, alpha=ALPHA)
         self.highest["graphs"] = self.ops.update(index, priority, self.highest["graphs"])
 
     def default_update(self, index):
         for side in ("eager", "graphs"):
-            default = _sampler_device.default_priority(self.highest[side], EPS, ALPHA)
+            default = _device.default_priority(self.highest[side], EPS, ALPHA)
             if side == "eager":
-                self.highest[side] = _sampler_device.update_priority_nonblocking(
+                self.highest[side] = _device.update_priority_nonblocking(
                     *self.eager, index, default, self.highest[side], eps=EPS, alpha=ALPHA)
             else:
                 self.highest[side] = self.ops.update(index, default, self.highest[side])
 
     def draw(self, num_valid, uniform):
-        expected = _sampler_device.draw_nonblocking(*self.eager, num_valid, BETA, uniform)
+        expected = _device.draw_nonblocking(*self.eager, num_valid, BETA, uniform)
         got = self.ops.draw(num_valid, uniform)
         for a, b in zip(got, expected):
             assert torch.equal(a, b)
@@ -134,7 +134,7 @@ def test_bad_update_is_masked_and_raised_later_as_on_the_eager_path(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_refusals_at_the_call_are_the_eager_paths(device):
     ops = Twins(device, 100).ops
-    highest = _sampler_device.initial_max_priority(device)
+    highest = _device.initial_max_priority(device)
     with pytest.raises(ValueError, match=r"index must be 1-D here, got shape \(2, 2\)"):
         ops.update(torch.zeros(2, 2, dtype=torch.long, device=device), torch.ones(4, device=device), highest)
     with pytest.raises(TypeError, match="integer tensor"):
@@ -181,7 +181,7 @@ def test_recorded_calls_take_no_host_data_and_read_nothing_back():
     twins.draw(4096, torch.rand(256))
     with SyncWatch() as watch:
         for _ in range(2):
-            default = _sampler_device.default_priority(twins.highest["graphs"], EPS, ALPHA)
+            default = _device.default_priority(twins.highest["graphs"], EPS, ALPHA)
             twins.highest["graphs"] = twins.ops.update(index, default, twins.highest["graphs"])
             twins.ops.draw(4096, torch.rand(256))
             twins.highest["graphs"] = twins.ops.update(index, torch.rand(256) + 0.1, twins.highest["graphs"])

@@ -8,7 +8,7 @@ import torch
 
 import replay
 from device_sync_watch import SyncWatch
-from torchrl_compat import _sampler_device
+from torchrl_compat.samplers import _device
 from torchrl_compat._torch_ops import slices as torch_slices
 from torchrl_compat._releases import since
 from torchrl_compat._torch_ops.sumtree import (
@@ -31,20 +31,20 @@ def steady_loop(device, *, steps=3, size=1 << 12, batch=256, seq_length=8):
     """extend (default priority), sample, update, and a slice draw, through the device path."""
     gen = torch.Generator(device=device).manual_seed(0)
     sum_tree, min_tree = TorchSumSegmentTreeFp32(size, device=device), TorchMinSegmentTreeFp32(size, device=device)
-    max_priority = _sampler_device.initial_max_priority(device)
+    max_priority = _device.initial_max_priority(device)
     end = torch.rand(size, generator=gen, device=device) < 0.02
     cursor = 0
     outputs = []
     for _ in range(steps):
         written = (cursor + torch.arange(batch, device=device)) % size
         cursor = (cursor + batch) % size
-        default = _sampler_device.default_priority(max_priority, EPS, ALPHA)
-        max_priority = _sampler_device.update_priority_nonblocking(
+        default = _device.default_priority(max_priority, EPS, ALPHA)
+        max_priority = _device.update_priority_nonblocking(
             sum_tree, min_tree, written, default, max_priority, eps=EPS, alpha=ALPHA)
         uniform = torch.rand(batch, generator=gen, device=device)
-        index, weight = _sampler_device.draw_nonblocking(sum_tree, min_tree, size, BETA, uniform)
+        index, weight = _device.draw_nonblocking(sum_tree, min_tree, size, BETA, uniform)
         priority = torch.rand(batch, generator=gen, device=device) + 0.1
-        max_priority = _sampler_device.update_priority_nonblocking(
+        max_priority = _device.update_priority_nonblocking(
             sum_tree, min_tree, index, priority, max_priority, eps=EPS, alpha=ALPHA)
         flags = torch_slices.end_flags(end=end, at_capacity=True, cursor=(cursor - 1) % size)
         draws = torch.rand(2, batch // seq_length, generator=gen, device=device)
@@ -216,19 +216,19 @@ def test_sampler_update_and_weights_match_the_cpu_sampler():
     size = 500
     sampler = PrioritizedSampler(size, ALPHA, BETA, eps=EPS)
     sum_tree, min_tree = TorchSumSegmentTreeFp32(size), TorchMinSegmentTreeFp32(size)
-    max_priority = _sampler_device.initial_max_priority("cpu")
+    max_priority = _device.initial_max_priority("cpu")
     rng = np.random.default_rng(3)
     first = torch.arange(size)
     raw = since("prioritized_raw_default_priority")
     sampler.mark_update(first)
-    max_priority = _sampler_device.update_priority_nonblocking(
-        sum_tree, min_tree, first, _sampler_device.default_priority(max_priority, EPS, ALPHA, raw=raw),
+    max_priority = _device.update_priority_nonblocking(
+        sum_tree, min_tree, first, _device.default_priority(max_priority, EPS, ALPHA, raw=raw),
         max_priority, eps=EPS, alpha=ALPHA)
     for _ in range(10):
         index = torch.as_tensor(rng.integers(-1, size, 64))
         priority = torch.as_tensor(rng.uniform(0.01, 5, 64), dtype=torch.float32)
         sampler.update_priority(index, priority)
-        max_priority = _sampler_device.update_priority_nonblocking(
+        max_priority = _device.update_priority_nonblocking(
             sum_tree, min_tree, index, priority, max_priority, eps=EPS, alpha=ALPHA)
         assert torch.equal(sum_tree.leaves, torch.as_tensor(sampler._sum_tree.values()))
         assert torch.equal(min_tree.leaves, torch.as_tensor(sampler._min_tree.values()))
@@ -237,11 +237,11 @@ def test_sampler_update_and_weights_match_the_cpu_sampler():
         uniform = torch.rand(128, dtype=torch.float64)
         p_min = sampler._min_tree.query(0, size)
         expected, _, _ = sampler._sum_tree.sample_prioritized(size, uniform)
-        got, weight = _sampler_device.draw_nonblocking(sum_tree, min_tree, size, BETA, uniform)
+        got, weight = _device.draw_nonblocking(sum_tree, min_tree, size, BETA, uniform)
         assert torch.equal(got, torch.as_tensor(expected))
         expected_weight = torch.pow(torch.as_tensor(sampler._sum_tree[expected.numpy()]) / p_min, -BETA)
         torch.testing.assert_close(weight, expected_weight.to(weight.dtype), rtol=1e-6, atol=0)
-    assert float(_sampler_device.default_priority(max_priority, EPS, ALPHA, raw=raw)) == pytest.approx(float(sampler.default_priority))
+    assert float(_device.default_priority(max_priority, EPS, ALPHA, raw=raw)) == pytest.approx(float(sampler.default_priority))
     sum_tree.check_errors()
 
 

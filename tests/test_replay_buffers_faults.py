@@ -556,14 +556,14 @@ def test_ensemble_dumps_whole_and_loads_whole(tmp_path, damage):
 def test_damaged_trees_are_named_alike_in_any_blocks(tmp_path, damage, monkeypatch):
     # the trees' files are read a block of leaves at a time (2^22): the faults found, and the
     # leaves named, are those of a read of the whole files
-    from torchrl_compat import _sampler_trees
+    from torchrl_compat.samplers import _trees
 
     name, spoil, error = DAMAGES[damage]
     transformed_buffer(1).dumps(tmp_path / "ckpt")
     spoil(tmp_path / "ckpt" / name)
     messages = []
     for block in (1 << 22, 4, 1):
-        monkeypatch.setattr(_sampler_trees, "LEAF_BLOCK", block)
+        monkeypatch.setattr(_trees, "LEAF_BLOCK", block)
         target = transformed_buffer(2)
         with pytest.raises(error) as refused:
             target.loads(tmp_path / "ckpt")

@@ -14,7 +14,7 @@ from tensordict import TensorDict
 
 import replay
 import torchrl_compat as O
-from torchrl_compat import _boundary_queries
+from torchrl_compat.samplers import _boundary_queries
 from torchrl_compat._releases import since
 from torchrl_compat.sample_units import Sequence, Transition
 

@@ -23,7 +23,7 @@ import torchrl.data.replay_buffers.samplers as trl
 
 import replay
 import torchrl_compat.samplers as ours
-from torchrl_compat import _sampler_trees
+from torchrl_compat.samplers import _trees
 
 # The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
 TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
@@ -279,7 +279,7 @@ def leaf_block(request, monkeypatch):
     """The trees' files read, checked and written a block of leaves at a time: in one block, as
     at every capacity up to 2^22, or in blocks of 4 leaves (what a tree of 2^30 leaves gets)."""
     if request.param == "blocks of 4":
-        monkeypatch.setattr(_sampler_trees, "LEAF_BLOCK", 4)
+        monkeypatch.setattr(_trees, "LEAF_BLOCK", 4)
     return request.param
 
 
@@ -488,7 +488,7 @@ def test_tree_files_with_several_faults_name_the_same_one_in_any_blocks(first, s
     TREE_DAMAGES[second](tmp_path / "ckpt")
     messages = []
     for block in (1 << 22, 4, 1):
-        monkeypatch.setattr(_sampler_trees, "LEAF_BLOCK", block)
+        monkeypatch.setattr(_trees, "LEAF_BLOCK", block)
         with pytest.raises(ValueError) as refused:
             ours.PrioritizedSampler(16, 0.7, 0.4).loads(tmp_path / "ckpt")
         message = str(refused.value).replace(str(tmp_path), "")

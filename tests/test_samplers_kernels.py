@@ -7,7 +7,8 @@ from torchrl.data.replay_buffers import LazyTensorStorage
 
 import torchrl_compat.samplers as ours
 import torchrl_compat.samplers.prioritized as prioritized_module
-from torchrl_compat import _sampler_priorities, _sampler_trees
+from torchrl_compat.samplers import _priorities
+from torchrl_compat.samplers import _trees
 
 
 def make_storage(n, filled=None):
@@ -35,7 +36,7 @@ def test_prioritized_update_and_sample_match_torch_path(dtype, within_buffer):
     fast, slow = _pair(
         ours.PrioritizedSampler, n, 0.7, 0.4, dtype=dtype, max_priority_within_buffer=within_buffer
     )
-    assert _sampler_trees.is_replay_tree(fast._sum_tree)
+    assert _trees.is_replay_tree(fast._sum_tree)
     rng = np.random.default_rng(0)
     for step in range(20):
         index = torch.as_tensor(rng.integers(-1, n, size=int(rng.integers(0, 40))))
@@ -57,8 +58,8 @@ def test_prioritized_update_and_sample_match_torch_path(dtype, within_buffer):
         assert torch.equal(fi, si)
         assert finfo["priority_weight"].dtype == sinfo["priority_weight"].dtype == dtype
         torch.testing.assert_close(finfo["priority_weight"], sinfo["priority_weight"])
-    assert _sampler_trees.is_replay_tree(fast._sum_tree)
-    assert not _sampler_trees.is_replay_tree(slow._sum_tree)  # the accelerator path's trees
+    assert _trees.is_replay_tree(fast._sum_tree)
+    assert not _trees.is_replay_tree(slow._sum_tree)  # the accelerator path's trees
 
 
 def test_prioritized_kernel_errors_match_torch_path():
@@ -302,7 +303,7 @@ def test_prioritized_slice_kernel_matches_torch_path(config, wrap, dtype, monkey
         # the kernel path neither reads every leaf nor writes the trees
         with monkeypatch.context() as patch:
             patch.setattr(prioritized_module, "read_leaves", None)
-            patch.setattr(_sampler_priorities, "read_leaves", None)
+            patch.setattr(_priorities, "read_leaves", None)
             (fi,), finfo = fast.sample(storage, 20)
         assert torch.equal(fi, si)
         assert set(finfo) == set(sinfo)

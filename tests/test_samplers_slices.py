@@ -809,7 +809,7 @@ def test_slice_sampler_follows_writes_without_rescanning(monkeypatch, key, stora
     """On torchrl_compat storages the trajectory bounds follow the writes: the samples equal
     those of a full read of the signal at every call, and the signal is read whole once."""
     import torchrl_compat.storages as our_storages
-    from torchrl_compat._trajectory_ends import TrajectoryEnds
+    from torchrl_compat.samplers._trajectory_ends import TrajectoryEnds
 
     scans = []
     original_scan = TrajectoryEnds._scan

@@ -17,10 +17,10 @@ from tensordict import TensorDict
 
 import torchrl.data.replay_buffers.storages as trl
 
-import torchrl_compat._trajectory_ends as te_module
+import torchrl_compat.samplers._trajectory_ends as te_module
 import torchrl_compat.storages as ours
 from torchrl_compat.storages._journal import RowRun
-from torchrl_compat._trajectory_ends import TrajectoryEnds
+from torchrl_compat.samplers._trajectory_ends import TrajectoryEnds
 from torchrl_compat._writer_rows import write_rows
 
 KEY = ("next", "done")

@@ -30,7 +30,7 @@ from torchrl_compat.checkpointers._checks import (
 )
 from torchrl_compat.checkpointers._publish import carry_over, published_path, reading, write_aside
 from torchrl_compat.checkpointers._priority_checks import check_cursor_fits_length, check_no_priority_past
-from torchrl_compat._sampler_trees import leaf_blocks, read_leaves, tree_dtype
+from torchrl_compat.samplers._trees import leaf_blocks, read_leaves, tree_dtype
 from torchrl_compat.checkpointers._storage_checks import StorageCheckpoint
 
 __all__ = ["dump_buffer", "load_buffer"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from torchrl_compat._sampler_storage import has_plain_get
+from torchrl_compat.samplers._storage_reads import has_plain_get
 from torchrl_compat.storages._rows import array_of, gather_tensordict, LEAF_TYPES, Rows
 
 __all__ = ["array_of", "gather_rows", "info_tree", "plain_storage"]

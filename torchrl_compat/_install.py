@@ -297,7 +297,7 @@ def _function_pairs() -> list:
         utils = importlib.import_module("torchrl.data.replay_buffers.utils")
     except ImportError:
         return []
-    from torchrl_compat._boundary_queries import BOUNDARY_QUERIES
+    from torchrl_compat.samplers._boundary_queries import BOUNDARY_QUERIES
 
     pairs = []
     for name, ours in BOUNDARY_QUERIES.items():

@@ -28,7 +28,7 @@ from torchrl_compat import _ray_wire as wire
 from torchrl_compat._ray_routing import true_runs
 from torchrl_compat._ray_writes import LAPSED
 from torchrl_compat.checkpointers._publish import publish_file
-from torchrl_compat._sampler_trees import is_replay_tree, tree_dtype
+from torchrl_compat.samplers._trees import is_replay_tree, tree_dtype
 from torchrl_compat._torchrl_lookup import accepted_classes
 from torchrl_compat.replay_buffers import TensorDictReplayBuffer
 from torchrl_compat.storages import TensorStorage

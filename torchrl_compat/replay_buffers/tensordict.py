@@ -10,7 +10,7 @@ from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right
 
 from torchrl_compat._compile import is_compiling, opaque_to_compile
-from torchrl_compat._sampler_priorities import check_new_priorities
+from torchrl_compat.samplers._priorities import check_new_priorities
 from torchrl_compat._torchrl_lookup import torchrl_twin
 from torchrl_compat._writer_rows import shallow_copy
 from torchrl_compat.samplers import PrioritizedSampler

@@ -24,7 +24,7 @@ from torchrl_compat.checkpointers._publish import write_aside
 from torchrl_compat.checkpointers._priority_checks import check_max_priority_index, check_priority_leaves
 from .._releases import keywords_since
 from .._releases import since
-from .._sampler_device import (
+from torchrl_compat.samplers._device import (
     default_priority as device_default_priority,
     device_uniforms,
     draw_nonblocking,
@@ -32,7 +32,7 @@ from .._sampler_device import (
     sampleable_status,
     update_priority_nonblocking,
 )
-from .._sampler_priorities import (
+from torchrl_compat.samplers._priorities import (
     check_sampleable,
     check_update,
     draw_with_kernel,
@@ -46,8 +46,8 @@ from .._sampler_priorities import (
     stored_values,
     torchrl_masses,
 )
-from .._sampler_storage import storage_device
-from .._sampler_trees import (
+from torchrl_compat.samplers._storage_reads import storage_device
+from torchrl_compat.samplers._trees import (
     is_replay_tree,
     leaf_blocks,
     make_trees,

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from torchrl_compat.checkpointers._checks import MetadataError, read_memmapped_state
 from torchrl_compat.checkpointers._publish import write_aside
-from .._sampler_storage import storage_device
+from torchrl_compat.samplers._storage_reads import storage_device
 from torchrl_compat.storages._counters import compile_disable as _compile_disable
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin

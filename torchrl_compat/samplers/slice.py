@@ -12,12 +12,12 @@ from tensordict.utils import NestedKey, unravel_key
 import replay
 from torchrl_compat._torch_ops import slices as torch_slices
 from torchrl_compat._torch_ops.checks import DeferredChecks
-from .._sampler_storage import flag_columns, gather_fields, snapshot, storage_device
+from torchrl_compat.samplers._storage_reads import flag_columns, gather_fields, snapshot, storage_device
 from .._releases import keywords_since
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
-from .._fragmented_runs import fragmented_runs
-from .._trajectory_ends import TrajectoryEnds
+from torchrl_compat.samplers._fragmented_runs import fragmented_runs
+from torchrl_compat.samplers._trajectory_ends import TrajectoryEnds
 from ..storages import Storage, logger
 from ..utils import _auto_device, _checked_trajectory_signal, _trajectory_bounds
 from ._common import (

@@ -18,9 +18,9 @@ import torch
 
 import replay
 
-from ._sampler_storage import ravel
-from ._sampler_trees import is_replay_tree, read_leaves
-from ._sampler_trees import tree_dtype as trees_dtype_for
+from torchrl_compat.samplers._storage_reads import ravel
+from torchrl_compat.samplers._trees import is_replay_tree, read_leaves
+from torchrl_compat.samplers._trees import tree_dtype as trees_dtype_for
 from torchrl_compat._torch_ops.sumtree import _TorchSumSegmentTree
 
 __all__ = [

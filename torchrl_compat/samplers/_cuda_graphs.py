@@ -32,7 +32,7 @@ import contextlib
 
 import torch
 
-from ._sampler_device import draw_nonblocking, update_priority_nonblocking
+from torchrl_compat.samplers._device import draw_nonblocking, update_priority_nonblocking
 from torchrl_compat._torch_ops.sumtree import _TorchMinSegmentTree, _TorchSumSegmentTree
 
 __all__ = ["GraphedPriorityOps"]
@@ -88,7 +88,7 @@ class GraphedPriorityOps:
     Examples:
         >>> import torch
         >>> from torchrl_compat._torch_ops.sumtree import TorchMinSegmentTreeFp32, TorchSumSegmentTreeFp32
-        >>> from torchrl_compat._sampler_device import initial_max_priority
+        >>> from torchrl_compat.samplers._device import initial_max_priority
         >>> sum_tree, min_tree = TorchSumSegmentTreeFp32(64), TorchMinSegmentTreeFp32(64)
         >>> ops = GraphedPriorityOps(sum_tree, min_tree, eps=1e-8, alpha=0.7, beta=0.5)
         >>> highest = ops.update(torch.arange(64), torch.rand(64) + 0.1, initial_max_priority("cpu"))

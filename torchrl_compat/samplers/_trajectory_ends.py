@@ -19,8 +19,8 @@ from tensordict import is_tensor_collection
 
 import replay
 
-from ._releases import since
-from ._sampler_storage import entry
+from torchrl_compat._releases import since
+from torchrl_compat.samplers._storage_reads import entry
 from torchrl_compat.storages._journal import RowRun
 
 __all__ = ["TrajectoryEnds"]
@@ -66,7 +66,7 @@ class TrajectoryEnds:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> from torchrl_compat import LazyTensorStorage
-        >>> from torchrl_compat._trajectory_ends import TrajectoryEnds
+        >>> from torchrl_compat.samplers._trajectory_ends import TrajectoryEnds
         >>> storage = LazyTensorStorage(6)
         >>> done = torch.tensor([False, True, False, False, True, False]).unsqueeze(-1)
         >>> storage.set(torch.arange(4), TensorDict({("next", "done"): done[:4]}, [4]))
