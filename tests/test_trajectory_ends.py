@@ -21,7 +21,7 @@ import torchrl_compat.samplers._trajectory_ends as te_module
 import torchrl_compat.storages as ours
 from torchrl_compat.storages._journal import RowRun
 from torchrl_compat.samplers._trajectory_ends import TrajectoryEnds
-from torchrl_compat._writer_rows import write_rows
+from torchrl_compat.writers._rows import write_rows
 
 KEY = ("next", "done")
 JOIN_TIMEOUT = 60

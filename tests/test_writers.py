@@ -24,7 +24,7 @@ import torchrl_compat.writers as O
 import torchrl_compat.writers.max_value as writer_max_value
 import torchrl_compat.writers.round_robin as writer_round_robin
 from torchrl_compat.storages._journal import RowRun
-from torchrl_compat._writer_rows import write_rows
+from torchrl_compat.writers._rows import write_rows
 
 from twin_checks import assert_api_matches, assert_no_torchrl_code
 

@@ -12,7 +12,7 @@ from tensordict.utils import expand_as_right
 from torchrl_compat._compile import is_compiling, opaque_to_compile
 from torchrl_compat.samplers._priorities import check_new_priorities
 from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat._writer_rows import shallow_copy
+from torchrl_compat.writers._rows import shallow_copy
 from torchrl_compat.samplers import PrioritizedSampler
 from torchrl_compat.utils import _is_int, _reduce, _to_torch
 from torchrl_compat.writers import TensorDictRoundRobinWriter

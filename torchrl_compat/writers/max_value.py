@@ -14,7 +14,7 @@ from torchrl_compat.checkpointers._checks import MetadataError, read_count, read
 from torchrl_compat.checkpointers._publish import write_aside
 from torchrl_compat._releases import since
 from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat._writer_checks import check_batch_fits
+from torchrl_compat.writers._checks import check_batch_fits
 from torchrl_compat.utils import _reduce, _str2dtype
 from .base import (
     TOP_VALUES_FILE,

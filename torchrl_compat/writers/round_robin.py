@@ -13,8 +13,8 @@ from torchrl_compat.checkpointers._checks import MetadataError, read_count, read
 from torchrl_compat.checkpointers._publish import write_aside
 from torchrl_compat._releases import keywords_since, since
 from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat._writer_checks import check_batch_fits
-from torchrl_compat._writer_rows import shallow_copy, write_rows
+from torchrl_compat.writers._checks import check_batch_fits
+from torchrl_compat.writers._rows import shallow_copy, write_rows
 from torchrl_compat.storages import TensorStorage
 from torchrl_compat.utils import _is_int, _str2dtype
 from . import _generations
