@@ -448,7 +448,7 @@ def test_chunks_held_while_a_shard_is_busy_go_as_one_write_and_keep_their_rows()
 
 
 def test_transforms_run_on_the_client_as_in_one_buffer():
-    from torchrl_compat._buffer_transforms import Transform
+    from torchrl_compat.replay_buffers._transforms import Transform
 
     class Shift(Transform):
         """Written rows get obs + 1000; read rows get obs * 2."""

@@ -396,7 +396,7 @@ def test_mutation_revision_one_step_per_buffer_write(make):
 
 
 def _transform_classes():
-    from torchrl_compat._buffer_transforms import Transform
+    from torchrl_compat.replay_buffers._transforms import Transform
 
     class SharedState(Transform):
         """A transform with write state it can put in shared memory."""

@@ -658,7 +658,7 @@ def test_buffer_checkpoints_carry_generations_both_ways(tmp_path):
 def test_docstring_examples():
     import doctest
 
-    import torchrl_compat._conditional_update as conditional
+    import torchrl_compat.replay_buffers._conditional_update as conditional
 
     finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner()
     for obj in (

@@ -25,7 +25,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_compat import _ray_routing as routing, _ray_wire as wire
-from torchrl_compat._buffer_transforms import check_transform_arguments, make_transform
+from torchrl_compat.replay_buffers._transforms import check_transform_arguments, make_transform
 from torchrl_compat.samplers._priorities import stored_values
 from torchrl_compat._ray_writes import LAPSED, Reservations, describe_rows
 from torchrl_compat.checkpointers._publish import publish_file

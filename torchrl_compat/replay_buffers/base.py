@@ -21,14 +21,13 @@ from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right, is_tensorclass
 from torch.utils._pytree import tree_leaves, tree_map
 
-from torchrl_compat import _buffer_prefetch as _prefetch
-from torchrl_compat import _buffer_transforms as _transforms
-from torchrl_compat import _conditional_update as _conditional
 from torchrl_compat import storages as _storages
-from torchrl_compat._buffer_checkpoint import dump_buffer, load_buffer, PREFETCH_FILE
+from torchrl_compat.replay_buffers import _conditional_update as _conditional, _prefetch, _transforms
+from torchrl_compat.replay_buffers._checkpoint import dump_buffer, load_buffer, PREFETCH_FILE
 from torchrl_compat._releases import since
-from torchrl_compat._buffer_gather import gather_rows, plain_storage
-from torchrl_compat._buffer_processes import SharedWriteLock
+from torchrl_compat.replay_buffers._gather import gather_rows, plain_storage
+from torchrl_compat.replay_buffers._processes import SharedWriteLock
+from torchrl_compat.samplers.prioritized import PRIORITIZED_SAMPLERS
 from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_module, torchrl_twin
 from torchrl_compat.samplers import (
     ConsumingSampler,
@@ -60,10 +59,6 @@ _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 
 
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
-
-
-# The samplers the buffers give priorities to: ours, and torchrl's when importable.
-PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")
 
 
 def _identity_collates() -> frozenset:
@@ -1760,7 +1755,7 @@ class ReplayBuffer(*_TWIN):
 
     def _stage_conditional_update(self, index, generation, patch, version):
         """Copies CUDA inputs of a submitted update to a CPU storage without blocking
-        (see :func:`~torchrl_compat._conditional_update.stage_on_host`)."""
+        (see :func:`~torchrl_compat.replay_buffers._conditional_update.stage_on_host`)."""
         return _conditional.stage_on_host(self._conditional_update_device(), index, generation, patch, version)
 
     def _submit_sample(self, batch_size: int):

@@ -618,7 +618,7 @@ def _flat_patch(patch, shape, count: int, device):
 def _conditional_update_result():
     """The class conditional updates return (ours when the package has it, else torchrl's)."""
     try:
-        from torchrl_compat._conditional_update import ConditionalUpdateResult
+        from torchrl_compat.replay_buffers._conditional_update import ConditionalUpdateResult
     except ImportError:
         from torchrl.data.replay_buffers.replay_buffers import ConditionalUpdateResult
     return ConditionalUpdateResult

@@ -60,7 +60,7 @@ from torchrl_compat.samplers._trees import (
     write_leaf_range,
     write_leaves,
 )
-from .._torchrl_lookup import torchrl_twin
+from .._torchrl_lookup import accepted_classes, torchrl_twin
 from ..storages import Storage, TensorStorage, logger
 from ..utils import _is_int, unravel_index
 from ._common import _CPU, _EMPTY_STORAGE_ERROR, _rand
@@ -1044,3 +1044,7 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         )
         self._sum_tree, self._min_tree = state["trees"]
         self._after_loading(state["_schema_version"])
+
+
+# The samplers a buffer gives priorities to: ours, and torchrl's when importable.
+PRIORITIZED_SAMPLERS = accepted_classes(PrioritizedSampler, "samplers")

@@ -20,6 +20,9 @@ from tensordict import is_tensor_collection
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_leaves
 
+from torchrl_compat.samplers.prioritized import PRIORITIZED_SAMPLERS
+from torchrl_compat.storages import TensorStorage
+
 __all__ = ["SharedWriteLock"]
 
 
@@ -32,9 +35,6 @@ def _in_shared_memory(tensor) -> bool:
 def _check_write_from(buffer, owner_pid: int) -> None:
     """Raises if a write to ``buffer`` in this process (not ``owner_pid``, which made it
     shared) would stay in this process."""
-    from torchrl_compat.replay_buffers.base import PRIORITIZED_SAMPLERS
-    from torchrl_compat.storages import TensorStorage
-
     pid = os.getpid()
     storage, sampler = buffer._storage, buffer._sampler
     if isinstance(sampler, PRIORITIZED_SAMPLERS):
