@@ -39,6 +39,8 @@ import warnings
 ENV_VAR = "TORCHRL_COMPAT_INSTALL_TREES"
 # Asks the start-up hook for torchrl_compat.install() (classes and trees).
 INSTALL_ENV_VAR = "TORCHRL_COMPAT_INSTALL"
+# The package whose install() TORCHRL_COMPAT_INSTALL runs once torchrl is imported.
+INSTALLER_PACKAGE = "torchrl_compat"
 EXTENSION_NAME = "torchrl._torchrl"
 TREE_NAMES = (
     "MinSegmentTreeFp32",
@@ -414,9 +416,9 @@ class ImportWatcher(importlib.abc.MetaPathFinder):
                 return False
             self.install_requested = False
         try:
-            import torchrl_compat
-
-            torchrl_compat.install()
+            # by name: the hook starts the package that installs it, and imports nothing of
+            # it until then
+            importlib.import_module(INSTALLER_PACKAGE).install()
         except Exception as err:  # noqa: BLE001
             warnings.warn(
                 f"{INSTALL_ENV_VAR}: torchrl_compat.install() failed: {err!r}",

@@ -251,7 +251,8 @@ def parts(rb, data, rounds: int = 200) -> dict:
     the task path and through the compiled graph, and the shard's own work."""
     import pickle
 
-    from torchrl_compat import _ray_routing as routing, _ray_wire as wire
+    from torchrl_compat._ray import routing
+    from torchrl_compat._ray import wire
 
     ray = rb._ray
     actor = rb._actors[0]

@@ -15,8 +15,8 @@ from tensordict import TensorDict
 
 from ray_support import chi_square_p, reference_ring
 from torchrl_compat import LazyTensorStorage, PrioritizedSampler
-from torchrl_compat import _ray_routing as routing
-from torchrl_compat._ray_writes import Reservations, describe_rows
+from torchrl_compat._ray import routing
+from torchrl_compat._ray.writes import Reservations, describe_rows
 from torchrl_compat.ray_buffer import _WriteRows
 
 capacities_st = st.lists(st.integers(1, 12), min_size=1, max_size=4)

@@ -24,7 +24,7 @@ import ray_support  # noqa: E402
 from ray_support import pooled, prioritized, ring_index, rows  # noqa: E402
 
 from torchrl_compat import LazyTensorStorage, PrioritizedSampler, TensorDictReplayBuffer  # noqa: E402
-from torchrl_compat._ray_writes import describe_rows  # noqa: E402
+from torchrl_compat._ray.writes import describe_rows  # noqa: E402
 from torchrl_compat.ray_buffer import ShardRestartedError, ShardWriteError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

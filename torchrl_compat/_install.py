@@ -308,9 +308,27 @@ def _function_pairs() -> list:
     return pairs
 
 
-def _stand_in_pairs() -> list:
-    import torchrl_compat
+def _our_classes() -> dict:
+    """Our public classes by name, as the package exports them: each family's, the Ray
+    buffer, and from torchrl 0.14 the sample units (a later module's name wins, as in the
+    package's own star imports)."""
+    from torchrl_compat import checkpointers, ray_buffer, replay_buffers, sample_units, samplers, storages, writers
+    from torchrl_compat._releases import since
 
+    classes = {}
+    for module in (checkpointers, replay_buffers, samplers, storages, writers):
+        for name in module.__all__:
+            value = getattr(module, name)
+            if isinstance(value, type):
+                classes[name] = value
+    classes["RayReplayBuffer"] = ray_buffer.RayReplayBuffer
+    if since("sample_units"):
+        classes.update((name, getattr(sample_units, name)) for name in sample_units.__all__)
+    return classes
+
+
+def _stand_in_pairs() -> list:
+    classes = _our_classes()
     pairs = []
     for module_name in STAND_IN_MODULES:
         try:
@@ -321,8 +339,8 @@ def _stand_in_pairs() -> list:
             return []
         for name in list(module.__dict__):
             theirs = None if name.startswith("_") else _original(module, name)
-            ours = getattr(torchrl_compat, name, None)
-            if theirs is not None and isinstance(ours, type) and ours is not theirs:
+            ours = classes.get(name)
+            if theirs is not None and ours is not None and ours is not theirs:
                 pairs.append((name, theirs, ours))
     return pairs
 

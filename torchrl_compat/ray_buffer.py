@@ -2,10 +2,10 @@
 ``torchrl.data.replay_buffers.ray_buffer``).
 
 torchrl's ``RayReplayBuffer`` is one actor owning the whole buffer, each call a blocking round
-trip. Ours spreads the rows over ``num_shards`` actors (:mod:`._ray_shard`), each owning its
+trip. Ours spreads the rows over ``num_shards`` actors (:mod:`torchrl_compat._ray.shard`), each owning its
 share of the storage and, for a prioritized buffer, its own sum and min trees; the client
-routes writes, draws and updates (:mod:`._ray_routing`) and moves batches as numpy arrays
-through Ray's object store (:mod:`._ray_wire`).
+routes writes, draws and updates (:mod:`torchrl_compat._ray.routing`) and moves batches as numpy arrays
+through Ray's object store (:mod:`torchrl_compat._ray.wire`).
 """
 from __future__ import annotations
 
@@ -24,12 +24,14 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_compat import _ray_routing as routing, _ray_wire as wire
+from torchrl_compat._ray import routing
+from torchrl_compat._ray import wire
 from torchrl_compat.replay_buffers._transforms import check_transform_arguments, make_transform
 from torchrl_compat.samplers._priorities import stored_values
-from torchrl_compat._ray_writes import LAPSED, Reservations, describe_rows
+from torchrl_compat._ray.writes import LAPSED, Reservations, describe_rows
 from torchrl_compat.checkpointers._publish import publish_file
 from torchrl_compat.replay_buffers import ReplayBuffer
+from torchrl_compat.replay_buffers.base import SERVICE_BACKENDS
 from torchrl_compat.utils import _reduce
 
 __all__ = ["RayReplayBuffer", "ShardRestartedError", "ShardUnavailableError", "ShardWriteError"]
@@ -508,7 +510,7 @@ class RayReplayBuffer(ReplayBuffer):
 
         per_shard = self._per_shard_kwargs(kwargs, num_shards)
         options = {**DEFAULT_SHARD_OPTIONS, **(remote_config or {})}
-        from torchrl_compat._ray_shard import ReplayShard
+        from torchrl_compat._ray.shard import ReplayShard
 
         self._placement_group = None
         if "scheduling_strategy" not in options:
@@ -1167,7 +1169,7 @@ class RayReplayBuffer(ReplayBuffer):
     def _blocking_chunks(self, first: int, stop: int, ends, room) -> list[tuple[int, int, int]]:
         """``(shard, start, stop)`` chunks of rows ``first`` .. ``stop - 1`` of a blocking write:
         along the write ring, or whole trajectories to a shard for a slice sampler (see
-        :func:`~torchrl_compat._ray_routing.plan_trajectories`). ``room`` is used up as
+        :func:`~torchrl_compat._ray.routing.plan_trajectories`). ``room`` is used up as
         chunks are planned."""
         if ends is not None:
             load = self._totals.rows_written / np.asarray(self._capacities, dtype=np.float64)
@@ -1888,3 +1890,29 @@ def _take_rows(packed: tuple, where: np.ndarray) -> tuple:
     if kind == wire.OBJECT:
         return (kind, keys, [arrays[i] for i in where.tolist()], None)
     return (kind, keys, tuple(array[where] for array in arrays), (len(where), *batch_size[1:]))
+
+
+def serve_buffer_class(replay_buffer_cls, *args, service_backend_options=None, **kwargs) -> RayReplayBuffer:
+    """What ``ReplayBuffer(..., service_backend="ray")`` builds: a :class:`RayReplayBuffer`
+    whose shards hold buffers of ``replay_buffer_cls`` built with ``args`` and ``kwargs``.
+
+    ``service_backend_options`` takes torchrl's ``ray_init_config`` and ``remote_config``,
+    and the :class:`RayReplayBuffer` keywords (``num_shards``, ``recovery_dir``,
+    ``write_ahead``, ``sample_timeout``, ``chunk_rows``, ``compiled_graph``).
+    """
+    options = dict(service_backend_options or {})
+    unknown = sorted(set(options) - set(SERVICE_OPTIONS))
+    if unknown:
+        raise TypeError(f"Unexpected Ray replay-buffer service options: {unknown}")
+    transport = kwargs.pop("transport", "auto")
+    if transport not in ("auto", "ray"):
+        raise NotImplementedError(
+            f"RayReplayBuffer moves batches through Ray itself: transport={transport!r} is not "
+            "available (use 'auto' or 'ray')."
+        )
+    if kwargs.pop("transport_options", None):
+        raise ValueError("transport_options are not used by the Ray replay transport.")
+    return RayReplayBuffer(*args, replay_buffer_cls=replay_buffer_cls, **options, **kwargs)
+
+
+SERVICE_BACKENDS["ray"] = serve_buffer_class

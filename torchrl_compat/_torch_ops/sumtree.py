@@ -693,7 +693,7 @@ class _TorchSumSegmentTree(_TorchSegmentTree):
         sampleable = min(num_valid, self._capacity)
         code = torch.where(reachable > 0, 0, _NOTHING_TO_DRAW).double()
         # full_like, not new_tensor: a fill on the device rather than a copy from host memory,
-        # which a CUDA graph could not replay (see _cuda_graphs)
+        # which a CUDA graph could not replay (see samplers/_cuda_graphs.py)
         status = torch.stack([code, torch.full_like(code, float(sampleable)), reachable.double()])
         self._checks.record(status, self._deferred_error)
         return index, priority, total

@@ -68,8 +68,8 @@ __all__ = [
 ]
 
 # the result of ReplayBuffer.update_if_present, exported from the release that has it
-from torchrl_compat.replay_buffers._conditional_update import ConditionalUpdateResult  # noqa: E402
-from torchrl_compat._releases import since  # noqa: E402
+from ._conditional_update import ConditionalUpdateResult  # noqa: E402
+from .._releases import since  # noqa: E402
 
 if since("buffer_conditional_update"):
     __all__.append("ConditionalUpdateResult")

@@ -60,6 +60,12 @@ _EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
 
 _PLAIN_RAND_GIVEN_NDIM = _storages.TensorStorage._rand_given_ndim
 
+# The service backends other than "direct", by name: each builds the buffer that serves a
+# buffer class (``build(cls, *args, **kwargs)``). torchrl_compat.ray_buffer registers "ray"
+# when the package imports it, so that the buffers never import the Ray machinery that holds
+# them.
+SERVICE_BACKENDS: dict[str, Callable] = {}
+
 
 def _identity_collates() -> frozenset:
     """The storages' do-nothing collate functions (ours and torchrl's): skipped on samples."""
@@ -283,6 +289,9 @@ class ReplayBuffer(*_TWIN):
         callable, as :meth:`append_transform` does (torchrl fails on its ``eval()``).
     """
 
+    # TensorDictReplayBuffer's is True: the default collate function is chosen for it
+    _holds_tensordicts = False
+
     if _ROUTES_SERVICES:
 
         def __new__(cls, *args, **kwargs):
@@ -293,33 +302,15 @@ class ReplayBuffer(*_TWIN):
             return super().__new__(cls)
 
     @classmethod
-    def _ServiceClass(cls, service_backend, *args, service_backend_options=None, **kwargs):
-        """The buffer ``service_backend`` asks for: a :class:`~torchrl_compat.RayReplayBuffer`
-        whose shards hold buffers of this class.
-
-        ``service_backend_options`` takes torchrl's ``ray_init_config`` and ``remote_config``,
-        and the :class:`~torchrl_compat.RayReplayBuffer` keywords (``num_shards``,
-        ``recovery_dir``, ``write_ahead``, ``sample_timeout``, ``chunk_rows``).
-        """
-        if service_backend != "ray":
-            raise ValueError(
-                f"ReplayBuffer supports service_backend='direct' or 'ray', not {service_backend!r}."
-            )
-        from torchrl_compat.ray_buffer import RayReplayBuffer, SERVICE_OPTIONS
-
-        options = dict(service_backend_options or {})
-        unknown = sorted(set(options) - set(SERVICE_OPTIONS))
-        if unknown:
-            raise TypeError(f"Unexpected Ray replay-buffer service options: {unknown}")
-        transport = kwargs.pop("transport", "auto")
-        if transport not in ("auto", "ray"):
-            raise NotImplementedError(
-                f"RayReplayBuffer moves batches through Ray itself: transport={transport!r} is not "
-                "available (use 'auto' or 'ray')."
-            )
-        if kwargs.pop("transport_options", None):
-            raise ValueError("transport_options are not used by the Ray replay transport.")
-        return RayReplayBuffer(*args, replay_buffer_cls=cls, **options, **kwargs)
+    def _ServiceClass(cls, service_backend, *args, **kwargs):
+        """The buffer ``service_backend`` asks for, serving this class: for ``"ray"``, a
+        :class:`~torchrl_compat.RayReplayBuffer` whose shards hold buffers of this class (see
+        :func:`torchrl_compat.ray_buffer.serve_buffer_class` for its options)."""
+        build = SERVICE_BACKENDS.get(service_backend)
+        if build is None:
+            named = " or ".join(repr(name) for name in ("direct", *SERVICE_BACKENDS))
+            raise ValueError(f"ReplayBuffer supports service_backend={named}, not {service_backend!r}.")
+        return build(cls, *args, **kwargs)
 
     def __init__(
         self,
@@ -524,12 +515,10 @@ class ReplayBuffer(*_TWIN):
         return tree_map(lambda x: x.transpose(self.dim_extend, 0), data)
 
     def _get_collate_fn(self, collate_fn):
-        from .tensordict import TensorDictReplayBuffer  # its module imports this one
-
         self._collate_fn = (
             collate_fn
             if collate_fn is not None
-            else _default_collate(self._storage, isinstance(self, TensorDictReplayBuffer))
+            else _default_collate(self._storage, self._holds_tensordicts)
         )
 
     @_maybe_delay_init
@@ -1530,7 +1519,7 @@ class ReplayBuffer(*_TWIN):
         if detach is not None:
             detach(self._storage)
 
-    # ---- what dumps / loads add to torchrl 0.11's layout (see _buffer_checkpoint)
+    # ---- what dumps / loads add to torchrl 0.11's layout (see _checkpoint)
     def _release_metadata(self) -> dict:
         if since("buffer_prefetch_state"):
             return {"consume_after_n_samples": self._consume_after_n_samples}

@@ -13,12 +13,12 @@ from tensordict import is_tensor_collection, LazyStackedTensorDict, TensorDict, 
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_right
 
-from torchrl_compat._ensemble import INDEX_ERROR, pick, select_members
-from torchrl_compat._releases import since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.samplers import SamplerEnsemble, SliceSampler
-from torchrl_compat.storages import _stack_anything, StorageEnsemble
-from torchrl_compat.writers import RoundRobinWriter, WriterEnsemble
+from .._ensemble import INDEX_ERROR, pick, select_members
+from .._releases import since
+from .._torchrl_lookup import torchrl_twin
+from ..samplers import SamplerEnsemble, SliceSampler
+from ..storages import _stack_anything, StorageEnsemble
+from ..writers import RoundRobinWriter, WriterEnsemble
 from .base import ReplayBuffer, _default_collate
 
 
@@ -618,7 +618,7 @@ def _flat_patch(patch, shape, count: int, device):
 def _conditional_update_result():
     """The class conditional updates return (ours when the package has it, else torchrl's)."""
     try:
-        from torchrl_compat.replay_buffers._conditional_update import ConditionalUpdateResult
+        from ._conditional_update import ConditionalUpdateResult
     except ImportError:
         from torchrl.data.replay_buffers.replay_buffers import ConditionalUpdateResult
     return ConditionalUpdateResult

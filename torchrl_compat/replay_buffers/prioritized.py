@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from torchrl_compat._releases import keywords_since, since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.samplers import PrioritizedSampler
-from torchrl_compat.storages import ListStorage
+from .._releases import keywords_since, since
+from .._torchrl_lookup import torchrl_twin
+from ..samplers import PrioritizedSampler
+from ..storages import ListStorage
 from . import _prioritized_sync as _sync
 from .base import ReplayBuffer
 

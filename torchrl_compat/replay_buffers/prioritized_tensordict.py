@@ -9,11 +9,11 @@ import torch
 from tensordict import is_tensor_collection, TensorDictBase
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 
-from torchrl_compat._compile import opaque_to_compile
-from torchrl_compat._releases import keywords_since, since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.samplers import PrioritizedSampler
-from torchrl_compat.utils import _reduce
+from .._compile import opaque_to_compile
+from .._releases import keywords_since, since
+from .._torchrl_lookup import torchrl_twin
+from ..samplers import PrioritizedSampler
+from ..utils import _reduce
 from . import _prioritized_sync as _sync
 from .prioritized import _given, PRIORITIZED_BUFFER_KEYWORDS, PrioritizedReplayBuffer
 from .tensordict import TensorDictReplayBuffer

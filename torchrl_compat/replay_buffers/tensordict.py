@@ -9,13 +9,13 @@ from tensordict import is_tensor_collection, is_tensorclass, TensorDict, TensorD
 from tensordict.nn.utils import _set_dispatch_td_nn_modules
 from tensordict.utils import expand_as_right
 
-from torchrl_compat._compile import is_compiling, opaque_to_compile
-from torchrl_compat.samplers._priorities import check_new_priorities
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.writers._rows import shallow_copy
-from torchrl_compat.samplers import PrioritizedSampler
-from torchrl_compat.utils import _is_int, _reduce, _to_torch
-from torchrl_compat.writers import TensorDictRoundRobinWriter
+from .._compile import is_compiling, opaque_to_compile
+from ..samplers._priorities import check_new_priorities
+from .._torchrl_lookup import torchrl_twin
+from ..writers._rows import shallow_copy
+from ..samplers import PrioritizedSampler
+from ..utils import _is_int, _reduce, _to_torch
+from ..writers import TensorDictRoundRobinWriter
 from .base import PRIORITIZED_SAMPLERS, ReplayBuffer, _maybe_delay_init, _stacked
 
 
@@ -59,6 +59,8 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         :meth:`update_tensordict_priority` reads a priority with one value per item
         without a reduction.
     """
+
+    _holds_tensordicts = True
 
     def __init__(self, *, priority_key: str = "td_error", **kwargs) -> None:
         if kwargs.get("writer", None) is None:
@@ -411,7 +413,7 @@ class TensorDictReplayBuffer(ReplayBuffer, *torchrl_twin("replay_buffers", "Tens
         The anchors are read from ``"anchor_index"`` (coordinates for a storage with
         ``ndim > 1``), the valid records from ``"validity_mask"`` when present.
         """
-        from torchrl_compat.sample_units import Sequence
+        from ..sample_units import Sequence
 
         units = _sample_units()
         sequences = (Sequence,) if units is None else (Sequence, units.Sequence)

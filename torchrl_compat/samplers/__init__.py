@@ -5,8 +5,8 @@ The classes have the followed torchrl release's names, signatures, defaults, pro
 storage that follows torchrl's storage API (duck typing, as torchrl's samplers do).
 
 On CPU the index computations run in ``replay``'s kernels; on an accelerator they run as
-torch ops on the storage's device (:mod:`._torch_slices`). :class:`PrioritizedSampler` keeps
-its priorities in segment trees chosen by device (:mod:`._sampler_trees`): ``replay``'s
+torch ops on the storage's device (:mod:`torchrl_compat._torch_ops.slices`). :class:`PrioritizedSampler` keeps
+its priorities in segment trees chosen by device (:mod:`torchrl_compat.samplers._trees`): ``replay``'s
 compiled trees on CPU, trees made of torch ops on accelerators.
 """
 from __future__ import annotations

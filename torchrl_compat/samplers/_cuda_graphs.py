@@ -1,7 +1,7 @@
 """The prioritized sampler's steady state, replayed as CUDA graphs.
 
-On a GPU, an update of ``k`` priorities through :func:`._sampler_device.update_priority_nonblocking`
-is about 30 small kernels and a draw through :func:`._sampler_device.draw_nonblocking` about
+On a GPU, an update of ``k`` priorities through :func:`torchrl_compat.samplers._device.update_priority_nonblocking`
+is about 30 small kernels and a draw through :func:`torchrl_compat.samplers._device.draw_nonblocking` about
 50, each with a few microseconds of work: their launches, not their work, set the time of a
 step. A CUDA graph records such a sequence once and replays it with one launch.
 :class:`GraphedPriorityOps` does that for the fixed shapes of a training loop (an update of a
@@ -13,7 +13,7 @@ What a graph cannot replay is kept out of the recorded calls:
 * host-side work (the checks of shapes, dtypes and devices, the raise of an earlier call's
   error, the trees' cache invalidation) runs at every call, around the replay;
 * the device-side checks, which the eager path copies to a fresh pinned host buffer per call
-  (:class:`._device_checks.DeferredChecks`), go into one status tensor of the graph (the first
+  (:class:`torchrl_compat._torch_ops.checks.DeferredChecks`), go into one status tensor of the graph (the first
   failure of the call kept); after each replay that status is queued like an eager one, so a
   bad update is masked on the device and raised by a later call, as on the eager path;
 * the recorded calls create no tensor from host data (a copy from pageable host memory
@@ -71,7 +71,7 @@ class GraphedPriorityOps:
     trees, each fixed shape recorded once as a CUDA graph and replayed after.
 
     Args:
-        sum_tree, min_tree: the sampler's trees (see :mod:`._torch_sumtree`), on one device.
+        sum_tree, min_tree: the sampler's trees (see :mod:`torchrl_compat._torch_ops.sumtree`), on one device.
 
     Keyword Args:
         eps (float): added to every priority before the power.

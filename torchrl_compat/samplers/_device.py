@@ -2,7 +2,7 @@
 
 :func:`update_priority_nonblocking` and :func:`draw_nonblocking` are what
 ``PrioritizedSampler.update_priority`` and ``sample`` compute, by torchrl 0.11's rules (see
-:mod:`._sampler_priorities`), for a flat index and priorities on the trees' device:
+:mod:`torchrl_compat.samplers._priorities`), for a flat index and priorities on the trees' device:
 
 * what can be checked from shapes, dtypes and devices is checked at once;
 * what needs the device's data (an index past the trees, a priority that is NaN, negative,

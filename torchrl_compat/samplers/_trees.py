@@ -2,7 +2,7 @@
 
 Priorities of a CPU storage live in ``replay``'s compiled segment trees, whose fused kernels
 draw and update a batch in one call; those of a storage on an accelerator live in the
-torch-op trees of :mod:`._torch_sumtree` on that device. Both follow the API of torchrl's
+torch-op trees of :mod:`torchrl_compat._torch_ops.sumtree` on that device. Both follow the API of torchrl's
 trees (``capacity`` leaves, torchrl's query rule), so that the samplers read and write them
 the same way. A private switch (``cpu_kernels=False``) puts CPU priorities in torch-op trees
 too, which is how the tests compare the accelerator path with the kernels.

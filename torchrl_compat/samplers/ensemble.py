@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from tensordict import TensorDict
 
-from torchrl_compat.checkpointers._publish import write_aside
+from ..checkpointers._publish import write_aside
 from .._ensemble import INDEX_ERROR, members_rng, pick, select_members
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin

@@ -13,18 +13,18 @@ import numpy as np
 import torch
 
 import replay
-from torchrl_compat.checkpointers._checks import (
+from ..checkpointers._checks import (
     MetadataError,
     check_float64_leaves_file,
     read_float64_leaves,
     read_json_object,
     real_number,
 )
-from torchrl_compat.checkpointers._publish import write_aside
-from torchrl_compat.checkpointers._priority_checks import check_max_priority_index, check_priority_leaves
+from ..checkpointers._publish import write_aside
+from ..checkpointers._priority_checks import check_max_priority_index, check_priority_leaves
 from .._releases import keywords_since
 from .._releases import since
-from torchrl_compat.samplers._device import (
+from ._device import (
     default_priority as device_default_priority,
     device_uniforms,
     draw_nonblocking,
@@ -32,7 +32,7 @@ from torchrl_compat.samplers._device import (
     sampleable_status,
     update_priority_nonblocking,
 )
-from torchrl_compat.samplers._priorities import (
+from ._priorities import (
     check_sampleable,
     check_update,
     draw_with_kernel,
@@ -46,8 +46,8 @@ from torchrl_compat.samplers._priorities import (
     stored_values,
     torchrl_masses,
 )
-from torchrl_compat.samplers._storage_reads import storage_device
-from torchrl_compat.samplers._trees import (
+from ._storage_reads import storage_device
+from ._trees import (
     is_replay_tree,
     leaf_blocks,
     make_trees,

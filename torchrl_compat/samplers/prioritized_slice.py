@@ -10,8 +10,8 @@ import torch
 from tensordict.utils import NestedKey
 
 import replay
-from torchrl_compat._torch_ops import slices as torch_slices
-from torchrl_compat.samplers._storage_reads import ravel
+from .._torch_ops import slices as torch_slices
+from ._storage_reads import ravel
 from .._releases import keywords_since, since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage

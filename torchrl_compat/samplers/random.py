@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from torchrl_compat.checkpointers._checks import MetadataError, read_memmapped_state
-from torchrl_compat.checkpointers._publish import write_aside
-from torchrl_compat.samplers._storage_reads import storage_device
-from torchrl_compat.storages._counters import compile_disable as _compile_disable
+from ..checkpointers._checks import MetadataError, read_memmapped_state
+from ..checkpointers._publish import write_aside
+from ._storage_reads import storage_device
+from ..storages._counters import compile_disable as _compile_disable
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
 from ..storages import Storage
@@ -589,7 +589,7 @@ class ConsumingSampler(Sampler, *torchrl_twin("samplers", "ConsumingSampler")):
     def _read_checkpoint(self, path) -> dict:
         """The state saved at ``path`` by :meth:`dumps` (or torchrl's), read and checked
         without changing anything."""
-        from torchrl_compat.checkpointers._checks import read_torch_file
+        from ..checkpointers._checks import read_torch_file
 
         file = Path(path) / CONSUMING_SAMPLER_FILE
         state = read_torch_file(file)

@@ -10,14 +10,14 @@ from tensordict import is_tensor_collection
 from tensordict.utils import NestedKey, unravel_key
 
 import replay
-from torchrl_compat._torch_ops import slices as torch_slices
-from torchrl_compat._torch_ops.checks import DeferredChecks
-from torchrl_compat.samplers._storage_reads import flag_columns, gather_fields, snapshot, storage_device
+from .._torch_ops import slices as torch_slices
+from .._torch_ops.checks import DeferredChecks
+from ._storage_reads import flag_columns, gather_fields, snapshot, storage_device
 from .._releases import keywords_since
 from .._releases import since
 from .._torchrl_lookup import torchrl_twin
-from torchrl_compat.samplers._fragmented_runs import fragmented_runs
-from torchrl_compat.samplers._trajectory_ends import TrajectoryEnds
+from ._fragmented_runs import fragmented_runs
+from ._trajectory_ends import TrajectoryEnds
 from ..storages import Storage, logger
 from ..utils import _auto_device, _checked_trajectory_signal, _trajectory_bounds
 from ._common import (
@@ -704,7 +704,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
     def _tracked_bounds(self, storage, key, *, from_ids: bool):
         """``(start_idx, stop_idx, lengths)`` from trajectory ends kept up to date with the
-        storage's writes (:class:`._trajectory_ends.TrajectoryEnds`): O(trajectories + rows
+        storage's writes (:class:`torchrl_compat.samplers._trajectory_ends.TrajectoryEnds`): O(trajectories + rows
         written) instead of a read of the whole signal. ``None`` for storages that do not
         journal their writes (torchrl's own, N-D ones...) or a missing key: the caller then
         reads the whole signal, which also raises its errors."""
@@ -725,7 +725,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
         )
 
     def _tracker(self, key, from_ids: bool) -> TrajectoryEnds:
-        """The :class:`._trajectory_ends.TrajectoryEnds` following ``key`` (one per key)."""
+        """The :class:`torchrl_compat.samplers._trajectory_ends.TrajectoryEnds` following ``key`` (one per key)."""
         trackers = self.__dict__.setdefault("_trajectory_ends", {})
         tracker = trackers.get((key, from_ids))
         if tracker is None:
@@ -779,7 +779,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
     def _fragmented_runs(self, storage):
         """``(ordered_slots, run_offsets, run_lengths)`` of the storage's logical runs
-        (:func:`._fragmented_runs.fragmented_runs`), kept while the storage's revision and
+        (:func:`torchrl_compat.samplers._fragmented_runs.fragmented_runs`), kept while the storage's revision and
         length stay the same (read again at every call for a storage without a revision)."""
         key = (self.traj_key, self.step_key, _revision_key(storage))
         kept = self._cache.get("fragmented-runs")
@@ -839,7 +839,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
     def _sample_from_ends(self, storage, batch_size: int):
         """:meth:`sample`'s result in the common case, read from the trajectory ends kept by a
-        :class:`._trajectory_ends.TrajectoryEnds`; ``None`` (nothing drawn) for any other case,
+        :class:`torchrl_compat.samplers._trajectory_ends.TrajectoryEnds`; ``None`` (nothing drawn) for any other case,
         which the general path then handles.
 
         The common case: a 1-D storage of ours followed through its write journal, CPU
@@ -922,7 +922,7 @@ class SliceSampler(Sampler, *torchrl_twin("samplers", "SliceSampler")):
 
         The trajectories are never listed (that needs ``nonzero``): each slice's trajectory
         is drawn by rank among those long enough, ``floor(u * count)``, from the end table
-        of :func:`._torch_slices.end_flags`, then its start as the general path draws it.
+        of :func:`torchrl_compat._torch_ops.slices.end_flags`, then its start as the general path draws it.
         """
         if (
             self.cache_values

@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
-from torchrl_compat._releases import since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.checkpointers import StorageEnsembleCheckpointer
+from .._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from .._releases import since
+from .._torchrl_lookup import torchrl_twin
+from ..checkpointers import StorageEnsembleCheckpointer
 from .base import Storage
+from .utils import _stack_anything
 
 
 class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
@@ -39,6 +40,9 @@ class StorageEnsemble(Storage, *torchrl_twin("storages", "StorageEnsemble")):
         (:class:`~torchrl_compat.StorageEnsembleCheckpointer`), so :meth:`dumps` and
         ``register_save_hook`` work instead of raising ``AttributeError``.
     """
+
+    # what a buffer collates its samples with (see utils._get_default_collate)
+    _default_collate_fn = staticmethod(_stack_anything)
 
     _default_checkpointer = StorageEnsembleCheckpointer
 

@@ -16,12 +16,13 @@ import torch
 from tensordict import is_tensor_collection, lazy_stack, TensorDict, TensorDictBase
 from torch.utils._pytree import tree_map
 
-from torchrl_compat._releases import since
-from torchrl_compat.storages._index import index_error
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.checkpointers import CompressedListStorageCheckpointer, ListStorageCheckpointer
-from torchrl_compat.utils import _is_int, INT_CLASSES
+from .._releases import since
+from ._index import index_error
+from .._torchrl_lookup import torchrl_twin
+from ..checkpointers import CompressedListStorageCheckpointer, ListStorageCheckpointer
+from ..utils import _is_int, INT_CLASSES
 from .base import Storage
+from .utils import _collate_id, _stack_anything
 
 
 class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
@@ -57,6 +58,9 @@ class ListStorage(Storage, *torchrl_twin("storages", "ListStorage")):
         writing, so a failing call leaves the storage as it was. torchrl writes the items
         one by one and stops half-way.
     """
+
+    # what a buffer collates its samples with (see utils._get_default_collate)
+    _default_collate_fn = staticmethod(_stack_anything)
 
     _default_checkpointer = ListStorageCheckpointer
 
@@ -335,6 +339,8 @@ class LazyStackStorage(ListStorage, *torchrl_twin("storages", "LazyStackStorage"
         torch.Size([2])
     """
 
+    _default_collate_fn = staticmethod(_collate_id)
+
     def __init__(
         self,
         max_size: int | None = None,
@@ -400,6 +406,8 @@ class CompressedListStorage(ListStorage, *torchrl_twin("storages", "CompressedLi
         metadata of a tensordict item holds its fields only, and the item comes back with
         an empty batch size (``state_dict`` and checkpoints have torchrl's layout).
     """
+
+    _default_collate_fn = staticmethod(lazy_stack)
 
     _default_checkpointer = CompressedListStorageCheckpointer
 

@@ -19,27 +19,27 @@ from tensordict.base import _NESTED_TENSORS_AS_LISTS
 from tensordict.memmap import MemoryMappedTensor
 from torch.utils._pytree import tree_map
 
-from torchrl_compat import _directory_cleanup
-from torchrl_compat.storages._first_write import (
+from .. import _directory_cleanup
+from ._first_write import (
     build_storage,
     empty_leaf,
     memmap_leaf,
     plain_leaves,
     write_leaf_rows,
 )
-from torchrl_compat.storages._counters import (
+from ._counters import (
     compile_disable,
     is_compiling,
     outside_graph,
     restore_counter,
     shared_counter,
 )
-from torchrl_compat.storages._index import filled_index
-from torchrl_compat._releases import since
-from torchrl_compat.storages._journal import ALL_ITEMS, JOURNAL_LENGTH, RowRun, WriteJournal
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.checkpointers import TensorStorageCheckpointer
-from torchrl_compat.utils import (
+from ._index import filled_index
+from .._releases import since
+from ._journal import ALL_ITEMS, JOURNAL_LENGTH, RowRun, WriteJournal
+from .._torchrl_lookup import torchrl_twin
+from ..checkpointers import TensorStorageCheckpointer
+from ..utils import (
     _init_pytree,
     _is_int,
     _make_ordinal_device,
@@ -48,7 +48,7 @@ from torchrl_compat.utils import (
 )
 from ._rows import get_rows, LeafArrays, set_rows
 from .base import Storage, _initializes_items, _rewrites_items, _uniform_indices
-from .utils import _device_of, _flip_list, _leading_dim, _shape_of
+from .utils import _collate_id, _device_of, _flip_list, _leading_dim, _shape_of
 
 
 # torchrl's logger: a user who configures logging.getLogger("torchrl") configures ours too
@@ -129,6 +129,9 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         ``len()``), so compiled writes and draws do not recompile as the length changes.
     """
 
+    # what a buffer collates its samples with (see utils._get_default_collate)
+    _default_collate_fn = staticmethod(_collate_id)
+
     _storage = None
     _default_checkpointer = TensorStorageCheckpointer
 
@@ -172,7 +175,7 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     # ---------------------------------------------------------------- length
     # The length lives in an int64 ``mp.Value`` (``_len_value``) so that writes made in
     # forked or spawned processes are seen here; ``_len_shared`` is its raw ctypes
-    # object, read without the lock on the hot path (see ``_storage_counters``). A
+    # object, read without the lock on the hot path (see ``_counters``). A
     # compilable storage keeps a 0-d int64 tensor instead.
 
     def _make_shared_len(self, value: int = 0):
@@ -276,12 +279,12 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     # SliceSampler) follow the writes instead of reading the whole storage each time.
     # Every write adds one to a counter shared like the length (``_writes_value``, an
     # int64 ``mp.Value``, so that writes made in other processes are seen) and is recorded
-    # in a journal local to the process (``_storage_journal.WriteJournal``). A change that
+    # in a journal local to the process (``_journal.WriteJournal``). A change that
     # may touch any item (emptying, loading, a write that failed half-way) records no
     # cursor: readers behind it read everything again. ``_writes_since`` tells a reader what
     # it missed. The count is also the storage's ``_mutation_revision``: one step a write,
     # as torchrl 0.14 counts (a first write's initialization is not a step of its own). A
-    # compilable storage counts in a 0-d tensor (see ``_storage_counters``).
+    # compilable storage counts in a 0-d tensor (see ``_counters``).
 
     def _make_shared_writes(self, value: int = 0):
         # one lock (and one semaphore) for both shared counters

@@ -5,7 +5,7 @@ import torch
 from tensordict import is_tensor_collection, lazy_stack, LazyStackedTensorDict
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from torchrl_compat.utils import tree_iter
+from ..utils import tree_iter
 from ._stacking import stack_same_structure
 
 
@@ -58,20 +58,14 @@ def _collate_id(x):
 
 
 def _get_default_collate(storage, _is_tensordict=False):
-    # Imported here: the storage modules import this one.
-    from .ensemble import StorageEnsemble
-    from .list import CompressedListStorage, LazyStackStorage, ListStorage
-    from .tensor import TensorStorage
-
-    if isinstance(storage, (LazyStackStorage, TensorStorage)):
-        return _collate_id
-    if isinstance(storage, CompressedListStorage):
-        return lazy_stack
-    if isinstance(storage, (ListStorage, StorageEnsemble)):
-        return _stack_anything
-    raise NotImplementedError(
-        f"Could not find a default collate_fn for storage {type(storage)}."
-    )
+    # Each storage class names its own (``_default_collate_fn``): the storage modules import
+    # this one, so it does not import them.
+    collate = getattr(storage, "_default_collate_fn", None)
+    if collate is None:
+        raise NotImplementedError(
+            f"Could not find a default collate_fn for storage {type(storage)}."
+        )
+    return collate
 
 
 def _flip_list(data):

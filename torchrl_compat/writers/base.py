@@ -14,10 +14,10 @@ import torch
 from tensordict import is_tensor_collection
 from torch.utils._pytree import tree_flatten
 
-from torchrl_compat.checkpointers._checks import MetadataError, read_json_object
-from torchrl_compat._releases import since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.utils import _is_int
+from ..checkpointers._checks import MetadataError, read_json_object
+from .._releases import since
+from .._torchrl_lookup import torchrl_twin
+from ..utils import _is_int
 from ._generations import untracked_generations_of
 
 try:

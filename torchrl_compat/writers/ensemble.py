@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
-from torchrl_compat.checkpointers._checks import read_for_loading
-from torchrl_compat.checkpointers._publish import write_aside
-from torchrl_compat._ensemble import INDEX_ERROR, members_rng, pick, select_members
-from torchrl_compat._releases import since
-from torchrl_compat._torchrl_lookup import accepted_classes, torchrl_twin
-from torchrl_compat.storages import StorageEnsemble
+from ..checkpointers._checks import read_for_loading
+from ..checkpointers._publish import write_aside
+from .._ensemble import INDEX_ERROR, members_rng, pick, select_members
+from .._releases import since
+from .._torchrl_lookup import accepted_classes, torchrl_twin
+from ..storages import StorageEnsemble
 from ._generations import routed_generations
 from .base import Writer
 

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 from tensordict import is_tensor_collection, TensorDictBase
 
-from torchrl_compat.checkpointers._checks import MetadataError, read_count, read_tensor_file
-from torchrl_compat.checkpointers._publish import write_aside
-from torchrl_compat._releases import since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.writers._checks import check_batch_fits
-from torchrl_compat.utils import _reduce, _str2dtype
+from ..checkpointers._checks import MetadataError, read_count, read_tensor_file
+from ..checkpointers._publish import write_aside
+from .._releases import since
+from .._torchrl_lookup import torchrl_twin
+from ._checks import check_batch_fits
+from ..utils import _reduce, _str2dtype
 from .base import (
     TOP_VALUES_FILE,
     WRITER_METADATA_FILE,

@@ -9,14 +9,14 @@ import torch
 from tensordict import TensorDict, is_tensor_collection
 from tensordict.utils import expand_as_right, is_tensorclass
 
-from torchrl_compat.checkpointers._checks import MetadataError, read_count, read_tensor_file
-from torchrl_compat.checkpointers._publish import write_aside
-from torchrl_compat._releases import keywords_since, since
-from torchrl_compat._torchrl_lookup import torchrl_twin
-from torchrl_compat.writers._checks import check_batch_fits
-from torchrl_compat.writers._rows import shallow_copy, write_rows
-from torchrl_compat.storages import TensorStorage
-from torchrl_compat.utils import _is_int, _str2dtype
+from ..checkpointers._checks import MetadataError, read_count, read_tensor_file
+from ..checkpointers._publish import write_aside
+from .._releases import keywords_since, since
+from .._torchrl_lookup import torchrl_twin
+from ._checks import check_batch_fits
+from ._rows import shallow_copy, write_rows
+from ..storages import TensorStorage
+from ..utils import _is_int, _str2dtype
 from . import _generations
 from .base import (
     WRITER_METADATA_FILE,

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrl_compat import _ray_wire as wire
-from torchrl_compat._ray_routing import true_runs
-from torchrl_compat._ray_writes import LAPSED
+from torchrl_compat._ray import wire
+from torchrl_compat._ray.routing import true_runs
+from torchrl_compat._ray.writes import LAPSED
 from torchrl_compat.checkpointers._publish import publish_file
 from torchrl_compat.samplers._trees import is_replay_tree, tree_dtype
 from torchrl_compat._torchrl_lookup import accepted_classes
@@ -139,7 +139,7 @@ class ReplayShard:
     @_locked
     def totals(self) -> tuple:
         """``(count, sum, min, max_priority, rows_written, remaining, room, frontier,
-        incarnation)`` (see :class:`~torchrl_compat._ray_routing.ShardTotals`)."""
+        incarnation)`` (see :class:`~torchrl_compat._ray.routing.ShardTotals`)."""
         buffer = self._buffer
         length = len(buffer._storage)
         count = self._count()
@@ -237,7 +237,7 @@ class ReplayShard:
 
     @_locked
     def extend(self, max_priority, fill: bool, header: tuple, *pieces):
-        """Writes a batch (:func:`._ray_wire.to_arguments`'s header and pieces) through the
+        """Writes a batch (:func:`torchrl_compat._ray.wire.to_arguments`'s header and pieces) through the
         shard's own writer: ``(local index, totals)``. With ``fill``, only as many rows as the
         shard has room for are written (the client sends the rest elsewhere): a write meant
         to fill a shard never overwrites a row there."""
