@@ -66,3 +66,9 @@ if _since("sample_units"):
     from torchrl_compat.sample_units import SampleUnit, Sequence, Transition  # noqa: E402,F401
 
     __all__ += sample_units.__all__
+
+# What an earlier version pickled names the private modules as they were before they moved
+# into their families' packages.
+from torchrl_compat._moved_modules import install_old_names as _install_old_names  # noqa: E402
+
+_install_old_names()
