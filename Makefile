@@ -64,14 +64,15 @@ JUNIT_DIR = build/junit
 JUNIT_REPORTS = $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml $(JUNIT_DIR)/torchrl-0.14.xml
 # Two lanes, one per core (each pytest runs on one): the suite then the debug build's kernel
 # tests; beside them torchrl's suites then the run against torchrl 0.14.1, whose output is
-# kept in a log and follows the first lane's. Each run's failures are counted at the end.
+# kept in a log and follows the first lane's. Each run's failures are counted at the end. The
+# suite's 20 slowest tests are listed, to show where CI's time goes.
 SECOND_LANE_LOG = $(JUNIT_DIR)/second-lane.log
 test: build $(TORCHRL14_VENV)/.setup-done
 	@rm -rf $(JUNIT_DIR) && mkdir -p $(JUNIT_DIR)
 	-( ($(TORCHRL_SUITE_RUNS)); \
 		$(TORCHRL14_TESTS) $(addprefix --ignore=,$(RELEASE_FREE_TESTS)) --junitxml=$(JUNIT_DIR)/torchrl-0.14.xml \
 	) > $(SECOND_LANE_LOG) 2>&1 & \
-		$(PYTHON) -m pytest tests -q --junitxml=$(JUNIT_DIR)/suite.xml; \
+		$(PYTHON) -m pytest tests -q --durations=20 --junitxml=$(JUNIT_DIR)/suite.xml; \
 		$(DEBUG_BUILD) && $(DEBUG_TESTS) --junitxml=$(JUNIT_DIR)/debug-build.xml; \
 		wait; cat $(SECOND_LANE_LOG)
 	@$(PYTHON) -c "$$JUNIT_TOTAL" $(JUNIT_REPORTS) $(TORCHRL_SUITE_REPORTS)
