@@ -80,7 +80,7 @@ def test_python_block_runs(page, start, source, tmp_path):
     if "RayReplayBuffer(" in source:
         pytest.importorskip("ray", reason="the Ray recipes need ray (the [ray] extra)")
     # the multi-machine recipe runs on a local cluster of its own, its shared folder in tmp_path
-    source = source.replace('{"address": "auto"}', '{"num_cpus": 2, "include_dashboard": False}')
+    source = source.replace('{"address": "auto"}', '{"address": "local", "num_cpus": 2, "include_dashboard": False}')
     source = source.replace('"/shared/replay-recovery"', repr(str(tmp_path / "replay-recovery")))
     env = dict(os.environ, PYTHONPATH=ROOT, RL_WARNINGS="0")
     env.pop("TORCHRL_COMPAT_INSTALL_TREES", None)
