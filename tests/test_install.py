@@ -454,7 +454,7 @@ def test_install_after_importing_torchrl_and_reimporting_ours():
         import torchrl.data.datasets.atari_dqn as atari
         import torchrl_compat
         replaced = torchrl_compat.install()
-        # Names bound outside torchrl before the call stay torchrl's (README).
+        # Names bound outside torchrl before the call stay torchrl's (docs/torchrl.md).
         assert bound_before is replaced["LazyTensorStorage"]
         assert torchrl.data.LazyTensorStorage is torchrl_compat.LazyTensorStorage
         # Classes torchrl defined on its own before the call now derive from ours.

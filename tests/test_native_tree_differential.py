@@ -377,7 +377,7 @@ def test_prioritized_sampler_is_torchrls_to_the_bit(dtype, generator, capacity):
             if batch == 1:
                 # torchrl's trees give a one-element index's leaf as a Python float (pybind's
                 # SupportsIndex overload first): one draw gets a 0-d float32 weight, ours a
-                # weight of shape (1,) in the sampler's dtype (torchrl's bug, README)
+                # weight of shape (1,) in the sampler's dtype (torchrl's bug, docs/torchrl.md)
                 assert their_weight.shape == () and their_weight.dtype == torch.float32, what
                 if dtype == torch.float64 or not same.all():
                     continue

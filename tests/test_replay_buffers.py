@@ -151,7 +151,7 @@ def test_signatures_match_torchrl(name):
 
 # torchrl's Ray hooks: as_remote (from its ray_buffer module) wraps whatever class it is
 # called on, and 0.14's remote-owner hooks serve a buffer to torchrl's distributed transport
-# (see the README).
+# (see docs/torchrl_compat.md).
 RAY_HOOKS = frozenset({
     "as_remote", "_start_distributed_service", "_shutdown_distributed_service",
     "_bootstrap_distributed_extend", "_bootstrap_distributed_sample", "_bootstrap_distributed_priority",

@@ -17,7 +17,7 @@ def params(fn):
 
 
 # torchrl's Ray hook (its ray_buffer module): it wraps whatever class it is called on, so
-# the buffers inherit it from their twins (see the README).
+# the buffers inherit it from their twins (see docs/torchrl_compat.md).
 LEFT_TO_TORCHRL = frozenset({"as_remote"})
 
 
