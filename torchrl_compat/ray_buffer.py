@@ -24,14 +24,13 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_compat._ray import routing
-from torchrl_compat._ray import wire
-from torchrl_compat.replay_buffers._transforms import check_transform_arguments, make_transform
-from torchrl_compat.samplers._priorities import stored_values
+from torchrl_compat._ray import routing, wire
 from torchrl_compat._ray.writes import LAPSED, Reservations, describe_rows
 from torchrl_compat.checkpointers._publish import publish_file
 from torchrl_compat.replay_buffers import ReplayBuffer
+from torchrl_compat.replay_buffers._transforms import check_transform_arguments, make_transform
 from torchrl_compat.replay_buffers.base import SERVICE_BACKENDS
+from torchrl_compat.samplers._priorities import stored_values
 from torchrl_compat.utils import _reduce
 
 __all__ = ["RayReplayBuffer", "ShardRestartedError", "ShardUnavailableError", "ShardWriteError"]

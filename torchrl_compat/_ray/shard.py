@@ -27,9 +27,9 @@ import torch
 from torchrl_compat._ray import wire
 from torchrl_compat._ray.routing import true_runs
 from torchrl_compat._ray.writes import LAPSED
+from torchrl_compat._torchrl_lookup import accepted_classes
 from torchrl_compat.checkpointers._publish import publish_file
 from torchrl_compat.samplers._trees import is_replay_tree, tree_dtype
-from torchrl_compat._torchrl_lookup import accepted_classes
 from torchrl_compat.replay_buffers import TensorDictReplayBuffer
 from torchrl_compat.storages import TensorStorage
 from torchrl_compat.writers import RoundRobinWriter

@@ -22,8 +22,7 @@ from ..checkpointers._checks import (
 )
 from ..checkpointers._publish import write_aside
 from ..checkpointers._priority_checks import check_max_priority_index, check_priority_leaves
-from .._releases import keywords_since
-from .._releases import since
+from .._releases import keywords_since, since
 from ._device import (
     default_priority as device_default_priority,
     device_uniforms,

@@ -13,8 +13,7 @@ import replay
 from .._torch_ops import slices as torch_slices
 from .._torch_ops.checks import DeferredChecks
 from ._storage_reads import flag_columns, gather_fields, snapshot, storage_device
-from .._releases import keywords_since
-from .._releases import since
+from .._releases import keywords_since, since
 from .._torchrl_lookup import torchrl_twin
 from ._fragmented_runs import fragmented_runs
 from ._trajectory_ends import TrajectoryEnds
