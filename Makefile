@@ -64,7 +64,7 @@ JUNIT_DIR = build/junit
 JUNIT_REPORTS = $(JUNIT_DIR)/suite.xml $(JUNIT_DIR)/debug-build.xml $(JUNIT_DIR)/torchrl-0.14.xml
 # Two lanes, one per core (each pytest runs on one): the suite; beside it torchrl's suites,
 # the run against torchrl 0.14.1 and the debug build's kernel tests, whose output is kept in a
-# log and follows the first lane's (the two lanes took 17.1 and 17.7 min in CI). Each run's
+# log and follows the first lane's (about 17 min each, by the last CI run's timings). Each run's
 # failures are counted at the end. The suite's 20 slowest tests are listed, to show where
 # CI's time goes.
 SECOND_LANE_LOG = $(JUNIT_DIR)/second-lane.log
