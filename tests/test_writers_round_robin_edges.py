@@ -172,3 +172,48 @@ def test_extend_larger_than_capacity_keeps_last_items(kind):
     stored = storage._storage if kind == "tensor" else storage._storage["a"]
     assert torch.equal(stored, expected)
     assert writer._cursor == n % capacity
+
+
+def _strided(n, value):
+    # a batch of non-contiguous leaves (views of transposes): replay.copy_rows takes
+    # contiguous leaves only, so these rows go through the writer's numpy views
+    return TensorDict({"obs": torch.full((2, n), value).t(), "reward": torch.full((1, n), value).t()}, [n])
+
+
+@pytest.mark.parametrize("kind", ["tensordict", "tensor", "strided", "strided-tensor"])
+def test_initialized_storage_is_written_row_by_row_without_set(kind, monkeypatch):
+    # Once the storage holds its leaves, a plain batch is copied into their rows directly
+    # (replay.copy_rows, or numpy views of the leaves that the writer keeps from write to
+    # write): the storage's ``set`` is never called, and the rows read back as torchrl's
+    # writer leaves them.
+    make = {
+        "tensordict": _td,
+        "tensor": lambda n, v: torch.full((n, 2), v),
+        "strided": _strided,
+        "strided-tensor": lambda n, v: torch.full((2, n), v).t(),
+    }[kind]
+    theirs_storage, theirs = _filled(TS, T)
+    ours_storage, ours = _filled(OS, O)
+    for writer in (theirs, ours):
+        writer.extend(make(2, 1.0))  # initializes the storage
+    calls = []
+    plain_set = ours_storage.set
+
+    def counted_set(*args, **kwargs):
+        calls.append(args)
+        return plain_set(*args, **kwargs)
+
+    monkeypatch.setattr(ours_storage, "set", counted_set)
+    views = None
+    for step, n in enumerate((2, 4, 3)):  # the second and third batches wrap around
+        got = [writer.extend(make(n, 2.0 + step)) for writer in (theirs, ours)]
+        assert torch.equal(got[0], got[1])
+        if kind.startswith("strided"):
+            kept = ours.__dict__["_leaf_arrays"]
+            assert kept and (views is None or kept is views)  # the views live on between writes
+            views = kept
+    assert calls == []
+    if kind in ("tensordict", "strided"):
+        assert (ours_storage._storage == theirs_storage._storage).all()
+    else:
+        assert torch.equal(ours_storage._storage, theirs_storage._storage)
