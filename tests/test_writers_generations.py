@@ -21,7 +21,7 @@ import torchrl.data.replay_buffers as T
 import torchrl.data.replay_buffers.storages as TS
 import torchrl.data.replay_buffers.writers as TW
 from hypothesis import given, settings, strategies as st
-from tensordict import TensorDict
+from tensordict import TensorDict, tensorclass
 
 import torchrl_compat as O
 from torchrl_compat._releases import since
@@ -339,13 +339,57 @@ def test_bad_generation_checkpoints_are_refused_naming_the_file(tmp_path):
     for change, message in (
         ({"generation_shape": [4]}, "generation.memmap: holds 40 bytes"),
         ({"generation_shape": "5"}, "generation_shape must be"),
+        ({"generation_shape": [3, 4]}, "generation_shape must be"),
         ({"generation_dtype": "torch.float32"}, "generation_dtype must be torch.int64"),
+        ({"generation_dtype": "nonsense"}, "unknown dtype 'nonsense'"),
         ({"write_count": -1}, "write_count must be an integer >= 0"),
+        ({"write_count": "x"}, "write_count must be an integer >= 0"),
     ):
         (tmp_path / "dump/metadata.json").write_text(json.dumps({**metadata, **change}))
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ValueError, match=message) as refused:
             writer.loads(tmp_path / "dump")
+        # the file is named: metadata.json, or the memmap its shape does not fit
+        assert str(tmp_path / "dump") in str(refused.value)
         assert_same(writer.state_dict(), before)
+
+
+def test_round_robin_writer_defaults_match_torchrl():
+    ours, ref = O.RoundRobinWriter(), TW.RoundRobinWriter()
+    assert ours._compilable is ref._compilable is False
+
+
+@needs_generations
+@pytest.mark.parametrize("name", ["RoundRobinWriter", "TensorDictRoundRobinWriter"])
+def test_write_at_an_int32_index_returns_and_stamps_a_long_index(name):
+    # torchrl takes the rows as int64 whatever the index tensor's dtype: the returned index
+    # and a tensordict's "index" entry are int64
+    pair = writer_pair(name)
+    for writer in pair:
+        writer.extend(TensorDict({"obs": torch.arange(4.0)}, [4]))
+    got = []
+    for writer in pair:
+        data = TensorDict({"obs": torch.tensor([10.0, 30.0])}, [2])
+        got.append((writer.write_at(torch.tensor([1, 3], dtype=torch.int32), data), data))
+    assert got[0][0].dtype == torch.long
+    assert_same(got[0], got[1])
+    assert_same(pair[0]._storage[:], pair[1]._storage[:])
+
+
+@needs_generations
+def test_write_at_a_tensorclass_batch_gets_no_index_entry():
+    @tensorclass
+    class Step:
+        obs: torch.Tensor
+
+    pair = writer_pair("TensorDictRoundRobinWriter")
+    for writer in pair:
+        writer.extend(Step(obs=torch.arange(4.0), batch_size=[4]))
+    for writer in pair:
+        batch = Step(obs=torch.tensor([10.0, 30.0]), batch_size=[2])
+        index = writer.write_at(torch.tensor([1, 3]), batch)
+        assert torch.equal(index, torch.tensor([1, 3]))
+        assert "index" not in batch.to_tensordict().keys()
+    assert torch.equal(pair[0]._storage[:].obs, pair[1]._storage[:].obs)
 
 
 @needs_generations
