@@ -32,6 +32,7 @@ __all__ = [
     "draw_with_kernel",
     "draw_with_torch",
     "draw_zeroed_with_kernel",
+    "first_bad_priority",
     "generator_kept_on_failure",
     "kernel_seed",
     "largest_leaf",
@@ -179,6 +180,15 @@ def stored_values(priority: torch.Tensor, eps, alpha, tree_dtype: torch.dtype) -
     return value
 
 
+def first_bad_priority(flat: torch.Tensor) -> int | None:
+    """The position of the first priority of ``flat`` (1-D, real) that is not finite or is
+    negative; ``None`` when all are good."""
+    bad = (~torch.isfinite(flat) | (flat < 0)) if flat.is_floating_point() else flat < 0
+    if not bool(bad.any()):
+        return None
+    return int(bad.nonzero()[0, 0])
+
+
 def check_update(index: torch.Tensor, priority: torch.Tensor, capacity: int, max_capacity: int) -> None:
     """The checks of a priority update (``index`` holds only the kept, flat indices).
 
@@ -198,9 +208,8 @@ def check_update(index: torch.Tensor, priority: torch.Tensor, capacity: int, max
     flat = priority.reshape(-1)
     if flat.dtype == torch.bool:
         return
-    bad = (~torch.isfinite(flat) | (flat < 0)) if flat.is_floating_point() else flat < 0
-    if bool(bad.any()):
-        pos = int(bad.nonzero()[0, 0])
+    pos = first_bad_priority(flat)
+    if pos is not None:
         raise ValueError(
             f"priority must be finite and non-negative, got priority={float(flat[pos])} "
             f"at position {pos}"
@@ -226,9 +235,8 @@ def check_new_priorities(priority, sampler, entry) -> None:
         # one is masked and raised at the next call (see PrioritizedSampler's note).
         return
     flat = priority.detach().reshape(-1)
-    bad = (~torch.isfinite(flat) | (flat < 0)) if flat.is_floating_point() else flat < 0
-    if bool(bad.any()):
-        pos = int(bad.nonzero()[0, 0])
+    pos = first_bad_priority(flat)
+    if pos is not None:
         raise ValueError(
             f"priority must be finite and non-negative, got priority={float(flat[pos])} at "
             f"position {pos} of the batch's {entry!r} entry"
