@@ -163,10 +163,12 @@ def test_refused_extend_on_a_full_buffer_leaves_no_torn_row():
 # -----------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "value,alpha,shown",
-    [(float("nan"), 0.7, "nan"), (-1.0, 0.7, "-1.0"), (float("inf"), 0.7, "inf"), (1e30, 2.0, r"1\.0\d*e\+30")],
+    [(float("nan"), 0.7, "nan"), (-1.0, 0.7, "-1.0"), (-1.0, 1.0, "-1.0"), (float("inf"), 0.7, "inf"),
+     (1e30, 2.0, r"1\.0\d*e\+30")],
 )
 def test_bad_priority_in_the_batch_writes_nothing(value, alpha, shown):
-    # 1e30 ** 2 does not fit the float32 trees
+    # 1e30 ** 2 does not fit the float32 trees; with alpha=1 a negative priority's stored
+    # value (-1 + eps) is finite, so only the sign check refuses it
     rb = O.TensorDictPrioritizedReplayBuffer(alpha=alpha, beta=0.5, storage=O.LazyTensorStorage(16), priority_key="td_error")
     rb.extend(transitions(4).set("td_error", torch.ones(4)))
     before = state_of(rb)
