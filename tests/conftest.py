@@ -5,12 +5,24 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import Phase, settings
 
 # No per-example deadline (a shared 2-core CI machine is slow at times); in CI the examples
 # are derived from the test names, so a run can be repeated exactly.
 settings.register_profile("default", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+# Mutation runs (pyproject.toml's [tool.mutmut] asks for it): a failing example is not shrunk,
+# since shrinking a mutant's failure can outlast mutmut's time limit, which then counts a
+# timeout where the test had already failed; and 25 examples, not 100, so that each of a
+# module's hundreds of mutants runs in seconds (a mutant only a rarer example finds counts as
+# a survivor: the score is a lower bound).
+settings.register_profile(
+    "mutation",
+    deadline=None,
+    derandomize=True,
+    max_examples=25,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+)
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
 
