@@ -852,3 +852,119 @@ def test_a_length_set_lower_then_higher_by_hand_reads_the_rows_again():
     check(ends, storage)
     storage._len = 12
     check(ends, storage)
+
+
+def test_repr_names_the_class_the_key_and_the_number_of_ends():
+    storage = filled("LazyTensorStorage", 6, [False, True, False, True, False, False])
+    ends = TrajectoryEnds(KEY)
+    assert repr(ends) == "TrajectoryEnds(end_key=('next', 'done'), num_ends=0)"
+    ends.update(storage)
+    assert repr(ends) == "TrajectoryEnds(end_key=('next', 'done'), num_ends=2)"
+    assert repr(CountingEnds("done")) == "CountingEnds(end_key='done', num_ends=0)"
+
+
+def test_more_runs_than_merged_one_by_one_read_their_rows_only():
+    """Past ``_MAX_RUNS`` runs the rows are listed; runs starting at row 0, empty runs and a run
+    over the whole capacity are listed like the others, never a reason for a full read."""
+    capacity = 50
+    rng = np.random.default_rng(3)
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert ends.scanned == capacity and ends.read == 0
+
+    def write_runs(runs):
+        for start, k in runs:
+            index = torch.arange(start, start + k) % capacity
+            assert write_rows(storage, start, index, make_td(rng.random(k) < 0.3))
+        assert len(storage._writes_since(ends._count)[1]) == len(runs) > te_module._MAX_RUNS
+
+    write_runs([(0, 2), (10, 3), (13, 0), (20, 3), (30, 3)])
+    before = ends.read
+    check(ends, storage)
+    assert ends.read - before == 2 + 3 + 3 + 3  # rows 0-1, 10-12, 20-22, 30-32
+    assert ends.scanned == capacity
+    write_runs([(5, 1), (7, capacity), (9, 1), (11, 1), (44, 1)])
+    before = ends.read
+    check(ends, storage)
+    assert ends.read - before == capacity  # each row once
+    assert ends.scanned == capacity
+
+
+@pytest.mark.parametrize(
+    "cursor, rows",
+    [
+        (7, [7]),
+        (-3, [37]),
+        (np.int32(5), [5]),
+        (slice(2, 20, 3), [2, 5, 8, 11, 14, 17]),
+        (slice(-6, None, 2), [34, 36, 38]),
+        (range(1, 30, 7), [1, 8, 15, 22, 29]),
+        (range(30, 10, -5), [30, 25, 20, 15]),
+        ([4, 9, 4, -1], [4, 9, 39]),
+        (np.array([12, 3, 3], dtype=np.int16), [3, 12]),
+        (torch.tensor([-40, 0, 21]), [0, 21]),
+        (torch.arange(40) % 9 == 0, [0, 9, 18, 27, 36]),
+    ],
+    ids=lambda value: type(value).__name__,
+)
+def test_a_write_at_any_index_reads_the_rows_it_names(cursor, rows):
+    """Ints, slices, ranges, lists, numpy arrays and tensors (integer and bool) are followed
+    row by row: each row they name is read once, and the signal is never read in full."""
+    capacity = 40
+    rng = np.random.default_rng(4)
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert ends.scanned == capacity and ends.read == 0
+    n = len(rows) if not isinstance(cursor, (int, np.integer)) else None
+    count = n if n is not None else 1
+    if isinstance(cursor, (list, np.ndarray)):
+        count = len(cursor)  # repeated rows are written, and read, once
+    if isinstance(cursor, torch.Tensor) and cursor.dtype != torch.bool:
+        count = cursor.numel()
+    data = make_td(rng.random(count) < 0.5)
+    storage.set(cursor, data if n is not None or count > 1 else data[0])
+    check(ends, storage)
+    assert ends.read == len(rows)
+    assert ends.scanned == capacity
+
+
+@pytest.mark.skipif(
+    since("slice_mutation_revision"),
+    reason="from torchrl 0.14 the last cursor is the time coordinate taken at the write, a "
+    "tensor of its own, whose last element is read",
+)
+def test_a_full_storage_takes_its_last_row_from_the_write_without_reading_the_index(monkeypatch):
+    """After a round-robin write the row that closes the storage is the one remembered at the
+    write: O(1), the index tensor is not read (``_cursor_row`` is the fallback that reads it)."""
+    capacity = 20
+    storage = filled("LazyTensorStorage", capacity, torch.arange(capacity) % 6 == 5)
+    ends = TrajectoryEnds(KEY)
+    check(ends, storage)
+    index = torch.arange(15, 25) % capacity
+    assert write_rows(storage, 15, index, make_td(torch.arange(10) % 4 == 0))
+    expected = reference(storage)
+
+    def read_the_index(cursor, length):
+        raise AssertionError("the index tensor was read")
+
+    monkeypatch.setattr(te_module, "_cursor_row", read_the_index)
+    assert ends.stops(storage)[3] == (4,)
+    for mine, theirs in zip(ends.bounds(storage), expected):
+        assert torch.equal(mine, theirs)
+
+
+def test_an_end_tensor_given_other_memory_in_place_is_read_again():
+    """The same tensor object pointed at other memory (``Tensor.set_``) is not the signal that
+    was read: its numpy view is made again and the signal read in full."""
+    capacity = 12
+    storage = filled("LazyTensorStorage", capacity, torch.arange(capacity) % 4 == 3)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    done = storage._storage.get(KEY)
+    done.set_((torch.arange(capacity) % 5 == 1).unsqueeze(-1))
+    assert storage._storage.get(KEY) is done
+    got = check(ends, storage)
+    assert got[1].flatten().tolist() == [1, 6, 11]
+    assert ends.scanned == 2 * capacity
