@@ -968,3 +968,53 @@ def test_an_end_tensor_given_other_memory_in_place_is_read_again():
     got = check(ends, storage)
     assert got[1].flatten().tolist() == [1, 6, 11]
     assert ends.scanned == 2 * capacity
+
+
+def test_a_write_not_followed_that_grows_the_length_is_read_in_full():
+    """A write at an index kind that is not followed row by row (a tuple) which also makes the
+    storage longer: the signal is read again in full, the rows it grew over with it."""
+    storage = filled("LazyTensorStorage", 10, torch.tensor([False, True, False, False]))
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert ends.scanned == 4
+    storage.set((torch.tensor([4, 5]),), make_td(torch.tensor([True, False])))
+    assert len(storage) == 6
+    got = check(ends, storage)
+    assert got[1].flatten().tolist() == [1, 4, 5]
+    assert ends.scanned == 4 + 6 and ends.read == 0
+
+
+@pytest.mark.parametrize("ids", [[5, 6], [5, 5], [7, 3, 3], [2, 2, 9]])
+@pytest.mark.parametrize("rewrite_first", [None, 8, 6])
+def test_full_storages_of_two_and_three_ids_match_full_read(ids, rewrite_first):
+    """The last filled row's id against the first one's, on the shortest full storages, with
+    the last write at the last row or (rewriting row 0) at the first."""
+    capacity = len(ids)
+    storage = make_storage("LazyTensorStorage", capacity)
+
+    def write(index, values):
+        n = len(values)
+        storage.set(index, TensorDict({IDS_KEY: torch.tensor(values), "obs": torch.randn(n, 2)}, [n]))
+
+    write(torch.arange(capacity), ids)
+    if rewrite_first is not None:
+        write(torch.tensor([0]), [rewrite_first])
+    assert storage._is_full
+    ends = TrajectoryEnds(IDS_KEY, from_ids=True)
+    got = check(ends, storage, reference_ids)
+    assert got is not None
+
+
+def test_exactly_as_many_runs_as_are_merged_one_by_one():
+    capacity = 60
+    rng = np.random.default_rng(5)
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    for start in range(0, 4 * te_module._MAX_RUNS, 4):
+        index = torch.arange(start, start + 3)
+        assert write_rows(storage, start, index, make_td(rng.random(3) < 0.5))
+    runs, before = ends.runs, ends.read
+    check(ends, storage)
+    assert ends.runs - runs == te_module._MAX_RUNS
+    assert ends.read - before == 3 * te_module._MAX_RUNS
