@@ -1018,3 +1018,29 @@ def test_exactly_as_many_runs_as_are_merged_one_by_one():
     check(ends, storage)
     assert ends.runs - runs == te_module._MAX_RUNS
     assert ends.read - before == 3 * te_module._MAX_RUNS
+
+
+def test_an_empty_round_robin_write_reads_nothing():
+    capacity = 30
+    rng = np.random.default_rng(6)
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert write_rows(storage, 7, torch.arange(7, 7), make_td(torch.zeros(0, dtype=torch.bool)))
+    assert storage._writes_since(ends._count)[1] == [RowRun(7, 0)]
+    check(ends, storage)
+    assert ends.scanned == capacity and ends.read == 0
+
+
+def test_a_round_robin_write_past_the_length_is_read_once_as_the_rows_grown_over():
+    capacity = 30
+    storage = make_storage("LazyTensorStorage", capacity)
+    assert write_rows(storage, 0, torch.arange(10), make_td(torch.arange(10) % 3 == 2))
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert ends.scanned == 10
+    assert write_rows(storage, 10, torch.arange(10, 17), make_td(torch.arange(7) % 4 == 1))
+    runs, before = ends.runs, ends.read
+    check(ends, storage)
+    assert ends.runs - runs == 1 and ends.read - before == 7
+    assert ends.scanned == 10
