@@ -545,6 +545,10 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
             priority, one whose stored value ``(priority + eps) ** alpha`` does not fit the
             trees' dtype, priorities whose sum would overflow it, mismatched shapes) raises
             before the sampler changes: its trees and its largest priority stay as they were.
+
+        .. note:: The index of the largest priority is kept as a tensor of the sampler's own.
+            torchrl keeps a view of the caller's ``index`` on some paths, which moves when the
+            caller writes its next indices into the same tensor.
         """
         self._follow_storage(storage)
         if not is_replay_tree(self._sum_tree) and self._update_on_device(index, priority):
@@ -708,10 +712,11 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         cur_max_priority, cur_max_priority_index = self._max_priority
         # (a NaN largest priority: the device path's "none yet")
         if cur_max_priority is None or max_p > cur_max_priority or cur_max_priority != cur_max_priority:
-            # Fresh tensors, as torchrl's priority.max gives: never a view of the caller's.
+            # Fresh tensors, never a view of the caller's: torchrl keeps ``index[max_p_idx]``,
+            # a view of the caller's index tensor, which then moves when the caller reuses it.
             cur_max_priority, cur_max_priority_index = self._max_priority = (
                 max_p,
-                index[max_p_idx] if index.ndim else index.clone(),
+                (index[max_p_idx] if index.ndim else index).clone(),
             )
         if self._max_priority_within_buffer and cur_max_priority_index is not None:
             self._rebuild_max_within_buffer(index, cur_max_priority_index)
