@@ -1044,3 +1044,38 @@ def test_a_round_robin_write_past_the_length_is_read_once_as_the_rows_grown_over
     check(ends, storage)
     assert ends.runs - runs == 1 and ends.read - before == 7
     assert ends.scanned == 10
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.uint8, torch.bool])
+def test_round_robin_runs_of_any_end_dtype_match_full_read(dtype):
+    """Runs read from an end signal that is not bool (nonzero is an end: 3, 0.5)."""
+    capacity = 16
+    rng = np.random.default_rng(7)
+    storage = make_storage("LazyTensorStorage", capacity)
+
+    def batch(n):
+        done = torch.from_numpy(rng.random(n) < 0.3)
+        value = {torch.int64: 3, torch.float32: 0.5, torch.uint8: 2, torch.bool: True}[dtype]
+        return make_td(torch.where(done, torch.tensor(value, dtype=dtype), torch.tensor(0, dtype=dtype)))
+
+    ends = CountingEnds(KEY)
+    cursor = 0
+    for k in (5, 9, 4, 7, 16, 3):
+        index = (torch.arange(cursor, cursor + k) % capacity)
+        assert write_rows(storage, cursor % capacity, index, batch(k))
+        cursor += k
+        check(ends, storage)
+    assert ends.runs > 0
+
+
+def test_one_row_written_into_an_emptied_storage_of_ids_reads_no_pair():
+    storage = make_storage("LazyTensorStorage", 8)
+    storage.set(torch.arange(4), TensorDict({IDS_KEY: torch.tensor([1, 1, 2, 2]), "obs": torch.randn(4, 2)}, [4]))
+    storage._empty()  # as ReplayBuffer.empty() does
+    ends = CountingEnds(IDS_KEY, from_ids=True)
+    ends.update(storage)
+    assert ends.scanned == 0
+    assert write_rows(storage, 0, torch.arange(1), TensorDict({IDS_KEY: torch.tensor([3]), "obs": torch.randn(1, 2)}, [1]))
+    ends.update(storage)
+    # one row makes no pair (t, t + 1): nothing to read
+    assert ends.runs == 0 and ends.read == 0 and ends.scanned == 0
