@@ -1079,3 +1079,25 @@ def test_one_row_written_into_an_emptied_storage_of_ids_reads_no_pair():
     ends.update(storage)
     # one row makes no pair (t, t + 1): nothing to read
     assert ends.runs == 0 and ends.read == 0 and ends.scanned == 0
+
+
+def test_a_write_at_a_two_dim_index_tensor_reads_its_distinct_rows():
+    capacity = 12
+    rng = np.random.default_rng(8)
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.3)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    index = torch.tensor([[1, 2, 3], [7, 8, 2]])
+    done = torch.tensor([[True, False, True], [False, True, False]]).unsqueeze(-1)
+    storage.set(index, TensorDict({"obs": torch.randn(2, 3, 2), KEY: done}, [2, 3]))
+    check(ends, storage)
+    assert ends.read == 5 and ends.scanned == capacity
+
+
+def test_an_end_key_naming_a_nested_tensordict_is_not_followed():
+    storage = make_storage("LazyTensorStorage", 6)
+    done = torch.zeros(4, 1, dtype=torch.bool)
+    storage.set(torch.arange(4), TensorDict({"next": {"done": done}, "obs": torch.randn(4, 2)}, [4]))
+    ends = TrajectoryEnds("next")
+    assert ends.bounds(storage) is None
+    assert not ends.update(storage)
