@@ -6,34 +6,14 @@ update that then overwrites that index must rebuild the largest priority from th
 torchrl's sampler does (compared with torchrl's own ``PrioritizedSampler`` on ``replay``'s
 trees, which follow torchrl's tree API).
 """
-import sys
 
-import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 
-import replay
 import torchrl_compat.samplers as ours
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _snapshot(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    max_priority = tuple(None if x is None else float(x) for x in sampler._max_priority)
-    return leaves, max_priority, float(sampler.default_priority)
 
 
 def _index(kind, position):
@@ -60,6 +40,6 @@ def test_update_after_loads_rebuilds_the_largest_priority_as_torchrl(tmp_path, k
         sampler.loads(tmp_path / "ckpt")
         assert not isinstance(sampler._max_priority[1], torch.Tensor)  # a JSON number
         sampler.update_priority(_index(kind, position), 0.5 * scale)
-    assert _snapshot(mine) == _snapshot(ref)
+    assert sampler_state(mine) == sampler_state(ref)
     # overwritten: the largest left is item 6's
     assert (int(mine._max_priority[1]) == 6) == overwrite

@@ -8,38 +8,16 @@ Integer defaults are compared with torchrl's own ``PrioritizedSampler`` on ``rep
 writes ``inf``; this sampler refuses the write (ValueError, documented in its class notes) and
 changes nothing: checked against a float32 model of the stored value.
 """
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 
-import replay
 import torchrl_compat.samplers as ours
 from torchrl_compat._releases import since
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _state(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    max_priority = tuple(
-        None if x is None else (float(x), x.dtype if isinstance(x, torch.Tensor) else type(x))
-        for x in sampler._max_priority
-    )
-    return leaves, max_priority, float(sampler.default_priority)
 
 
 @pytest.mark.usefixtures("torchrl_trees")
@@ -50,8 +28,8 @@ def test_marks_after_integer_priorities_are_torchrls(dtype):
         sampler.update_priority(torch.tensor([0, 1, 2]), torch.tensor([3, 7, 5], dtype=dtype))
         sampler.mark_update(torch.arange(4, 8))
         sampler.mark_update(torch.tensor([9, 10]))
-    state = _state(mine)
-    assert state == _state(ref)
+    state = sampler_state(mine)
+    assert state == sampler_state(ref)
     assert state[0][0][4] > 0  # the marks were written
 
 

@@ -5,36 +5,16 @@ empty, 0-d, 2-D (rows of a storage of two dimensions), int32, bool, float. torch
 skips an empty index: the trees and the largest priority must end as torchrl's (its own
 ``PrioritizedSampler`` on ``replay``'s trees, which follow torchrl's tree API).
 """
-import sys
 
-import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 from torchrl.data import LazyTensorStorage
 
-import replay
 import torchrl_compat.samplers as ours
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
 CAPACITY = 16
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _state(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    max_priority = tuple(None if x is None else float(x) for x in sampler._max_priority)
-    return leaves, max_priority, float(sampler.default_priority)
 
 
 INDICES = {
@@ -68,4 +48,4 @@ def test_mark_update_of_other_index_kinds_is_torchrls(case, before):
         # and a later mark of a plain range still agrees
         sampler.mark_update(torch.arange(13, 15), storage=storage)
     assert outcomes[1] == outcomes[0]
-    assert _state(mine) == _state(ref)
+    assert sampler_state(mine) == sampler_state(ref)

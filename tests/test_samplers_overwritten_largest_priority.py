@@ -4,34 +4,14 @@ largest priority's index, reduces the last dimension with ``all`` and forgets th
 priority when any of what is left is true. Compared with torchrl's own ``PrioritizedSampler``
 on ``replay``'s trees (which follow torchrl's tree API).
 """
-import sys
 
-import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 
-import replay
 import torchrl_compat.samplers as ours
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _snapshot(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    max_priority = tuple(None if x is None else float(x) for x in sampler._max_priority)
-    return leaves, max_priority, float(sampler.default_priority)
 
 
 INDICES = {
@@ -51,7 +31,7 @@ def test_extend_with_a_many_dim_index_forgets_the_largest_priority_as_torchrl(ca
     for sampler in (ref, mine):
         sampler.update_priority(torch.tensor([1, 3, 5]), torch.tensor([1.0, 9.0, 2.0]))
         sampler.extend(INDICES[case])
-    assert _snapshot(mine) == _snapshot(ref)
+    assert sampler_state(mine) == sampler_state(ref)
     # a model of torchrl's check: any last-dim row all equal to the index 3
     forgotten = bool((INDICES[case] == 3).all(-1).any())
     assert (mine._max_priority == (None, None)) == forgotten

@@ -3,37 +3,14 @@ detached, as torchrl's sampler takes them (``torch.as_tensor(priority).detach()`
 index kind. Compared with torchrl's own ``PrioritizedSampler`` on ``replay``'s trees (which
 follow torchrl's tree API).
 """
-import sys
 
-import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 
-import replay
 import torchrl_compat.samplers as ours
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _state(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    max_priority = tuple(
-        None if x is None else (float(x), x.dtype if isinstance(x, torch.Tensor) else type(x))
-        for x in sampler._max_priority
-    )
-    return leaves, max_priority, float(sampler.default_priority)
 
 
 INDICES = {
@@ -55,7 +32,7 @@ def test_priorities_requiring_grad_are_taken_detached_as_torchrl(case, shape, dt
     for sampler in (ref, mine):
         sampler.update_priority(INDICES[case](), td_error)
         sampler.update_priority(torch.tensor([2]), td_error.max() * 2)  # a new largest, with grad
-    assert _state(mine) == _state(ref)
+    assert sampler_state(mine) == sampler_state(ref)
     assert not mine._max_priority[0].requires_grad
     td_error.sum().backward()  # the graph is left as it was
     assert weights.grad is not None

@@ -4,34 +4,15 @@ tensors (one position) and ``[N, 1]`` tensors. torchrl's sampler refuses a tuple
 result to the sampler. The reference is that: torchrl's own ``PrioritizedSampler`` (on
 ``replay``'s trees, which follow torchrl's tree API) given ``torch.stack(index, -1)``.
 """
-import sys
 
-import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 from torchrl.data import LazyTensorStorage
 
-import replay
 import torchrl_compat.samplers as ours
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _state(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    return leaves, tuple(None if x is None else float(x) for x in sampler._max_priority)
 
 
 def _storage_2d():
@@ -56,5 +37,5 @@ def test_tuple_index_is_the_update_of_the_stacked_index(case):
     ref, mine = trl.PrioritizedSampler(16, 0.7, 0.5), ours.PrioritizedSampler(16, 0.7, 0.5)
     ref.update_priority(torch.stack(TUPLES[case](), -1), PRIORITIES[case](), storage=_storage_2d())
     mine.update_priority(TUPLES[case](), PRIORITIES[case](), storage=_storage_2d())
-    assert _state(mine) == _state(ref)
-    assert any(leaf > 0 for leaf in _state(mine)[0][0])
+    assert sampler_state(mine) == sampler_state(ref)
+    assert any(leaf > 0 for leaf in sampler_state(mine)[0][0])

@@ -10,39 +10,15 @@ torchrl's: the same exception type or none, the same leaves in both trees, the s
 priority (value, dtype, shape) and default priority. The reference is torchrl's own
 ``PrioritizedSampler`` on ``replay``'s trees (which follow torchrl's tree API).
 """
-import sys
 
 import numpy as np
 import pytest
 import torch
 import torchrl.data.replay_buffers.samplers as trl
 
-import replay
 import torchrl_compat.samplers as ours
+from prioritized_support import torchrl_trees, sampler_state
 
-# The module whose globals hold torchrl's tree classes (torchrl 0.14 splits samplers.py).
-TRL_PRIORITIZED = sys.modules[trl.PrioritizedSampler._init.__module__]
-TREE_NAMES = ("SumSegmentTreeFp32", "SumSegmentTreeFp64", "MinSegmentTreeFp32", "MinSegmentTreeFp64")
-
-
-@pytest.fixture
-def torchrl_trees(monkeypatch):
-    for name in TREE_NAMES:
-        monkeypatch.setattr(TRL_PRIORITIZED, name, getattr(replay, name))
-
-
-def _described(x):
-    if x is None:
-        return None
-    return float(x), getattr(x, "dtype", type(x)), tuple(getattr(x, "shape", ()))
-
-
-def _state(sampler):
-    capacity = sampler._sum_tree.capacity
-    leaves = [
-        np.array([tree[i] for i in range(capacity)]).tolist() for tree in (sampler._sum_tree, sampler._min_tree)
-    ]
-    return leaves, tuple(_described(x) for x in sampler._max_priority), _described(sampler.default_priority)
 
 
 INDICES = {
@@ -93,7 +69,7 @@ def _run(make, steps, within):
             outcomes.append(None)
         except Exception as err:  # the reference's exception is part of the expected outcome
             outcomes.append(type(err))
-    return outcomes, _state(sampler)
+    return outcomes, sampler_state(sampler)
 
 
 @pytest.mark.usefixtures("torchrl_trees")
