@@ -953,6 +953,15 @@ def test_a_full_storage_takes_its_last_row_from_the_write_without_reading_the_in
     assert ends.stops(storage)[3] == (4,)
     for mine, theirs in zip(ends.bounds(storage), expected):
         assert torch.equal(mine, theirs)
+    # a write that ends at row 0
+    monkeypatch.undo()
+    index = torch.arange(5, 21) % capacity
+    assert write_rows(storage, 5, index, make_td(torch.arange(16) % 5 == 0))
+    expected = reference(storage)
+    monkeypatch.setattr(te_module, "_cursor_row", read_the_index)
+    assert ends.stops(storage)[3] == (0,)
+    for mine, theirs in zip(ends.bounds(storage), expected):
+        assert torch.equal(mine, theirs)
 
 
 def test_an_end_tensor_given_other_memory_in_place_is_read_again():
