@@ -863,15 +863,21 @@ def test_repr_names_the_class_the_key_and_the_number_of_ends():
     assert repr(CountingEnds("done")) == "CountingEnds(end_key='done', num_ends=0)"
 
 
+def followed_after_a_full_read(capacity, rng, end_rate=0.2):
+    """A filled storage with random ends, and a ``CountingEnds`` that has read it once, in full."""
+    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < end_rate)
+    ends = CountingEnds(KEY)
+    check(ends, storage)
+    assert ends.scanned == capacity and ends.read == 0
+    return storage, ends
+
+
 def test_more_runs_than_merged_one_by_one_read_their_rows_only():
     """Past ``_MAX_RUNS`` runs the rows are listed; runs starting at row 0, empty runs and a run
     over the whole capacity are listed like the others, never a reason for a full read."""
     capacity = 50
     rng = np.random.default_rng(3)
-    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
-    ends = CountingEnds(KEY)
-    check(ends, storage)
-    assert ends.scanned == capacity and ends.read == 0
+    storage, ends = followed_after_a_full_read(capacity, rng)
 
     def write_runs(runs):
         for start, k in runs:
@@ -913,18 +919,11 @@ def test_a_write_at_any_index_reads_the_rows_it_names(cursor, rows):
     row by row: each row they name is read once, and the signal is never read in full."""
     capacity = 40
     rng = np.random.default_rng(4)
-    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
-    ends = CountingEnds(KEY)
-    check(ends, storage)
-    assert ends.scanned == capacity and ends.read == 0
-    n = len(rows) if not isinstance(cursor, (int, np.integer)) else None
-    count = n if n is not None else 1
-    if isinstance(cursor, (list, np.ndarray)):
-        count = len(cursor)  # repeated rows are written, and read, once
-    if isinstance(cursor, torch.Tensor) and cursor.dtype != torch.bool:
-        count = cursor.numel()
-    data = make_td(rng.random(count) < 0.5)
-    storage.set(cursor, data if n is not None or count > 1 else data[0])
+    storage, ends = followed_after_a_full_read(capacity, rng)
+    # the items the write takes, repeats included (repeated rows are read once)
+    selected = torch.arange(capacity)[list(cursor) if isinstance(cursor, range) else cursor]
+    data = make_td(rng.random(max(selected.numel(), 1)) < 0.5)
+    storage.set(cursor, data if selected.ndim else data[0])
     check(ends, storage)
     assert ends.read == len(rows)
     assert ends.scanned == capacity
@@ -1017,9 +1016,7 @@ def test_full_storages_of_two_and_three_ids_match_full_read(ids, rewrite_first):
 def test_exactly_as_many_runs_as_are_merged_one_by_one():
     capacity = 60
     rng = np.random.default_rng(5)
-    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
-    ends = CountingEnds(KEY)
-    check(ends, storage)
+    storage, ends = followed_after_a_full_read(capacity, rng)
     for start in range(0, 4 * te_module._MAX_RUNS, 4):
         index = torch.arange(start, start + 3)
         assert write_rows(storage, start, index, make_td(rng.random(3) < 0.5))
@@ -1032,9 +1029,7 @@ def test_exactly_as_many_runs_as_are_merged_one_by_one():
 def test_an_empty_round_robin_write_reads_nothing():
     capacity = 30
     rng = np.random.default_rng(6)
-    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.2)
-    ends = CountingEnds(KEY)
-    check(ends, storage)
+    storage, ends = followed_after_a_full_read(capacity, rng)
     assert write_rows(storage, 7, torch.arange(7, 7), make_td(torch.zeros(0, dtype=torch.bool)))
     assert storage._writes_since(ends._count)[1] == [RowRun(7, 0)]
     check(ends, storage)
@@ -1093,9 +1088,7 @@ def test_one_row_written_into_an_emptied_storage_of_ids_reads_no_pair():
 def test_a_write_at_a_two_dim_index_tensor_reads_its_distinct_rows():
     capacity = 12
     rng = np.random.default_rng(8)
-    storage = filled("LazyTensorStorage", capacity, rng.random(capacity) < 0.3)
-    ends = CountingEnds(KEY)
-    check(ends, storage)
+    storage, ends = followed_after_a_full_read(capacity, rng, end_rate=0.3)
     index = torch.tensor([[1, 2, 3], [7, 8, 2]])
     done = torch.tensor([[True, False, True], [False, True, False]]).unsqueeze(-1)
     storage.set(index, TensorDict({"obs": torch.randn(2, 3, 2), KEY: done}, [2, 3]))
