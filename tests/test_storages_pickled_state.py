@@ -221,6 +221,23 @@ def test_spawned_copy_of_an_unwritten_shared_init_storage(spawning):
     assert state["initialized"] is False and "_init_event" in state
 
 
+@pytest.mark.parametrize("kind", ["LazyTensorStorage", "LazyMemmapStorage"])
+def test_spawned_copy_of_a_shared_init_storage_reads_what_the_first_writer_wrote(spawning, kind):
+    # the copy was made before anything was written: its first read waits for the process
+    # that initialized the storage and maps that process's rows
+    store = getattr(O, kind)(4, shared_init=True)
+    _, copy = spawned_copy(store)
+    assert not copy.initialized
+    store.set(torch.arange(3), batch(3))
+    rows = copy.get(torch.tensor([0, 2]))
+    assert copy.initialized
+    assert torch.equal(rows["obs"], batch(3)["obs"][[0, 2]])
+    store.set(torch.tensor([1]), batch(1, 7))
+    assert torch.equal(copy.get(torch.tensor([1]))["obs"], batch(1, 7)["obs"])
+    if kind == "LazyTensorStorage":
+        store._cleanup_init_directory()
+
+
 @pytest.mark.parametrize("device", ["cpu", "meta"])
 @pytest.mark.parametrize("kind", ["tensordict", "tensor", "pytree"])
 def test_spawned_copy_of_cpu_and_meta_storages_is_allowed(spawning, device, kind):

@@ -215,8 +215,8 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
         a compiled write neither guards on it nor recompiles when it changes (an int would
         be specialized, at least once per compiled frame). Made if missing."""
         length = getattr(self, "_len_value", None)
-        if not isinstance(length, torch.Tensor):
-            length = self._len_value = torch.tensor(length or 0, dtype=torch.int64)
+        if length is None:  # (``__setstate__`` makes it a tensor when it was pickled)
+            length = self._len_value = torch.zeros((), dtype=torch.int64)
         return length
 
     @_len.setter
@@ -408,10 +408,8 @@ class TensorStorage(Storage, *torchrl_twin("storages", "TensorStorage")):
     def _compilable_writes(self) -> torch.Tensor:
         """The write count of a compilable storage: a 0-d int64 tensor, made if missing."""
         counter = getattr(self, "_writes_value", None)
-        if counter is None:
+        if counter is None:  # (``__setstate__`` makes it a tensor when it was pickled)
             counter = self._writes_value = torch.zeros((), dtype=torch.int64)
-        elif not isinstance(counter, torch.Tensor):  # pickled before counters were tensors
-            counter = self._writes_value = torch.tensor(counter, dtype=torch.int64)
         return counter
 
     # The mutation revision is the shared write count: every write and every change that
