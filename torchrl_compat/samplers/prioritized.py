@@ -167,7 +167,9 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
         in place, one after the other). :meth:`loads` reads them read-only and checks them
         all (sizes, JSON keys and types, leaf values) before the sampler changes, and names
         the damaged file. A sampler loads any number of checkpoints (torchrl's second
-        :meth:`loads` into the same sampler fails on ``float.copy_``).
+        :meth:`loads` into the same sampler fails on ``float.copy_``). The leaves are written
+        as they are; torchrl gathers them into a float32 tensor first, so a float64 sampler's
+        checkpoint loses precision there and its empty min-tree leaves read back as ``inf``.
 
     Examples:
         >>> import torch
