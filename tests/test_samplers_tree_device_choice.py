@@ -52,9 +52,11 @@ def test_tree_device_asked_for_matches_torchrl(storage, requested):
     assert answers[0] is None or isinstance(answers[0], torch.device)
 
 
+@pytest.mark.parametrize("requested", [None, "cpu"])
 @pytest.mark.parametrize("storage", ["none", "cpu", "auto", "meta", "no device"])
-def test_trees_stay_and_keep_their_priorities_where_torchrl_would_not_move_them(storage):
-    sampler = ours.PrioritizedSampler(8, 0.7, 0.5)
+def test_trees_stay_and_keep_their_priorities_where_torchrl_would_not_move_them(storage, requested):
+    # (the trees already on the device asked for are kept as they are, not rebuilt)
+    sampler = ours.PrioritizedSampler(8, 0.7, 0.5, **({} if requested is None else {"device": requested}))
     sampler.update_priority(torch.tensor([1, 5]), torch.tensor([2.0, 0.5]))
     before = sampler._sum_tree, [sampler._sum_tree[i] for i in range(8)]
     sampler._maybe_init_from_storage(STORAGES[storage]())

@@ -317,7 +317,8 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
 
     def _follow_storage(self, storage) -> None:
         """Puts the priorities in the trees chosen for the storage's device (kept where they
-        are when the storage does not say): a CUDA storage is sampled on CUDA."""
+        are when the storage does not say, or is on neither the CPU nor CUDA): a CUDA storage
+        is sampled on CUDA."""
         requested = self.__dict__.get("_requested_device")
         if requested is None:
             device = getattr(storage, "device", None)
@@ -327,7 +328,11 @@ class PrioritizedSampler(Sampler, *torchrl_twin("samplers", "PrioritizedSampler"
                 and is_replay_tree(self._sum_tree)
             ):
                 return  # the common case, checked before building a torch.device
-            device = storage_device(storage) or self._device
+            device = storage_device(storage)
+            if device is None or device.type not in ("cpu", "cuda"):
+                # a storage on meta, or on an accelerator torchrl does not follow either, is
+                # sampled from where the trees are
+                device = self._device
         else:
             device = requested  # ``device=`` given: the trees stay there, whatever the storage
         if not trees_fit(self._sum_tree, device, self._use_cpu_kernels):
