@@ -1,0 +1,45 @@
+"""What the tensor storages' constructors accept and refuse, compared with torchrl's: a
+storage given with its matching ``max_size``, and the errors for a missing storage, a
+mismatching ``max_size`` and a compilable storage shared between processes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torchrl.data.replay_buffers.storages as T
+
+import torchrl_compat.storages as O
+
+
+def test_storage_given_with_its_own_max_size_is_accepted_as_torchrl():
+    made = []
+    for family in (O, T):
+        store = family.TensorStorage(torch.arange(8.0).reshape(4, 2), max_size=4)
+        made.append((len(store), store.max_size, store.initialized, store.get(torch.tensor([3])).tolist()))
+    assert made[0] == made[1] == (4, 4, True, [[6.0, 7.0]])
+
+
+def refusals(error, build):
+    messages = []
+    for family in (O, T):
+        with pytest.raises(error) as info:
+            build(family)
+        messages.append(str(info.value))
+    return messages
+
+
+def test_missing_storage_raises_torchrls_error():
+    ours, theirs = refusals(ValueError, lambda family: family.TensorStorage(None))
+    assert ours == theirs == "Expected storage to be non-null."
+
+
+def test_max_size_other_than_the_storage_length_is_refused_naming_both():
+    ours, _ = refusals(ValueError, lambda family: family.TensorStorage(torch.zeros(4, 2), max_size=5))
+    assert "max_size=5" in ours and "torch.Size([4, 2])" in ours
+
+
+def test_compilable_storage_with_shared_init_raises_torchrls_error():
+    ours, theirs = refusals(
+        RuntimeError, lambda family: family.LazyTensorStorage(4, compilable=True, shared_init=True)
+    )
+    assert ours == theirs == "Cannot share a compilable storage between processes."
