@@ -43,3 +43,8 @@ def test_compilable_storage_with_shared_init_raises_torchrls_error():
         RuntimeError, lambda family: family.LazyTensorStorage(4, compilable=True, shared_init=True)
     )
     assert ours == theirs == "Cannot share a compilable storage between processes."
+
+
+def test_read_from_a_storage_made_without_data_raises_torchrls_error():
+    ours, theirs = refusals(RuntimeError, lambda family: family.TensorStorage(None, max_size=4).get(0))
+    assert ours == theirs == "Cannot get elements out of a non-initialized storage."
