@@ -33,9 +33,27 @@ def test_missing_storage_raises_torchrls_error():
     assert ours == theirs == "Expected storage to be non-null."
 
 
-def test_max_size_other_than_the_storage_length_is_refused_naming_both():
-    ours, _ = refusals(ValueError, lambda family: family.TensorStorage(torch.zeros(4, 2), max_size=5))
-    assert "max_size=5" in ours and "torch.Size([4, 2])" in ours
+def test_max_size_other_than_the_storage_length_raises_torchrls_error():
+    ours, theirs = refusals(ValueError, lambda family: family.TensorStorage(torch.zeros(4, 2), max_size=5))
+    assert ours == theirs == (
+        "The max-size and the storage shape mismatch: got max_size=5 for a storage of shape torch.Size([4, 2])."
+    )
+
+
+def test_device_auto_takes_the_given_storage_device_as_torchrl():
+    devices = [family.TensorStorage(torch.zeros(4, 2), device="auto").device for family in (O, T)]
+    assert devices[0] == devices[1] == torch.device("cpu")
+
+
+def test_list_of_items_that_do_not_stack_raises_torchrls_error():
+    def write(family):
+        store = family.LazyTensorStorage(4)
+        store.set(torch.arange(2), [{"a": torch.zeros(2)}, {"b": torch.zeros(3)}])
+
+    ours, theirs = refusals(RuntimeError, write)
+    strip = lambda message: message.replace(O.LazyTensorStorage.__module__, "M").replace(T.LazyTensorStorage.__module__, "M")
+    assert strip(ours) == strip(theirs)
+    assert ours.startswith("Stacking the elements of the list resulted in an error.")
 
 
 def test_compilable_storage_with_shared_init_raises_torchrls_error():
