@@ -5,6 +5,7 @@ CPU, on ``meta``, with ``device="auto"``, on a CUDA device (named only: no CUDA 
 without a storage."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,3 +63,23 @@ def test_trees_stay_and_keep_their_priorities_where_torchrl_would_not_move_them(
     sampler._maybe_init_from_storage(STORAGES[storage]())
     assert sampler._sum_tree is before[0] and sampler.device == torch.device("cpu")
     assert [sampler._sum_tree[i] for i in range(8)] == before[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_trees_rebuilt_for_the_torch_op_path_keep_their_priorities_and_dtype(dtype):
+    # a sampler whose trees must be of the torch-op kind (the CUDA path's) rebuilds them on
+    # the device asked for, with every priority and the largest one kept
+    sampler = ours.PrioritizedSampler(8, 0.7, 0.5, dtype=dtype, device="cpu")
+    sampler.update_priority(torch.tensor([1, 5, 6]), torch.tensor([2.0, 0.5, 7.0]))
+    sums = [float(sampler._sum_tree[i]) for i in range(8)]
+    mins = [float(sampler._min_tree[i]) for i in range(8)]
+    largest = tuple(float(x) for x in sampler._max_priority)
+    sampler._use_cpu_kernels = False
+    sampler._maybe_init_from_storage(LazyTensorStorage(8))
+    assert type(sampler._sum_tree).__name__.startswith("Torch") and type(sampler._min_tree).__name__.startswith("Torch")
+    assert sampler._sum_tree.device == sampler._min_tree.device == torch.device("cpu")
+    assert sampler._sum_tree.dtype == sampler._min_tree.dtype == dtype
+    np.testing.assert_allclose([float(sampler._sum_tree[i]) for i in range(8)], sums, rtol=1e-7)
+    np.testing.assert_allclose([float(sampler._min_tree[i]) for i in range(8)], mins, rtol=1e-7)
+    assert tuple(float(x) for x in sampler._max_priority) == largest
+    assert sampler._sum_tree.capacity == sampler._min_tree.capacity >= 8
