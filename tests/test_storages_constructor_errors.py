@@ -3,6 +3,7 @@ storage given with its matching ``max_size``, and the errors for a missing stora
 mismatching ``max_size`` and a compilable storage shared between processes."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -66,3 +67,18 @@ def test_compilable_storage_with_shared_init_raises_torchrls_error():
 def test_read_from_a_storage_made_without_data_raises_torchrls_error():
     ours, theirs = refusals(RuntimeError, lambda family: family.TensorStorage(None, max_size=4).get(0))
     assert ours == theirs == "Cannot get elements out of a non-initialized storage."
+
+
+@pytest.mark.parametrize("row", [np.array([1.0, 2.0]), (3.0, 4.0)], ids=["numpy array", "tuple"])
+def test_row_that_is_not_a_tensor_is_refused_and_changes_nothing(row):
+    """torchrl refuses these too (with an AttributeError from deeper in its write); here the
+    refusal comes before anything is written, and the stored rows and length stay."""
+    store = O.LazyTensorStorage(4)
+    store.set(torch.arange(2), torch.zeros(2, 2))
+    with pytest.raises((TypeError, ValueError)):
+        store.set(1, row)
+    assert torch.equal(store.get(torch.arange(2)), torch.zeros(2, 2)) and len(store) == 2
+    with pytest.raises(AttributeError):
+        reference = T.LazyTensorStorage(4)
+        reference.set(torch.arange(2), torch.zeros(2, 2))
+        reference.set(1, row)
