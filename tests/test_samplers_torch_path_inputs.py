@@ -210,3 +210,12 @@ def test_other_inputs_take_the_same_route_on_both_paths(index, priority, error):
     for fast_leaves, slow_leaves in zip(leaves(fast), leaves(slow)):
         np.testing.assert_allclose(fast_leaves, slow_leaves, rtol=1e-6)
     assert largest(fast) == largest(slow)
+
+
+def test_only_skipped_entries_then_an_update_match_kernels_and_torchrl():
+    samplers = three_samplers()
+    apply(samplers, torch.tensor([-1, -1]), torch.tensor([3.0, 4.0]))
+    assert all(largest(sampler) is None for sampler in samplers)
+    apply(samplers, torch.tensor([2, -1, 7]), torch.tensor([0.5, 9.0, 4.0]))
+    assert_same_state(*samplers)
+    same_draws(samplers, filled_storage(), seed=11)
