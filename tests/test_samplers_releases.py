@@ -7,6 +7,7 @@ other float type is torchrl's failure (``native_trees``). Seeds are set as users
 (``np.random.seed``, ``torch.manual_seed``, a buffer generator).
 """
 import contextlib
+import json
 import multiprocessing as mp
 import warnings
 
@@ -202,6 +203,31 @@ def test_old_within_buffer_checkpoint_loads_as_torchrls(case):
         assert float(mine._max_priority[0]) == float(ref._max_priority[0])
         assert int(mine._max_priority[1]) == int(ref._max_priority[1])
     assert float(mine.default_priority) == float(ref.default_priority)
+
+
+@pytest.mark.parametrize("case", sorted(set(OLD_CHECKPOINTS) - {"empty trees"}))
+def test_old_within_buffer_checkpoint_files_load_as_torchrls(case, tmp_path):
+    """The same, through ``dumps`` files written before the schema version (no
+    ``_schema_version`` entry in the metadata): both samplers load the same files. (Files of
+    zero priorities are refused by ``loads``: no draw could succeed from them.)"""
+    alpha, eps, priorities, stored_max = OLD_CHECKPOINTS[case]
+    ref, mine = _pair(8, alpha=alpha, beta=1.0, eps=eps, max_priority_within_buffer=True)
+    _update_both(ref, mine, torch.arange(len(priorities)), torch.tensor(priorities))
+    mine.dumps(tmp_path)
+    metadata_file = tmp_path / "sampler_metadata.json"
+    metadata = json.loads(metadata_file.read_text())
+    metadata.pop("_schema_version", None)
+    metadata["_max_priority"] = [stored_max[0], stored_max[1]]
+    metadata_file.write_text(json.dumps(metadata))
+    fresh_ref, fresh_mine = _pair(8, alpha=alpha, beta=1.0, eps=eps, max_priority_within_buffer=True)
+    for sampler in (fresh_ref, fresh_mine):
+        sampler.loads(tmp_path)
+    if fresh_ref._max_priority[0] is None:
+        assert fresh_mine._max_priority == (None, None)
+    else:
+        assert float(fresh_mine._max_priority[0]) == float(fresh_ref._max_priority[0])
+        assert int(fresh_mine._max_priority[1]) == int(fresh_ref._max_priority[1])
+    assert float(fresh_mine.default_priority) == float(fresh_ref.default_priority)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.7])
