@@ -11,6 +11,8 @@ import torchrl.data.replay_buffers.storages as T
 
 import torchrl_compat.storages as O
 
+from storage_support import refusals
+
 
 def test_storage_given_with_its_own_max_size_is_accepted_as_torchrl():
     made = []
@@ -18,15 +20,6 @@ def test_storage_given_with_its_own_max_size_is_accepted_as_torchrl():
         store = family.TensorStorage(torch.arange(8.0).reshape(4, 2), max_size=4)
         made.append((len(store), store.max_size, store.initialized, store.get(torch.tensor([3])).tolist()))
     assert made[0] == made[1] == (4, 4, True, [[6.0, 7.0]])
-
-
-def refusals(error, build):
-    messages = []
-    for family in (O, T):
-        with pytest.raises(error) as info:
-            build(family)
-        messages.append(str(info.value))
-    return messages
 
 
 def test_missing_storage_raises_torchrls_error():

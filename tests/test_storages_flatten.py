@@ -11,6 +11,8 @@ import torchrl.data.replay_buffers.storages as T
 
 import torchrl_compat.storages as O
 
+from storage_support import refusals
+
 
 @tensorclass
 class Pair:
@@ -115,12 +117,7 @@ def test_flatten_of_a_one_dim_storage_is_itself_as_torchrl():
 
 
 def test_flatten_before_the_first_write_raises_torchrls_error():
-    messages = []
-    for ns in (O, T):
-        store = ns.LazyTensorStorage(12, ndim=2)
-        with pytest.raises(RuntimeError) as info:
-            store.flatten()
-        messages.append(str(info.value))
+    messages = refusals(RuntimeError, lambda family: family.LazyTensorStorage(12, ndim=2).flatten())
     assert messages[0] == messages[1] == "Cannot flatten a non-initialized storage."
 
 

@@ -15,6 +15,8 @@ import torchrl.data.replay_buffers.storages as T
 import torchrl_compat.storages as O
 import torchrl_compat.storages.tensor as storage_tensor
 
+from storage_support import refusals
+
 SETTINGS = (
     "initialized", "scratch_dir", "_scratch_dir_is_temp", "existsok", "ndim", "_compilable",
     "shared_init", "cleanup_memmap", "device", "_auto_cleanup", "_cleaned_up", "max_size",
@@ -60,11 +62,7 @@ def test_constructor_settings_match_torchrl(kwargs, tmp_path):
 
 @pytest.mark.parametrize("device", ["meta", torch.device("meta")])
 def test_memmap_on_another_device_is_refused_as_torchrl(device):
-    messages = []
-    for ns in (O, T):
-        with pytest.raises(ValueError) as info:
-            ns.LazyMemmapStorage(4, device=device)
-        messages.append(str(info.value))
+    messages = refusals(ValueError, lambda family: family.LazyMemmapStorage(4, device=device))
     assert messages[0] == messages[1]
     assert messages[0].startswith("Memory map device other than CPU isn't supported.")
 

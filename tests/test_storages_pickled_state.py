@@ -16,6 +16,8 @@ import torchrl.data.replay_buffers.storages as T
 import torchrl_compat.storages as O
 import torchrl_compat.storages.tensor as storage_tensor
 
+from storage_support import refusals
+
 
 def batch(n, seed=0):
     return TensorDict(
@@ -201,12 +203,7 @@ def test_state_for_a_spawned_process_drops_this_process_caches(spawning):
 
 def test_spawned_copy_of_an_unwritten_storage_is_refused_as_torchrl(spawning, monkeypatch):
     monkeypatch.setattr(T.tensor if hasattr(T, "tensor") else T, "get_spawning_popen", lambda: object())
-    messages = []
-    for ns in (O, T):
-        store = ns.LazyTensorStorage(3)
-        with pytest.raises(RuntimeError) as info:
-            store.__getstate__()
-        messages.append(str(info.value))
+    messages = refusals(RuntimeError, lambda family: family.LazyTensorStorage(3).__getstate__())
     assert "LazyTensorStorage" in messages[0]
     strip = lambda m: re.sub(r"<class '[\w.]+'>", "<class>", m)
     assert strip(messages[0]) == strip(messages[1])
@@ -266,12 +263,12 @@ def odd_leaf():
 
 def test_spawned_copy_of_a_storage_on_another_device_is_refused_as_torchrl(spawning, monkeypatch):
     monkeypatch.setattr(T.tensor if hasattr(T, "tensor") else T, "get_spawning_popen", lambda: object())
-    messages = []
-    for ns in (O, T):
-        store = ns.TensorStorage(TensorDict({"a": odd_leaf(), "b": torch.zeros(3)}, batch_size=[3]))
-        with pytest.raises(RuntimeError) as info:
-            store.__getstate__()
-        messages.append(str(info.value))
+    messages = refusals(
+        RuntimeError,
+        lambda family: family.TensorStorage(
+            TensorDict({"a": odd_leaf(), "b": torch.zeros(3)}, batch_size=[3])
+        ).__getstate__(),
+    )
     assert messages[0] == messages[1] == (
         "The storage must be place in shared memory or memmapped before being shared between processes."
     )
