@@ -16,7 +16,7 @@ from torchrl.data.replay_buffers import LazyTensorStorage
 import torchrl_compat.samplers as ours
 from torchrl_compat.samplers import _trees
 
-from prioritized_support import torchrl_trees  # noqa: F401 - a fixture
+from prioritized_support import sampler_state, torchrl_trees  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.usefixtures("torchrl_trees")
 
@@ -43,7 +43,8 @@ def three_samplers(**kwargs):
 
 
 def leaves(sampler):
-    return [float(sampler._sum_tree[i]) for i in range(CAPACITY)], [float(sampler._min_tree[i]) for i in range(CAPACITY)]
+    """Every leaf of the sum tree and of the min tree."""
+    return sampler_state(sampler)[0]
 
 
 def largest(sampler):

@@ -15,7 +15,7 @@ from torchrl.data.replay_buffers import LazyTensorStorage, TensorStorage
 import torchrl_compat.samplers as ours
 from torchrl_compat._releases import since
 
-from prioritized_support import torchrl_trees  # noqa: F401 - a fixture
+from prioritized_support import sampler_state, torchrl_trees  # noqa: F401 - a fixture
 
 pytestmark = [
     pytest.mark.usefixtures("torchrl_trees"),
@@ -59,10 +59,10 @@ def test_trees_stay_and_keep_their_priorities_where_torchrl_would_not_move_them(
     # (the trees already on the device asked for are kept as they are, not rebuilt)
     sampler = ours.PrioritizedSampler(8, 0.7, 0.5, **({} if requested is None else {"device": requested}))
     sampler.update_priority(torch.tensor([1, 5]), torch.tensor([2.0, 0.5]))
-    before = sampler._sum_tree, [sampler._sum_tree[i] for i in range(8)]
+    before = sampler._sum_tree, sampler_state(sampler)
     sampler._maybe_init_from_storage(STORAGES[storage]())
     assert sampler._sum_tree is before[0] and sampler.device == torch.device("cpu")
-    assert [sampler._sum_tree[i] for i in range(8)] == before[1]
+    assert sampler_state(sampler) == before[1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -71,15 +71,15 @@ def test_trees_rebuilt_for_the_torch_op_path_keep_their_priorities_and_dtype(dty
     # the device asked for, with every priority and the largest one kept
     sampler = ours.PrioritizedSampler(8, 0.7, 0.5, dtype=dtype, device="cpu")
     sampler.update_priority(torch.tensor([1, 5, 6]), torch.tensor([2.0, 0.5, 7.0]))
-    sums = [float(sampler._sum_tree[i]) for i in range(8)]
-    mins = [float(sampler._min_tree[i]) for i in range(8)]
+    (sums, mins), _, _ = sampler_state(sampler)
     largest = tuple(float(x) for x in sampler._max_priority)
     sampler._use_cpu_kernels = False
     sampler._maybe_init_from_storage(LazyTensorStorage(8))
     assert type(sampler._sum_tree).__name__.startswith("Torch") and type(sampler._min_tree).__name__.startswith("Torch")
     assert sampler._sum_tree.device == sampler._min_tree.device == torch.device("cpu")
     assert sampler._sum_tree.dtype == sampler._min_tree.dtype == dtype
-    np.testing.assert_allclose([float(sampler._sum_tree[i]) for i in range(8)], sums, rtol=1e-7)
-    np.testing.assert_allclose([float(sampler._min_tree[i]) for i in range(8)], mins, rtol=1e-7)
+    (now_sums, now_mins), _, _ = sampler_state(sampler)
+    np.testing.assert_allclose(now_sums, sums, rtol=1e-7)
+    np.testing.assert_allclose(now_mins, mins, rtol=1e-7)
     assert tuple(float(x) for x in sampler._max_priority) == largest
     assert sampler._sum_tree.capacity == sampler._min_tree.capacity >= 8
